@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kproxy/kproxy/internal/localcluster"
+	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/serve"
+)
+
+func newDemoCommand() *cobra.Command {
+	var dir, listen string
+	var keep bool
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Start a local etcd + kube-apiserver with kproxy in front and send sample requests",
+		Long: `Start a real etcd and kube-apiserver (built by ` + "`make tools`" + `) on loopback
+ports, put kproxy in front in reverse mode, send a short script of sample
+requests (allowed and rejected), print what kproxy recorded, and keep
+everything running with a KUBECONFIG to use from another terminal until
+Ctrl-C, which stops every process the demo started.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDemo(cmd.Context(), cmd.OutOrStdout(), dir, listen, keep)
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", ".cache/demo", "directory for the cluster's PKI, data, logs, kubeconfig and capture")
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "kproxy's address (default: a free port)")
+	cmd.Flags().BoolVar(&keep, "exit", false, "exit after the sample requests instead of waiting for Ctrl-C")
+	return cmd
+}
+
+func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter bool) error {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	clusterDir := filepath.Join(dir, "cluster")
+	if err := os.RemoveAll(clusterDir); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "kproxy demo: a real etcd + kube-apiserver %s in %s\n", kubeVersion, clusterDir)
+	c, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Log: prefixWriter(out, "  ")})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fmt.Fprintln(out, "stopping kube-apiserver and etcd")
+		c.Stop()
+	}()
+	admin, err := kubernetes.NewForConfig(c.UserConfig("admin"))
+	if err != nil {
+		return err
+	}
+	if err := localcluster.GrantKproxy(ctx, admin, "kproxy"); err != nil {
+		return fmt.Errorf("grant kproxy's ClusterRole: %w", err)
+	}
+	if err := localcluster.GrantDevs(ctx, admin, "default"); err != nil {
+		return fmt.Errorf("grant the devs Role: %w", err)
+	}
+
+	// kproxy's own identity: the "kproxy" token user.
+	upKubeconfig := filepath.Join(dir, "kproxy-upstream.kubeconfig")
+	if err := writeKubeconfig(upKubeconfig, c.URL, pki.CertPEM(c.CA.Cert), &clientcmdapi.AuthInfo{Token: tokenOf("kproxy")}); err != nil {
+		return err
+	}
+	capture := filepath.Join(dir, "capture.jsonl")
+	_ = os.Remove(capture)
+	stream := record.NewStream()
+	recs, _, unsubscribe := stream.Subscribe(1024)
+	defer unsubscribe()
+	logFile, err := os.Create(filepath.Join(dir, "kproxy.log"))
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	opts := &serve.Options{
+		UpstreamKubeconfig: upKubeconfig, Listen: listen, Mode: "reverse",
+		PKIDir: filepath.Join(dir, "kproxy-pki"), Capture: capture,
+		ClientCAFile: c.CAFile, RequestHeaderClientCAFile: c.FrontProxyCAFile,
+		RequestHeaderAllowedNames: []string{"front-proxy-client"},
+		Stream:                    stream,
+		Log:                       slog.New(slog.NewTextHandler(logFile, nil)),
+	}
+	s, err := serve.New(ctx, opts)
+	if err != nil {
+		return err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- s.Run(runCtx) }()
+	kproxyURL := "https://" + s.Addr
+	kproxyCA := pki.CertPEM(s.CA.Cert)
+
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := writeKubeconfig(kubeconfig, kproxyURL, kproxyCA, &clientcmdapi.AuthInfo{Token: tokenOf("admin")}); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "kproxy %s listening on %s, in front of %s\n\n", version, kproxyURL, c.URL)
+
+	cert, err := c.CA.Issue(pki.Leaf{CommonName: "dave", Organization: []string{"devs"}, Client: true})
+	if err != nil {
+		return err
+	}
+	samples := demoSamples(cert.TLSCertificate())
+	client := func(cert *tls.Certificate) *http.Client {
+		pool := s.CA.Cert
+		tc := &tls.Config{RootCAs: poolOf(pool)}
+		if cert != nil {
+			tc.Certificates = []tls.Certificate{*cert}
+		}
+		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+	}
+	byID := map[string]string{}
+	for _, smp := range samples {
+		req, _ := http.NewRequestWithContext(ctx, smp.method, kproxyURL+smp.path, bytes.NewReader([]byte(smp.body)))
+		if smp.body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if smp.token != "" {
+			req.Header.Set("Authorization", "Bearer "+smp.token)
+		}
+		id := fmt.Sprintf("demo-%02d", len(byID))
+		req.Header.Set("Audit-Id", id)
+		byID[id] = smp.what
+		resp, err := client(smp.cert).Do(req)
+		if err != nil {
+			return fmt.Errorf("sample %q: %w", smp.what, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	// Records arrive when each replay finishes; collect the demo's.
+	got := map[string]*record.Record{}
+	deadline := time.After(15 * time.Second)
+	for len(got) < len(samples) {
+		select {
+		case r := <-recs:
+			if _, ok := byID[r.Actual.AuditID]; ok {
+				got[r.Actual.AuditID] = r
+			}
+		case <-deadline:
+			return fmt.Errorf("only %d of %d sample records arrived", len(got), len(samples))
+		}
+	}
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SAMPLE\tMETHOD\tPATH\tCALLER\tPREDICTED\tACTUAL\tLATENCY")
+	for i := range samples {
+		id := fmt.Sprintf("demo-%02d", i)
+		r := got[id]
+		caller := r.Identity
+		if r.Request.User != "" {
+			caller += ":" + r.Request.User
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", samples[i].what, r.Request.Method, r.Request.Path, caller,
+			predictedString(r.Predicted), actualString(r.Actual), time.Duration(r.Latency.TotalNs).Round(10*time.Microsecond))
+	}
+	tw.Flush()
+	fmt.Fprintf(out, `
+Predictions say "unknown" until the replay stages are modelled; the stage
+verdicts are in the capture. Every request above went through kproxy:
+  capture:    %s
+  kubeconfig: %s   (admin through kproxy)
+  kproxy log: %s
+
+Try, from another terminal:
+  export KUBECONFIG=%s
+  %s get pods -A
+  tail -f %s
+`, capture, kubeconfig, logFile.Name(), kubeconfig, kubectlPath(), capture)
+	if exitAfter {
+		return nil
+	}
+	fmt.Fprintln(out, "\nRunning until Ctrl-C.")
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		return err
+	}
+	cancel()
+	return <-served
+}
+
+type sample struct {
+	what, method, path, body, token string
+	cert                            *tls.Certificate
+}
+
+func demoSamples(daveCert tls.Certificate) []sample {
+	cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kproxy-demo"},"data":{"hello":"world"}}`
+	badPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[]}}`
+	return []sample{
+		{what: "version", method: "GET", path: "/version", token: tokenOf("admin")},
+		{what: "admin lists namespaces", method: "GET", path: "/api/v1/namespaces", token: tokenOf("admin")},
+		{what: "alice lists pods", method: "GET", path: "/api/v1/namespaces/default/pods", token: tokenOf("alice")},
+		{what: "alice reads secrets", method: "GET", path: "/api/v1/namespaces/kube-system/secrets", token: tokenOf("alice")},
+		{what: "bad token", method: "GET", path: "/api/v1/namespaces", token: "not-a-token"},
+		{what: "anonymous", method: "GET", path: "/api/v1/namespaces"},
+		{what: "create configmap", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: tokenOf("admin")},
+		{what: "create it again", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: tokenOf("admin")},
+		{what: "get missing", method: "GET", path: "/api/v1/namespaces/default/configmaps/nope", token: tokenOf("admin")},
+		{what: "invalid pod", method: "POST", path: "/api/v1/namespaces/default/pods", body: badPod, token: tokenOf("admin")},
+		{what: "dave's certificate", method: "GET", path: "/api/v1/namespaces/default/configmaps", cert: &daveCert},
+		{what: "dave deletes", method: "DELETE", path: "/api/v1/namespaces/default/configmaps/kproxy-demo", cert: &daveCert},
+	}
+}
+
+func predictedString(p record.Prediction) string {
+	if p.Stage == record.StageUnknown {
+		return "unknown"
+	}
+	if p.Stage == "" {
+		return fmt.Sprint(p.Status)
+	}
+	return fmt.Sprintf("%d %s at %s", p.Status, p.Reason, p.Stage)
+}
+
+func actualString(a record.Actual) string {
+	if a.Reason != "" {
+		return fmt.Sprintf("%d %s", a.Status, a.Reason)
+	}
+	return fmt.Sprint(a.Status)
+}
+
+func tokenOf(name string) string {
+	for _, u := range localcluster.Users {
+		if u.Name == name {
+			return u.Token
+		}
+	}
+	return ""
+}
+
+func writeKubeconfig(path, server string, ca []byte, user *clientcmdapi.AuthInfo) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kproxy-demo"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	cfg.AuthInfos["kproxy-demo"] = user
+	cfg.Contexts["kproxy-demo"] = &clientcmdapi.Context{Cluster: "kproxy-demo", AuthInfo: "kproxy-demo", Namespace: "default"}
+	cfg.CurrentContext = "kproxy-demo"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+func kubectlPath() string {
+	if d, err := localcluster.FindBinDir(); err == nil {
+		if p, err := localcluster.Binary(d, "kubectl"); err == nil {
+			return p
+		}
+	}
+	return "kubectl"
+}
+
+
+type prefixed struct {
+	w      io.Writer
+	prefix string
+}
+
+func (p prefixed) Write(b []byte) (int, error) {
+	lines := strings.SplitAfter(string(b), "\n")
+	for _, l := range lines {
+		if l == "" {
+			continue
+		}
+		if _, err := io.WriteString(p.w, p.prefix+l); err != nil {
+			return 0, err
+		}
+	}
+	return len(b), nil
+}
+
+func prefixWriter(w io.Writer, prefix string) io.Writer { return prefixed{w, prefix} }
+
+func poolOf(c *x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(c)
+	return p
+}

@@ -1,0 +1,55 @@
+// Command kproxy is a request-path tracing and debugging proxy for
+// Kubernetes: it sits in front of a kube-apiserver, forwards every request
+// untouched, replays it through the apiserver's stages to say which layer
+// decides it and why, and traces each stage with OpenTelemetry.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set by the Makefile.
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newRootCommand().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "kproxy:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "kproxy",
+		Short: "Trace and explain every request to a Kubernetes apiserver",
+		Long: `kproxy sits in front of a kube-apiserver and terminates TLS. For every
+request it forwards the request unchanged and records what the apiserver
+answered, replays it through the apiserver's own stages (authentication,
+impersonation, flowcontrol, authorization, decode, mutating admission,
+validation, validating admission, storage) to say which one decides it and
+why, and exports one OpenTelemetry span per stage.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServeCommand(), newKubeconfigCommand(), newDemoCommand(), newVersionCommand())
+	return root
+}
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print kproxy's version and the Kubernetes version its replay models",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "kproxy %s (replays Kubernetes %s)\n", version, kubeVersion)
+		},
+	}
+}

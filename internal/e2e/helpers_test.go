@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+var createOpts = metav1.CreateOptions{}
+
+func namespace(name string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+}
+
+func tokenOf(name string) string {
+	switch name {
+	case "":
+		return ""
+	case "bad":
+		return "not-a-valid-token"
+	}
+	return name + "-token"
+}
+
+// exchange is what a client saw for one request.
+type exchange struct {
+	status  int
+	header  http.Header
+	body    []byte
+	norm    string // body with volatile fields removed
+	rawBody bool   // body is not JSON
+}
+
+type request struct {
+	method, path, body, contentType, accept, user string
+	header                                       http.Header
+}
+
+func do(t testing.TB, c *http.Client, base string, r request) exchange {
+	t.Helper()
+	req, err := http.NewRequestWithContext(context.Background(), r.method, base+r.path, strings.NewReader(r.body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.body != "" {
+		ct := r.contentType
+		if ct == "" {
+			ct = "application/json"
+		}
+		req.Header.Set("Content-Type", ct)
+	}
+	if r.accept != "" {
+		req.Header.Set("Accept", r.accept)
+	}
+	if tok := tokenOf(r.user); tok != "" {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	}
+	for k, v := range r.header {
+		req.Header[k] = v
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", r.method, r.path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read body: %v", r.method, r.path, err)
+	}
+	ex := exchange{status: resp.StatusCode, header: resp.Header, body: b}
+	ex.norm, ex.rawBody = normalize(b)
+	return ex
+}
+
+// volatile are fields that differ between two otherwise identical
+// requests: every write makes a new uid, resourceVersion and timestamps.
+var volatile = map[string]bool{
+	"resourceVersion": true, "uid": true, "creationTimestamp": true, "time": true,
+	"deletionTimestamp": true, "continue": true,
+}
+
+// normalize drops volatile fields from a JSON body and re-encodes it
+// canonically; other bodies are returned as they are.
+func normalize(b []byte) (string, bool) {
+	var v any
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		return string(b), true
+	}
+	v = strip(v)
+	out, _ := json.Marshal(v)
+	return string(out), false
+}
+
+func strip(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if volatile[k] {
+				delete(x, k)
+				continue
+			}
+			x[k] = strip(e)
+		}
+	case []any:
+		for i := range x {
+			x[i] = strip(x[i])
+		}
+	}
+	return v
+}
+
+func ignoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"testing"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/localcluster"
+	"github.com/kproxy/kproxy/internal/pki"
+)
+
+func issue(t *testing.T, ca *pki.CA, l pki.Leaf) *tls.Certificate {
+	t.Helper()
+	l.Client = true
+	c, err := ca.Issue(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := c.TLSCertificate()
+	return &tc
+}
+
+// TestCertificateCaller sends the same requests with the same client
+// certificate directly and through kproxy (which forwards it by
+// impersonation) and expects the same answers, denials and 401s included.
+func TestCertificateCaller(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	// dave may impersonate erin (and nobody else).
+	if err := localcluster.Apply(ctx, cs, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "impersonate-erin"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}, ResourceNames: []string{"erin"}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.Apply(ctx, cs, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "dave-impersonates-erin"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "impersonate-erin"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "dave"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := pki.NewCA("not-the-cluster-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dave := issue(t, cluster.CA, pki.Leaf{CommonName: "dave", Organization: []string{"devs"}})
+	untrusted := issue(t, stranger, pki.Leaf{CommonName: "dave", Organization: []string{"devs"}})
+	expired := issue(t, cluster.CA, pki.Leaf{CommonName: "dave", NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour)})
+	fp, err := cluster.FrontProxyClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	frontProxy := &fp
+
+	k := startKproxy(t, kproxyOptions{})
+	kf := startKproxy(t, kproxyOptions{mode: "forward"})
+	routes := []route{directRoute(), reverseRoute(k), forwardRoute(kf)}
+	ns := "/api/v1/namespaces/" + testNS
+	ssr := `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`
+	h := func(kv ...string) http.Header {
+		out := http.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			out.Add(kv[i], kv[i+1])
+		}
+		return out
+	}
+	cases := []struct {
+		name   string
+		cert   *tls.Certificate
+		req    request
+		status int
+	}{
+		{"allowed", dave, request{method: "GET", path: ns + "/configmaps"}, 200},
+		{"denied", dave, request{method: "GET", path: ns + "/secrets"}, 403},
+		{"who am i", dave, request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: ssr}, 201},
+		{"untrusted CA", untrusted, request{method: "GET", path: ns + "/configmaps"}, 401},
+		{"expired", expired, request{method: "GET", path: ns + "/configmaps"}, 401},
+		{"certificate outranks token", dave, request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: ssr, user: "admin"}, 201},
+		{"untrusted certificate with a valid token", untrusted, request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: ssr, user: "alice"}, 201},
+		{"impersonation allowed", dave, request{method: "GET", path: ns + "/configmaps", header: h("Impersonate-User", "erin")}, 403},
+		{"impersonation allowed, who", dave, request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: ssr, header: h("Impersonate-User", "erin")}, 201},
+		{"impersonation denied", dave, request{method: "GET", path: ns + "/configmaps", header: h("Impersonate-User", "frank")}, 403},
+		{"impersonation group denied", dave, request{method: "GET", path: ns + "/configmaps", header: h("Impersonate-User", "erin", "Impersonate-Group", "system:masters")}, 403},
+		{"impersonate group without user", dave, request{method: "GET", path: ns + "/configmaps", header: h("Impersonate-Group", "devs")}, 400},
+		{"front proxy", frontProxy, request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: ssr,
+			header: h("X-Remote-User", "frank", "X-Remote-Group", "devs", "X-Remote-Group", "qa", "X-Remote-Extra-Team", "blue")}, 201},
+		{"front proxy allowed", frontProxy, request{method: "GET", path: ns + "/configmaps", header: h("X-Remote-User", "frank", "X-Remote-Group", "devs")}, 200},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var want exchange
+			for i, r := range routes {
+				got := do(t, r.client(tc.cert), r.base, tc.req)
+				if got.status != tc.status {
+					t.Fatalf("%s: status %d, want %d; body: %s", r.name, got.status, tc.status, got.body)
+				}
+				if i == 0 {
+					want = got
+					continue
+				}
+				if got.norm != want.norm {
+					t.Errorf("%s: body differs from direct\n direct: %s\n %s: %s", r.name, want.norm, r.name, got.norm)
+				}
+				if g, w := got.header.Get("Content-Type"), want.header.Get("Content-Type"); g != w {
+					t.Errorf("%s: Content-Type %q, direct %q", r.name, g, w)
+				}
+			}
+		})
+	}
+}

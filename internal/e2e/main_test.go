@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kproxy/kproxy/internal/localcluster"
+	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/serve"
+	"github.com/kproxy/kproxy/internal/telemetry"
+)
+
+// cluster is shared by every test in the package.
+var cluster *localcluster.Cluster
+
+const testNS = "kproxy-e2e"
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var err error
+	cluster, err = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
+		return 1
+	}
+	defer cluster.Stop()
+	if err := prepare(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: prepare cluster:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+func prepare(ctx context.Context) error {
+	cs := adminClient()
+	if err := localcluster.GrantKproxy(ctx, cs, "kproxy"); err != nil {
+		return err
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, namespace(testNS), createOpts); err != nil {
+		return err
+	}
+	// The default service account is created asynchronously by a
+	// controller that does not run here; pods need none with
+	// automountServiceAccountToken false, which the cases set.
+	return localcluster.GrantDevs(ctx, cs, testNS)
+}
+
+func adminClient() kubernetes.Interface {
+	return kubernetes.NewForConfigOrDie(cluster.UserConfig("admin"))
+}
+
+// kproxyOptions configure a kproxy in front of the shared cluster, the way
+// an operator would: kproxy's own token in a kubeconfig, the apiserver's CA
+// flags mirrored.
+type kproxyOptions struct {
+	mode      string
+	capture   string
+	telemetry telemetry.Options
+	stream    *record.Stream
+}
+
+type kproxy struct {
+	addr string
+	ca   *x509.CertPool
+	stop func()
+}
+
+func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
+	t.Helper()
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "upstream.kubeconfig")
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: cluster.URL, CertificateAuthorityData: pki.CertPEM(cluster.CA.Cert)}
+	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "kproxy-token"}
+	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	cfg.CurrentContext = "x"
+	if err := clientcmd.WriteToFile(*cfg, kc); err != nil {
+		t.Fatal(err)
+	}
+	if o.mode == "" {
+		o.mode = "reverse"
+	}
+	opts := &serve.Options{
+		UpstreamKubeconfig: kc, Listen: "127.0.0.1:0", Mode: o.mode,
+		PKIDir: filepath.Join(dir, "pki"), Capture: o.capture,
+		ClientCAFile: cluster.CAFile, RequestHeaderClientCAFile: cluster.FrontProxyCAFile,
+		RequestHeaderAllowedNames: []string{"front-proxy-client"},
+		Telemetry:                 o.telemetry, Stream: o.stream,
+		// Logs go to stderr: they can outlive the test that started kproxy.
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := serve.New(ctx, opts)
+	if err != nil {
+		cancel()
+		t.Fatalf("start kproxy: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	k := &kproxy{addr: s.Addr, ca: x509.NewCertPool()}
+	k.ca.AddCert(s.CA.Cert)
+	var once bool
+	k.stop = func() {
+		if once {
+			return
+		}
+		once = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("kproxy stopped with: %v", err)
+		}
+	}
+	t.Cleanup(k.stop)
+	return k
+}
+
+// route is one way of reaching the apiserver.
+type route struct {
+	name string
+	base string // URL prefix requests go to
+	tls  *tls.Config
+	prox func(*http.Request) (*url.URL, error)
+}
+
+func (r route) client(cert *tls.Certificate) *http.Client {
+	tc := r.tls.Clone()
+	if cert != nil {
+		tc.Certificates = []tls.Certificate{*cert}
+	}
+	return &http.Client{Timeout: time.Minute, Transport: &http.Transport{
+		TLSClientConfig: tc, Proxy: r.prox, DisableCompression: true, ForceAttemptHTTP2: false}}
+}
+
+func directRoute() route {
+	return route{name: "direct", base: cluster.URL, tls: &tls.Config{RootCAs: cluster.CAPool()}}
+}
+
+func reverseRoute(k *kproxy) route {
+	return route{name: "reverse", base: "https://" + k.addr, tls: &tls.Config{RootCAs: k.ca}}
+}
+
+func forwardRoute(k *kproxy) route {
+	pu, _ := url.Parse("http://" + k.addr)
+	return route{name: "forward", base: cluster.URL, tls: &tls.Config{RootCAs: k.ca}, prox: http.ProxyURL(pu)}
+}
+

@@ -1,0 +1,106 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"sync"
+)
+
+// teeBody passes the request body upstream untouched and keeps a copy of
+// its first limit bytes for the replay. done runs once, when the body has
+// been read to the end or closed, or when the exchange ends, whichever is
+// first: the replay needs the whole body, and must start even if the
+// transport never reads it.
+type teeBody struct {
+	rc        io.ReadCloser
+	limit     int
+	buf       bytes.Buffer
+	n         int64
+	truncated bool
+	eof       bool
+	once      sync.Once
+	done      func(body []byte, truncated bool)
+	mu        sync.Mutex // buf vs finish on another goroutine
+}
+
+func newTeeBody(rc io.ReadCloser, limit int, done func([]byte, bool)) *teeBody {
+	return &teeBody{rc: rc, limit: limit, done: done}
+}
+
+func (t *teeBody) Read(p []byte) (int, error) {
+	n, err := t.rc.Read(p)
+	if n > 0 {
+		t.mu.Lock()
+		t.n += int64(n)
+		if room := t.limit - t.buf.Len(); room > 0 {
+			k := min(room, n)
+			t.buf.Write(p[:k])
+			if k < n {
+				t.truncated = true
+			}
+		} else {
+			t.truncated = true
+		}
+		t.mu.Unlock()
+	}
+	if err == io.EOF {
+		t.mu.Lock()
+		t.eof = true
+		t.mu.Unlock()
+		t.finish()
+	}
+	return n, err
+}
+
+func (t *teeBody) Close() error {
+	t.finish()
+	return t.rc.Close()
+}
+
+// finish hands the body copy to done, once. A body that was not read to
+// the end is reported truncated: the replay must not guess at the rest.
+func (t *teeBody) finish() {
+	t.once.Do(func() {
+		t.mu.Lock()
+		b := bytes.Clone(t.buf.Bytes())
+		tr := t.truncated || !t.eof
+		t.mu.Unlock()
+		t.done(b, tr)
+	})
+}
+
+// bytesRead is how many body bytes went upstream.
+func (t *teeBody) bytesRead() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
+}
+
+// captureBody keeps up to limit bytes of a response body (error Status
+// bodies) while the client receives all of it.
+type captureBody struct {
+	rc    io.ReadCloser
+	limit int
+	mu    sync.Mutex
+	buf   bytes.Buffer
+}
+
+func (c *captureBody) Read(p []byte) (int, error) {
+	n, err := c.rc.Read(p)
+	if n > 0 {
+		c.mu.Lock()
+		if room := c.limit - c.buf.Len(); room > 0 {
+			c.buf.Write(p[:min(room, n)])
+		}
+		c.mu.Unlock()
+	}
+	return n, err
+}
+
+func (c *captureBody) Close() error { return c.rc.Close() }
+
+func (c *captureBody) bytes() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.buf.Bytes())
+}

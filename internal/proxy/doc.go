@@ -1,0 +1,51 @@
+// Package proxy is kproxy's request path: it terminates TLS, works out who
+// is calling, forwards the request to the real apiserver untouched, and, on
+// the side, hands a copy to the replay (package stages) and writes the
+// capture record.
+//
+// # Observe, never interfere
+//
+// What the client receives is what the apiserver answered: status, headers,
+// body, streamed as it comes (FlushInterval -1, so watch events and the
+// chunks of a big LIST are flushed as they arrive). Transport compression is
+// off (DisableCompression) and Accept-Encoding passes through, so kproxy
+// neither gunzips what the client wanted compressed nor makes the apiserver
+// compress what the client did not ask for. The replay runs in its own
+// goroutine on a copy of the request: it never delays the response, and
+// when it fails the record says "unknown".
+//
+// # Identity
+//
+// TLS termination loses the client certificate, so kproxy forwards identity
+// in the way that keeps the apiserver's view exact:
+//
+//   - A bearer token passes through unchanged: the apiserver authenticates
+//     the real caller, and audit and APF see the real identity.
+//   - A client certificate is verified here with the apiserver's own x509
+//     (and front-proxy) authenticators against --client-ca-file, exactly as
+//     the apiserver requests but does not require one. A verified caller is
+//     forwarded with kproxy's own credentials (--upstream-kubeconfig) as
+//     Impersonate-User/Group/Uid/Extra-*; the x509 authenticator runs before
+//     token authenticators and the first success wins, so a verified
+//     certificate outranks a token sent with it. A certificate the apiserver
+//     would reject gets the apiserver's own 401, written by its own handler,
+//     since the upstream never sees the certificate.
+//   - Impersonate-* headers sent by a certificate caller are authorized with
+//     the apiserver's impersonation filter, backed by SubjectAccessReviews
+//     for the caller: kproxy never impersonates anyone it has not verified.
+//   - No credentials: forwarded without credentials (anonymous).
+//
+// # Streams and upgrades
+//
+// exec, attach and port-forward upgrade the connection (SPDY/3.1, WebSocket
+// v5.channel.k8s.io). Upgrades cannot ride HTTP/2, so the upstream transport
+// speaks HTTP/1.1 (NextProtos pinned), with a large idle pool: an HTTP/1.1
+// pool moves big responses faster than one multiplexed HTTP/2 connection.
+//
+// # Records
+//
+// Each request ends as one record (package record): request, prediction,
+// actual answer, stage verdicts, latency and trace ID. The record is
+// finished after the response has been relayed, in a goroutine, so waiting
+// for a slow replay never holds the client's response open.
+package proxy

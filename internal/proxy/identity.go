@@ -1,0 +1,229 @@
+package proxy
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/request/headerrequest"
+	"k8s.io/apiserver/pkg/authentication/request/union"
+	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/authorization/cel"
+	"k8s.io/apiserver/pkg/endpoints/filters"
+	"k8s.io/apiserver/pkg/endpoints/filters/impersonation"
+	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/plugin/pkg/authorizer/webhook"
+	webhookmetrics "k8s.io/apiserver/plugin/pkg/authorizer/webhook/metrics"
+	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
+)
+
+// How kproxy forwards a caller (record.Identity).
+const (
+	IdentityToken       = "token"
+	IdentityCertificate = "certificate"
+	IdentityAnonymous   = "anonymous"
+	IdentityRejected    = "rejected"
+)
+
+// identity is who the caller is, as far as kproxy must know to forward.
+type identity struct {
+	kind string
+	user user.Info // certificate callers only
+	err  error     // why a rejected caller was rejected
+}
+
+// statusCodecs encode the metav1.Status bodies kproxy answers with itself,
+// through the apiserver's own response writers.
+var statusCodecs = func() serializer.CodecFactory {
+	s := runtime.NewScheme()
+	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
+	return serializer.NewCodecFactory(s)
+}()
+
+// RequestHeaderOptions mirror kube-apiserver's --requestheader-* flags.
+type RequestHeaderOptions struct {
+	ClientCA            *x509.CertPool
+	AllowedNames        []string
+	UsernameHeaders     []string
+	UIDHeaders          []string
+	GroupHeaders        []string
+	ExtraHeaderPrefixes []string
+}
+
+// NewCertAuthenticator builds the apiserver's certificate authenticators in
+// kube-apiserver's order: the front-proxy (requestheader) authenticator,
+// then x509 against the client CA. Either may be nil/absent.
+func NewCertAuthenticator(clientCA *x509.CertPool, rh *RequestHeaderOptions) authenticator.Request {
+	var auths []authenticator.Request
+	if rh != nil && rh.ClientCA != nil {
+		opts := x509request.DefaultVerifyOptions()
+		opts.Roots = rh.ClientCA
+		verify := func() (x509.VerifyOptions, bool) { return opts, true }
+		auths = append(auths, headerrequest.NewDynamicVerifyOptionsSecure(verify,
+			headerrequest.StaticStringSlice(rh.AllowedNames),
+			headerrequest.StaticStringSlice(orDefault(rh.UsernameHeaders, "X-Remote-User")),
+			headerrequest.StaticStringSlice(orDefault(rh.UIDHeaders)),
+			headerrequest.StaticStringSlice(orDefault(rh.GroupHeaders, "X-Remote-Group")),
+			headerrequest.StaticStringSlice(orDefault(rh.ExtraHeaderPrefixes, "X-Remote-Extra-"))))
+	}
+	if clientCA != nil {
+		opts := x509request.DefaultVerifyOptions()
+		opts.Roots = clientCA
+		auths = append(auths, x509request.New(opts, x509request.CommonNameUserConversion))
+	}
+	if len(auths) == 0 {
+		return nil
+	}
+	return union.New(auths...)
+}
+
+func orDefault(v []string, d ...string) []string {
+	if len(v) > 0 {
+		return v
+	}
+	return d
+}
+
+// NewImpersonationAuthorizer answers "may this caller impersonate X?" with
+// SubjectAccessReviews against the upstream, cached briefly like the
+// apiserver's own webhook authorizer.
+func NewImpersonationAuthorizer(client authorizationv1client.AuthorizationV1Interface) (authorizer.UnconditionalAuthorizer, error) {
+	return webhook.NewFromInterface(client, 10*time.Second, 10*time.Second,
+		wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Steps: 3},
+		authorizer.DecisionDeny, webhookmetrics.NoopAuthorizerMetrics{}, cel.NewDefaultCompiler())
+}
+
+// identify works out how to forward the caller, following the apiserver's
+// authenticator order: certificate authenticators first (first success
+// wins), then tokens; only a request with no credentials is anonymous.
+func (p *Proxy) identify(r *http.Request) identity {
+	hasCert := r.TLS != nil && len(r.TLS.PeerCertificates) > 0
+	var certErr error
+	if hasCert {
+		if p.certAuth == nil {
+			certErr = errors.New("the client presented a certificate but kproxy has no --client-ca-file to verify it with (start kproxy with the apiserver's --client-ca-file)")
+		} else {
+			resp, ok, err := p.certAuth.AuthenticateRequest(r)
+			if ok && err == nil {
+				return identity{kind: IdentityCertificate, user: resp.User}
+			}
+			certErr = err
+			if certErr == nil {
+				certErr = errors.New("the client certificate was not accepted by any certificate authenticator")
+			}
+		}
+	}
+	if hasCredential(r) {
+		return identity{kind: IdentityToken}
+	}
+	if hasCert {
+		return identity{kind: IdentityRejected, err: certErr}
+	}
+	return identity{kind: IdentityAnonymous}
+}
+
+// hasCredential reports a credential the apiserver reads from the request
+// itself: an Authorization header, or a bearer token in a WebSocket
+// subprotocol.
+func hasCredential(r *http.Request) bool {
+	if r.Header.Get("Authorization") != "" {
+		return true
+	}
+	for _, p := range r.Header.Values("Sec-WebSocket-Protocol") {
+		if strings.Contains(p, "base64url.bearer.authorization.k8s.io.") {
+			return true
+		}
+	}
+	return false
+}
+
+// unauthorized answers a rejected certificate exactly as the apiserver's
+// authentication filter does.
+func unauthorized(w http.ResponseWriter, r *http.Request, info *apirequest.RequestInfo) {
+	r = r.WithContext(apirequest.WithRequestInfo(r.Context(), info))
+	filters.Unauthorized(statusCodecs).ServeHTTP(w, r)
+}
+
+// withCallerImpersonation runs the apiserver's impersonation filter for a
+// certificate caller that sent Impersonate-* headers itself. next is called
+// with the user the caller may act as; otherwise the filter has already
+// answered (403, or 400 for malformed headers).
+func (p *Proxy) withCallerImpersonation(w http.ResponseWriter, r *http.Request, info *apirequest.RequestInfo, caller user.Info, next func(w http.ResponseWriter, r *http.Request, u user.Info)) {
+	if p.impersonationAuthz == nil {
+		// Without an authorizer kproxy cannot check the caller's right to
+		// impersonate, so it refuses rather than widen access.
+		err := apierrors.NewForbidden(schema.GroupResource{Resource: "users"}, r.Header.Get(authenticationv1.ImpersonateUserHeader),
+			errors.New("kproxy cannot authorize Impersonate-* headers from a certificate caller without upstream credentials to ask SubjectAccessReviews with (give kproxy --upstream-kubeconfig)"))
+		responsewriters.ErrorNegotiated(err, statusCodecs, schema.GroupVersion{Group: info.APIGroup, Version: info.APIVersion}, w, r)
+		return
+	}
+	h := impersonation.WithConstrainedImpersonation(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, _ := apirequest.UserFrom(r.Context())
+		next(w, r, u)
+	}), p.impersonationAuthz, statusCodecs)
+	ctx := apirequest.WithRequestInfo(r.Context(), info)
+	ctx = apirequest.WithUser(ctx, caller)
+	h.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// hasImpersonation reports client-sent Impersonate-* headers.
+func hasImpersonation(h http.Header) bool {
+	for k := range h {
+		if strings.HasPrefix(k, "Impersonate-") {
+			return true
+		}
+	}
+	return false
+}
+
+// setImpersonation replaces any Impersonate-* and front-proxy headers with
+// the headers that make the apiserver see u. system:authenticated is left
+// out: the apiserver adds it to every impersonated non-anonymous user, in
+// the same place the authenticator adds it for a direct caller.
+func setImpersonation(h http.Header, u user.Info) {
+	for k := range h {
+		if strings.HasPrefix(k, "Impersonate-") || strings.HasPrefix(k, "X-Remote-") {
+			delete(h, k)
+		}
+	}
+	h.Del("Authorization")
+	h.Set(authenticationv1.ImpersonateUserHeader, u.GetName())
+	if uid := u.GetUID(); uid != "" {
+		h.Set(authenticationv1.ImpersonateUIDHeader, uid)
+	}
+	for _, g := range u.GetGroups() {
+		if g == user.AllAuthenticated && u.GetName() != user.Anonymous {
+			continue
+		}
+		h.Add(authenticationv1.ImpersonateGroupHeader, g)
+	}
+	for k, vs := range u.GetExtra() {
+		name := authenticationv1.ImpersonateUserExtraHeaderPrefix + url.PathEscape(k)
+		for _, v := range vs {
+			h.Add(name, v)
+		}
+	}
+}
+
+// describe is a user for logs and explanations.
+func describe(u user.Info) string {
+	if u == nil {
+		return ""
+	}
+	return fmt.Sprintf("%s %v", u.GetName(), u.GetGroups())
+}

@@ -1,0 +1,451 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/utils/clock"
+
+	"github.com/kproxy/kproxy/internal/decode"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/stages"
+	"github.com/kproxy/kproxy/internal/telemetry"
+)
+
+// Replayer predicts a request's outcome (package stages).
+type Replayer interface {
+	Run(ctx context.Context, req *stages.Request) stages.Outcome
+}
+
+// Config holds the proxy's collaborators; everything is injected.
+type Config struct {
+	// Upstream is the apiserver's URL (scheme and host).
+	Upstream *url.URL
+	// Passthrough carries requests with the caller's own credentials, or
+	// none. It must not add credentials of its own.
+	Passthrough http.RoundTripper
+	// Impersonating carries verified certificate callers with kproxy's own
+	// credentials. Nil: certificate callers are refused with a clear 403.
+	Impersonating http.RoundTripper
+	// CertAuthenticator verifies client certificates (NewCertAuthenticator).
+	CertAuthenticator authenticator.Request
+	// ImpersonationAuthorizer authorizes Impersonate-* headers sent by
+	// certificate callers (NewImpersonationAuthorizer).
+	ImpersonationAuthorizer authorizer.UnconditionalAuthorizer
+	// Replayer runs the replay; nil disables it (prediction unknown).
+	Replayer Replayer
+	// Sink receives each finished record.
+	Sink record.Sink
+	// TracerProvider makes the server and upstream spans.
+	TracerProvider trace.TracerProvider
+	// Clock times the exchange.
+	Clock clock.PassiveClock
+	// Mode is "reverse" or "forward", recorded on each record.
+	Mode string
+	// Log receives operational messages (never secrets).
+	Log *slog.Logger
+}
+
+// Proxy is an http.Handler that forwards to the apiserver and records.
+type Proxy struct {
+	upstream           *url.URL
+	passthrough        http.RoundTripper
+	impersonating      http.RoundTripper
+	certAuth           authenticator.Request
+	impersonationAuthz authorizer.UnconditionalAuthorizer
+	replayer           Replayer
+	sink               record.Sink
+	tracer             trace.Tracer
+	propagator         propagation.TextMapPropagator
+	clock              clock.PassiveClock
+	mode               string
+	log                *slog.Logger
+	rp                 *httputil.ReverseProxy
+}
+
+// New builds a Proxy.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Upstream == nil || cfg.Upstream.Host == "" {
+		return nil, errors.New("proxy: no upstream apiserver URL (give --upstream or --upstream-kubeconfig)")
+	}
+	if cfg.Passthrough == nil {
+		return nil, errors.New("proxy: no upstream transport")
+	}
+	p := &Proxy{
+		upstream:           cfg.Upstream,
+		passthrough:        cfg.Passthrough,
+		impersonating:      cfg.Impersonating,
+		certAuth:           cfg.CertAuthenticator,
+		impersonationAuthz: cfg.ImpersonationAuthorizer,
+		replayer:           cfg.Replayer,
+		sink:               cfg.Sink,
+		propagator:         telemetry.Propagator(),
+		clock:              cfg.Clock,
+		mode:               cfg.Mode,
+		log:                cfg.Log,
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	p.tracer = tp.Tracer("github.com/kproxy/kproxy/internal/proxy")
+	if p.clock == nil {
+		p.clock = clock.RealClock{}
+	}
+	if p.sink == nil {
+		p.sink = record.Sinks(nil)
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	if p.mode == "" {
+		p.mode = "reverse"
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      roundTripperFunc(p.roundTrip),
+		FlushInterval:  -1, // watches and streamed LISTs: every write reaches the client at once
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.errorHandler,
+		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
+	return p, nil
+}
+
+// exchange is one request's state, shared by the handler, the transport
+// hooks and the finisher.
+type exchange struct {
+	rec      *record.Record
+	ident    identity
+	actAs    user.Info // the user forwarded by impersonation
+	auditID  string
+	body     *teeBody
+	respBody *captureBody
+	respCT   string
+	replay   chan stages.Outcome
+	upStart  time.Time
+	upEnd    time.Time
+}
+
+type exchangeKey struct{}
+
+func exchangeFrom(ctx context.Context) *exchange {
+	ex, _ := ctx.Value(exchangeKey{}).(*exchange)
+	return ex
+}
+
+// ServeHTTP forwards one request and records it.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := p.clock.Now()
+	ctx := p.propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	info, _ := stages.ResolveRequestInfo(r)
+	ctx, span := p.tracer.Start(ctx, spanName(r, info), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(
+			attribute.String("http.request.method", r.Method),
+			attribute.String("url.path", r.URL.Path),
+			attribute.String("k8s.verb", info.Verb),
+			attribute.String("k8s.resource", info.Resource),
+			attribute.String("k8s.namespace", info.Namespace)))
+
+	id := newID()
+	ex := &exchange{
+		rec: &record.Record{
+			ID: id, Start: start, Mode: p.mode,
+			TraceID:           span.SpanContext().TraceID().String(),
+			KubernetesVersion: stages.KubernetesVersion,
+			Request:           requestFields(r, info),
+		},
+		replay: make(chan stages.Outcome, 1),
+	}
+	// The apiserver uses a client-supplied Audit-ID; otherwise kproxy sets
+	// one so its trace, the apiserver's trace and the audit log join up.
+	ex.auditID = r.Header.Get("Audit-Id")
+	if ex.auditID == "" {
+		ex.auditID = id
+	}
+	rw := &responseRecorder{ResponseWriter: w}
+	ex.ident = p.identify(r)
+	ex.rec.Identity = ex.ident.kind
+	if u := ex.ident.user; u != nil {
+		ex.rec.Request.User, ex.rec.Request.Groups = u.GetName(), u.GetGroups()
+	}
+
+	// The replay sees a copy taken before anything here touches r.
+	replayReq := &stages.Request{ID: id, Arrival: start, HTTP: r.Clone(context.WithoutCancel(ctx)), Info: info}
+	replayReq.HTTP.Body = nil
+	startReplay := func(body []byte, truncated bool) {
+		replayReq.Body, replayReq.BodyTruncated = body, truncated
+		go p.runReplay(context.WithoutCancel(ctx), replayReq, ex.replay)
+	}
+	if r.Body != nil && r.Body != http.NoBody {
+		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, startReplay)
+		r.Body = ex.body
+	} else {
+		startReplay(nil, false)
+	}
+
+	defer func() {
+		v := recover()
+		if ex.body != nil {
+			ex.body.finish()
+			ex.rec.Request.BodyBytes = ex.body.bytesRead()
+		}
+		if v != nil {
+			ex.rec.Actual.Error = fmt.Sprintf("response aborted: %v", v)
+		}
+		ex.rec.Actual.Status = rw.status
+		ex.rec.Actual.ResponseBytes = rw.bytes
+		span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
+		span.End()
+		end := p.clock.Now()
+		go p.finish(ex, start, end)
+		if v != nil {
+			// http.ErrAbortHandler (client gone mid-stream) must reach
+			// net/http so it drops the connection instead of ending the
+			// stream as if it were complete.
+			panic(v)
+		}
+	}()
+
+	r = r.WithContext(context.WithValue(ctx, exchangeKey{}, ex))
+	switch ex.ident.kind {
+	case IdentityRejected:
+		ex.rec.Actual.Error = "answered by kproxy: " + ex.ident.err.Error()
+		ex.rec.Actual.AuditID = ex.auditID
+		rw.Header().Set("Audit-Id", ex.auditID)
+		rw.Header().Set("Cache-Control", "no-cache, private")
+		unauthorized(rw, r, info)
+		p.log.Info("client certificate rejected", "id", id, "reason", ex.ident.err)
+		return
+	case IdentityCertificate:
+		if p.impersonating == nil {
+			ex.rec.Actual.Error = "answered by kproxy: no upstream credentials to impersonate a certificate caller"
+			http.Error(rw, "kproxy verified your client certificate but has no credentials of its own to forward it with (start kproxy with --upstream-kubeconfig)", http.StatusBadGateway)
+			return
+		}
+		if hasImpersonation(r.Header) {
+			p.withCallerImpersonation(rw, r, info, ex.ident.user, func(w http.ResponseWriter, r *http.Request, u user.Info) {
+				ex.actAs = u
+				p.forward(w, r, ex)
+			})
+			if ex.actAs == nil {
+				ex.rec.Actual.Error = "answered by kproxy: the apiserver's impersonation filter refused the caller's Impersonate-* headers"
+			}
+			return
+		}
+		ex.actAs = ex.ident.user
+	}
+	p.forward(rw, r, ex)
+}
+
+// forward sends the request upstream inside the upstream span.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ex *exchange) {
+	ctx, span := p.tracer.Start(r.Context(), "upstream", trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String("server.address", p.upstream.Host)))
+	defer span.End()
+	ex.upStart = p.clock.Now()
+	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	ex.upEnd = p.clock.Now()
+	if ex.rec.Actual.Error != "" {
+		span.SetStatus(codes.Error, ex.rec.Actual.Error)
+	}
+}
+
+// rewrite builds the upstream request: same method, path, query, headers
+// and body; kproxy adds only Audit-ID (when absent), traceparent, the
+// caller's address, and for certificate callers the impersonation headers.
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	ex := exchangeFrom(pr.In.Context())
+	pr.SetURL(p.upstream)
+	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
+		pr.Out.Header.Set("X-Forwarded-For", ip)
+	}
+	if ex == nil {
+		return
+	}
+	if pr.Out.Header.Get("Audit-Id") == "" {
+		pr.Out.Header.Set("Audit-Id", ex.auditID)
+	}
+	p.propagator.Inject(pr.Out.Context(), propagation.HeaderCarrier(pr.Out.Header))
+	if ex.actAs != nil {
+		setImpersonation(pr.Out.Header, ex.actAs)
+	}
+}
+
+// roundTrip picks the transport for the caller's identity.
+func (p *Proxy) roundTrip(req *http.Request) (*http.Response, error) {
+	if ex := exchangeFrom(req.Context()); ex != nil && ex.actAs != nil {
+		return p.impersonating.RoundTrip(req)
+	}
+	return p.passthrough.RoundTrip(req)
+}
+
+// maxStatusBody bounds the copy of an error body kept to read its Status.
+const maxStatusBody = 256 << 10
+
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	ex := exchangeFrom(resp.Request.Context())
+	if ex == nil {
+		return nil
+	}
+	a := &ex.rec.Actual
+	a.Status = resp.StatusCode
+	a.AuditID = resp.Header.Get("Audit-Id")
+	a.FlowSchemaUID = resp.Header.Get("X-Kubernetes-Pf-Flowschema-Uid")
+	a.PriorityLevelUID = resp.Header.Get("X-Kubernetes-Pf-Prioritylevel-Uid")
+	a.Warnings = resp.Header.Values("Warning")
+	if resp.StatusCode >= 400 && resp.Body != nil {
+		ex.respBody = &captureBody{rc: resp.Body, limit: maxStatusBody}
+		ex.respCT = resp.Header.Get("Content-Type")
+		resp.Body = ex.respBody
+	}
+	return nil
+}
+
+// errorHandler answers when the upstream gave no answer at all.
+func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	ex := exchangeFrom(r.Context())
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		// The client went away before the upstream answered.
+		if ex != nil {
+			ex.rec.Actual.Error = "client canceled the request"
+		}
+		w.WriteHeader(499) // never seen by the client; marks the record
+		return
+	}
+	msg := fmt.Sprintf("kproxy could not reach the apiserver at %s: %v", p.upstream.Host, err)
+	if ex != nil {
+		ex.rec.Actual.Error = msg
+	}
+	p.log.Warn("upstream request failed", "error", err, "path", r.URL.Path)
+	http.Error(w, msg, http.StatusBadGateway)
+}
+
+// runReplay runs the replay, never letting it fail the exchange.
+func (p *Proxy) runReplay(ctx context.Context, req *stages.Request, out chan<- stages.Outcome) {
+	if p.replayer == nil {
+		out <- stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: the replay is disabled"}}
+		return
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			out <- stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: fmt.Sprintf("cannot predict: the replay panicked: %v", v)}}
+		}
+	}()
+	out <- p.replayer.Run(ctx, req)
+}
+
+// finish completes the record once the response is relayed and the replay
+// is done, off the client's path.
+func (p *Proxy) finish(ex *exchange, start, end time.Time) {
+	rec := ex.rec
+	o := <-ex.replay
+	rec.Predicted, rec.Stages = o.Predicted, o.Stages
+	rec.Latency = record.Latency{TotalNs: end.Sub(start).Nanoseconds(), ReplayNs: o.Duration.Nanoseconds()}
+	if !ex.upStart.IsZero() && !ex.upEnd.IsZero() {
+		rec.Latency.UpstreamNs = ex.upEnd.Sub(ex.upStart).Nanoseconds()
+	}
+	if ex.respBody != nil {
+		if st, ok := decode.Status(ex.respCT, ex.respBody.bytes()); ok {
+			rec.Actual.Reason, rec.Actual.Message = string(st.Reason), st.Message
+		}
+	}
+	if rec.Actual.AuditID == "" {
+		rec.Actual.AuditID = ex.auditID
+	}
+	rec.Request.Query = record.RedactQuery(rec.Request.Query)
+	p.sink.Write(rec)
+}
+
+// requestFields fills the record's request from what the apiserver will
+// resolve; the user is filled in later when kproxy knows it.
+func requestFields(r *http.Request, info *apirequest.RequestInfo) record.Request {
+	q := record.Request{
+		Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery,
+		UserAgent: r.UserAgent(), ContentType: r.Header.Get("Content-Type"),
+	}
+	if info != nil {
+		q.Verb, q.APIGroup, q.APIVersion = info.Verb, info.APIGroup, info.APIVersion
+		q.Resource, q.Subresource = info.Resource, info.Subresource
+		q.Namespace, q.Name = info.Namespace, info.Name
+	}
+	return q
+}
+
+func spanName(r *http.Request, info *apirequest.RequestInfo) string {
+	if info != nil && info.IsResourceRequest {
+		res := info.Resource
+		if info.Subresource != "" {
+			res += "/" + info.Subresource
+		}
+		return info.Verb + " " + res
+	}
+	return r.Method + " " + r.URL.Path
+}
+
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	// A UUIDv4, the form the apiserver itself uses for audit IDs.
+	b[6] = (b[6] & 0x0f) | 0x40
+	b[8] = (b[8] & 0x3f) | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// responseRecorder notes the status and size of what reaches the client.
+// Unwrap lets http.ResponseController reach Flush and Hijack underneath,
+// which ReverseProxy uses for streaming and upgrades.
+type responseRecorder struct {
+	http.ResponseWriter
+	status      int
+	bytes       int64
+	wroteHeader bool
+}
+
+func (w *responseRecorder) WriteHeader(code int) {
+	if code >= 200 || code == http.StatusSwitchingProtocols {
+		if w.wroteHeader {
+			return
+		}
+		w.status, w.wroteHeader = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *responseRecorder) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = http.StatusOK, true
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *responseRecorder) Flush() {
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *responseRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }

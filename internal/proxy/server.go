@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// ServerTLS is the TLS configuration kproxy terminates client connections
+// with. Like the apiserver, it requests a client certificate but does not
+// require one or verify it in the handshake: verification happens per
+// request (identify), so an untrusted certificate gets the apiserver's 401
+// rather than a handshake failure.
+func ServerTLS(cert tls.Certificate) *tls.Config {
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequestClientCert,
+		NextProtos:   []string{"h2", "http/1.1"},
+		MinVersion:   tls.VersionTLS12,
+	}
+}
+
+// NewHTTPServer wraps h in an http.Server with timeouts fit for an
+// apiserver front: long-running requests (watch, exec) have no write
+// timeout, and headers must arrive promptly.
+func NewHTTPServer(h http.Handler, tlsCfg *tls.Config, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		TLSConfig:         tlsCfg,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+}
+
+// ServeReverse serves kproxy's handler over TLS on ln until ctx is done,
+// then shuts down gracefully (open watches are closed).
+func ServeReverse(ctx context.Context, ln net.Listener, srv *http.Server) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ServeTLS(ln, "", "") }()
+	return waitAndShutdown(ctx, srv, errc)
+}
+
+func waitAndShutdown(ctx context.Context, srv *http.Server, errc <-chan error) error {
+	select {
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			return srv.Close()
+		}
+		return nil
+	}
+}
+
+// connListener is a net.Listener fed with connections from elsewhere (the
+// forward proxy's CONNECT tunnels), so one http.Server, with HTTP/2 and the
+// same TLS handling as reverse mode, serves them.
+type connListener struct {
+	conns  chan net.Conn
+	addr   net.Addr
+	once   sync.Once
+	closed chan struct{}
+}
+
+func newConnListener(addr net.Addr) *connListener {
+	return &connListener{conns: make(chan net.Conn), addr: addr, closed: make(chan struct{})}
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) push(c net.Conn) error {
+	select {
+	case l.conns <- c:
+		return nil
+	case <-l.closed:
+		return fmt.Errorf("kproxy is shutting down")
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return l.addr }

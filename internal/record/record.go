@@ -1,0 +1,104 @@
+// Package record defines the capture record, the one data shape behind the
+// capture file, the live event stream, the TUI, `kproxy check` and the spans
+// (see ../shared/design/contract.md: fields may be added, never renamed).
+package record
+
+import (
+	"time"
+)
+
+// Stage outcomes.
+const (
+	Pass   = "pass"
+	Reject = "reject"
+	Skip   = "skip"
+	Error  = "error"
+)
+
+// StageUnknown is predicted.stage when kproxy cannot predict.
+const StageUnknown = "unknown"
+
+// Record is one proxied request: what kproxy predicted, what the upstream
+// answered, and how long each part took.
+type Record struct {
+	ID        string        `json:"id"`
+	Start     time.Time     `json:"start"`
+	Request   Request       `json:"request"`
+	Predicted Prediction    `json:"predicted"`
+	Actual    Actual        `json:"actual"`
+	Stages    []StageResult `json:"stages"`
+	Latency   Latency       `json:"latency"`
+	TraceID   string        `json:"traceID"`
+	// Mode is how the request reached kproxy: "reverse" or "forward".
+	Mode string `json:"mode,omitempty"`
+	// Identity says how kproxy forwarded the caller: "token" (passed
+	// through), "certificate" (impersonated), "anonymous", or "rejected".
+	Identity string `json:"identity,omitempty"`
+	// KubernetesVersion is the version whose rules the replay applied.
+	KubernetesVersion string `json:"kubernetesVersion,omitempty"`
+}
+
+// Request describes the request as the apiserver resolves it.
+type Request struct {
+	Method      string   `json:"method"`
+	Path        string   `json:"path"`
+	Query       string   `json:"query"`
+	User        string   `json:"user"`
+	Groups      []string `json:"groups"`
+	Verb        string   `json:"verb"`
+	APIGroup    string   `json:"apiGroup"`
+	APIVersion  string   `json:"apiVersion"`
+	Resource    string   `json:"resource"`
+	Subresource string   `json:"subresource"`
+	Namespace   string   `json:"namespace"`
+	Name        string   `json:"name"`
+	// UserAgent and ContentType help tell clients and encodings apart.
+	UserAgent   string `json:"userAgent,omitempty"`
+	ContentType string `json:"contentType,omitempty"`
+	// BodyBytes is how many request body bytes went upstream.
+	BodyBytes int64 `json:"bodyBytes,omitempty"`
+}
+
+// Prediction is the replay's verdict.
+type Prediction struct {
+	Status  int    `json:"status"`
+	Stage   string `json:"stage"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// Actual is what the upstream apiserver answered.
+type Actual struct {
+	Status        int    `json:"status"`
+	Reason        string `json:"reason"`
+	Message       string `json:"message"`
+	AuditID       string `json:"auditID"`
+	FlowSchema    string `json:"flowSchema"`
+	PriorityLevel string `json:"priorityLevel"`
+	// FlowSchemaUID and PriorityLevelUID are the raw APF response headers.
+	FlowSchemaUID    string `json:"flowSchemaUID,omitempty"`
+	PriorityLevelUID string `json:"priorityLevelUID,omitempty"`
+	// Warnings are the apiserver's Warning headers.
+	Warnings []string `json:"warnings,omitempty"`
+	// ResponseBytes is how many body bytes reached the client.
+	ResponseBytes int64 `json:"responseBytes,omitempty"`
+	// Error is set when no answer came from the upstream (kproxy answered).
+	Error string `json:"error,omitempty"`
+}
+
+// StageResult is one stage's verdict; Children hold finer detail (each
+// authenticator, authorizer, admission plugin, webhook).
+type StageResult struct {
+	Name        string        `json:"name"`
+	Outcome     string        `json:"outcome"`
+	DurationNs  int64         `json:"durationNs"`
+	Explanation string        `json:"explanation"`
+	Children    []StageResult `json:"children,omitempty"`
+}
+
+// Latency splits the request's time.
+type Latency struct {
+	TotalNs    int64 `json:"totalNs"`
+	UpstreamNs int64 `json:"upstreamNs"`
+	ReplayNs   int64 `json:"replayNs"`
+}

@@ -1,0 +1,330 @@
+// Package serve wires kproxy together from its options: upstream
+// transports, the replay pipeline, tracing, capture sinks, and the reverse
+// or forward server. `kproxy serve` and `kproxy demo` both run it.
+package serve
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/proxy"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/stages"
+	"github.com/kproxy/kproxy/internal/telemetry"
+)
+
+// Options are `kproxy serve`'s flags.
+type Options struct {
+	Upstream           string // apiserver URL; overrides the kubeconfig's server
+	UpstreamKubeconfig string // kproxy's own credentials; empty: $KUBECONFIG / ~/.kube/config
+	UpstreamContext    string
+	Listen             string
+	TLSCertFile        string
+	TLSKeyFile         string
+	PKIDir             string // kproxy's CA, created on first use
+	Capture            string
+	Mode               string // reverse | forward
+
+	// Mirrored kube-apiserver flags.
+	ClientCAFile                 string
+	RequestHeaderClientCAFile    string
+	RequestHeaderAllowedNames    []string
+	RequestHeaderUsernameHeaders []string
+	RequestHeaderUIDHeaders      []string
+	RequestHeaderGroupHeaders    []string
+	RequestHeaderExtraPrefixes   []string
+
+	Telemetry telemetry.Options
+
+	// Stream, when set, also receives every record (the TUI, the demo).
+	Stream *record.Stream
+	Log    *slog.Logger
+}
+
+// DefaultPKIDir is where kproxy keeps its CA: $XDG_CONFIG_HOME/kproxy or
+// ~/.config/kproxy.
+func DefaultPKIDir() string {
+	if d, err := os.UserConfigDir(); err == nil {
+		return filepath.Join(d, "kproxy")
+	}
+	return ".kproxy"
+}
+
+// Validate checks the options, naming the flag and the fix.
+func (o *Options) Validate() error {
+	switch o.Mode {
+	case "reverse", "forward":
+	default:
+		return fmt.Errorf("--mode=%q: use reverse (clients point their kubeconfig at kproxy) or forward (clients use kproxy as HTTPS_PROXY)", o.Mode)
+	}
+	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
+		return errors.New("--tls-cert-file and --tls-private-key-file go together: give both, or neither to have kproxy make a certificate with its own CA")
+	}
+	if _, _, err := net.SplitHostPort(o.Listen); err != nil {
+		return fmt.Errorf("--listen=%q: want host:port, e.g. 127.0.0.1:8443 (%v)", o.Listen, err)
+	}
+	if o.Upstream != "" {
+		u, err := url.Parse(o.Upstream)
+		if err != nil || u.Scheme != "https" || u.Host == "" {
+			return fmt.Errorf("--upstream=%q: want the apiserver's https URL, e.g. https://10.0.0.1:6443", o.Upstream)
+		}
+	}
+	return nil
+}
+
+// LoadUpstreamConfig reads kproxy's own client configuration the kubectl
+// way: --upstream-kubeconfig, else $KUBECONFIG, else ~/.kube/config, else
+// in-cluster; --upstream overrides the server.
+func LoadUpstreamConfig(o *Options) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if o.UpstreamKubeconfig != "" {
+		rules.ExplicitPath = o.UpstreamKubeconfig
+	}
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: o.UpstreamContext}
+	if o.Upstream != "" {
+		overrides.ClusterInfo.Server = o.Upstream
+	}
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
+	if err != nil {
+		if o.Upstream == "" {
+			return nil, fmt.Errorf("no upstream apiserver: give --upstream-kubeconfig or --upstream, or set KUBECONFIG (%v)", err)
+		}
+		// An upstream without credentials: tokens pass through, certificate
+		// callers cannot be impersonated.
+		cfg = &rest.Config{Host: o.Upstream}
+	}
+	// Never send kproxy's own traffic through a proxy from the environment:
+	// in forward mode that proxy is kproxy.
+	cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
+	return cfg, nil
+}
+
+// Server is a configured, not yet running kproxy.
+type Server struct {
+	opts     *Options
+	ln       net.Listener
+	handler  *proxy.Proxy
+	tlsCfg   *tls.Config
+	forward  *proxy.ForwardServer
+	shutdown []func(context.Context) error
+	// CA is kproxy's CA (nil when serving a given certificate).
+	CA *pki.CA
+	// Addr is the address kproxy listens on.
+	Addr string
+}
+
+// New builds the server and starts listening (so the address is known and
+// clients can connect as soon as Run is called).
+func New(ctx context.Context, o *Options) (*Server, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg, err := LoadUpstreamConfig(o)
+	if err != nil {
+		return nil, err
+	}
+	up, err := proxy.NewUpstream(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: o}
+	ok := false
+	defer func() {
+		if !ok {
+			s.close(context.Background())
+		}
+	}()
+
+	tp, shutdownTP, err := telemetry.Setup(ctx, o.Telemetry, nil)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	s.shutdown = append(s.shutdown, shutdownTP)
+
+	var sinks record.Sinks
+	if o.Capture != "" {
+		fs, err := record.OpenFile(o.Capture, func(err error) { log.Error("capture write failed", "file", o.Capture, "error", err) })
+		if err != nil {
+			return nil, err
+		}
+		s.shutdown = append(s.shutdown, func(context.Context) error { return fs.Close() })
+		sinks = append(sinks, fs)
+	}
+	if o.Stream != nil {
+		sinks = append(sinks, o.Stream)
+	}
+
+	certAuth, err := certAuthenticator(o)
+	if err != nil {
+		return nil, err
+	}
+	pcfg := proxy.Config{
+		Upstream:          up.URL,
+		Passthrough:       up.Passthrough,
+		CertAuthenticator: certAuth,
+		Replayer:          stages.New(stages.Config{TracerProvider: tp}),
+		Sink:              sinks,
+		TracerProvider:    tp,
+		Mode:              o.Mode,
+		Log:               log,
+	}
+	if up.Impersonating != nil {
+		pcfg.Impersonating = up.Impersonating
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("upstream client: %w", err)
+		}
+		if pcfg.ImpersonationAuthorizer, err = proxy.NewImpersonationAuthorizer(cs.AuthorizationV1()); err != nil {
+			return nil, err
+		}
+	} else if certAuth != nil {
+		log.Warn("kproxy has no upstream credentials: certificate callers will be refused (give --upstream-kubeconfig)")
+	}
+	if s.handler, err = proxy.New(pcfg); err != nil {
+		return nil, err
+	}
+
+	cert, err := s.servingCert(up.URL)
+	if err != nil {
+		return nil, err
+	}
+	s.tlsCfg = proxy.ServerTLS(cert)
+	if s.ln, err = net.Listen("tcp", o.Listen); err != nil {
+		return nil, fmt.Errorf("--listen=%s: %w", o.Listen, err)
+	}
+	s.Addr = s.ln.Addr().String()
+	if o.Mode == "forward" {
+		s.forward = proxy.NewForwardServer(s.handler, up.URL.Host, s.tlsCfg, s.ln.Addr(), log)
+	}
+	log.Info("kproxy listening", "mode", o.Mode, "addr", s.Addr, "upstream", up.URL.String(),
+		"capture", o.Capture, "clientCA", o.ClientCAFile != "", "impersonation", up.Impersonating != nil)
+	ok = true
+	return s, nil
+}
+
+// Run serves until ctx is done, then flushes captures and spans.
+func (s *Server) Run(ctx context.Context) error {
+	var err error
+	if s.forward != nil {
+		err = s.forward.Serve(ctx, s.ln)
+	} else {
+		err = proxy.ServeReverse(ctx, s.ln, proxy.NewHTTPServer(s.handler, s.tlsCfg, s.opts.Log))
+	}
+	s.close(context.Background())
+	return err
+}
+
+func (s *Server) close(ctx context.Context) {
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for i := len(s.shutdown) - 1; i >= 0; i-- {
+		_ = s.shutdown[i](ctx)
+	}
+	s.shutdown = nil
+}
+
+// servingCert is the given certificate, or one from kproxy's CA for the
+// names clients will use: the listen address (reverse) or the apiserver's
+// host (forward).
+func (s *Server) servingCert(upstream *url.URL) (tls.Certificate, error) {
+	o := s.opts
+	if o.TLSCertFile != "" {
+		c, err := tls.LoadX509KeyPair(o.TLSCertFile, o.TLSKeyFile)
+		if err != nil {
+			return c, fmt.Errorf("--tls-cert-file/--tls-private-key-file: %w", err)
+		}
+		return c, nil
+	}
+	dir := o.PKIDir
+	if dir == "" {
+		dir = DefaultPKIDir()
+	}
+	ca, err := pki.LoadOrCreateCA(dir, "kproxy-ca")
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	s.CA = ca
+	leaf := pki.Leaf{CommonName: "kproxy", Server: true, DNSNames: []string{"localhost"},
+		IPs: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}}
+	hosts := []string{}
+	if h, _, err := net.SplitHostPort(o.Listen); err == nil {
+		hosts = append(hosts, h)
+	}
+	if hn, err := os.Hostname(); err == nil {
+		hosts = append(hosts, hn)
+	}
+	if o.Mode == "forward" {
+		hosts = append(hosts, upstream.Hostname())
+	}
+	for _, h := range hosts {
+		if h == "" || h == "0.0.0.0" || h == "::" {
+			continue
+		}
+		if ip := net.ParseIP(h); ip != nil {
+			leaf.IPs = append(leaf.IPs, ip)
+		} else {
+			leaf.DNSNames = append(leaf.DNSNames, strings.ToLower(h))
+		}
+	}
+	issued, err := ca.Issue(leaf)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return issued.TLSCertificate(ca.Cert), nil
+}
+
+// certAuthenticator builds the apiserver's certificate authenticators from
+// the mirrored --client-ca-file and --requestheader-* flags.
+func certAuthenticator(o *Options) (authenticator.Request, error) {
+	var clientCA *x509.CertPool
+	var rh *proxy.RequestHeaderOptions
+	var err error
+	if o.ClientCAFile != "" {
+		if clientCA, err = readPool("--client-ca-file", o.ClientCAFile); err != nil {
+			return nil, err
+		}
+	}
+	if o.RequestHeaderClientCAFile != "" {
+		pool, err := readPool("--requestheader-client-ca-file", o.RequestHeaderClientCAFile)
+		if err != nil {
+			return nil, err
+		}
+		rh = &proxy.RequestHeaderOptions{ClientCA: pool, AllowedNames: o.RequestHeaderAllowedNames,
+			UsernameHeaders: o.RequestHeaderUsernameHeaders, UIDHeaders: o.RequestHeaderUIDHeaders,
+			GroupHeaders: o.RequestHeaderGroupHeaders, ExtraHeaderPrefixes: o.RequestHeaderExtraPrefixes}
+	}
+	return proxy.NewCertAuthenticator(clientCA, rh), nil
+}
+
+func readPool(flag, file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s=%s: %w", flag, file, err)
+	}
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s=%s: no PEM certificates found in the file", flag, file)
+	}
+	return p, nil
+}

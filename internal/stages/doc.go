@@ -1,0 +1,38 @@
+// Package stages replays a request through the kube-apiserver's own stages,
+// in the apiserver's order, and says which stage would decide its outcome.
+//
+// # Shape
+//
+// The apiserver builds its request path in one function,
+// DefaultBuildHandlerChain, which a reader can take in at a glance. This
+// package keeps that property: [New] lists the nine stages of the contract
+// (authentication, impersonation, flowcontrol, authorization, decode,
+// mutating-admission, validation, validating-admission, storage) in one
+// slice, in the order the real server runs them. A stage is one file and one
+// type behind the small [Stage] interface; adding a stage touches its file
+// and one line in [New].
+//
+// # Verdicts
+//
+// Each stage returns a [Result]: an outcome (pass, reject, skip, error), an
+// explanation a person can act on, and on reject the metav1.Status the real
+// apiserver would answer with. The first reject decides the prediction; the
+// stages after it are skipped as "not reached". A stage that fails, panics,
+// runs past the replay budget, or is not modelled yet makes the prediction
+// unknown: an honest "unknown" beats a confident guess.
+//
+// # Fidelity
+//
+// Stages run the apiserver's own code (k8s.io/apiserver filters and
+// authenticators, the authorizers, the admission chain, the registry
+// strategies) wherever it can run outside the apiserver process, and write
+// by hand only what upstream lacks: explanations, nearest misses, timing.
+// The replay never writes to the cluster and never changes what is
+// forwarded: it sees a copy of the request.
+//
+// # Collaborators
+//
+// Clocks and tracer providers are injected through [Config]; no stage keeps
+// hidden global state. Every stage runs inside its own span, a child of the
+// "replay" span, so a trace shows where the time went.
+package stages

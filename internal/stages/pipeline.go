@@ -1,0 +1,189 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"k8s.io/utils/clock"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// KubernetesVersion is the Kubernetes release whose code the replay runs.
+const KubernetesVersion = "v1.37.2"
+
+// Config holds the pipeline's collaborators.
+type Config struct {
+	// TracerProvider makes the replay and stage spans; nil means no spans.
+	TracerProvider trace.TracerProvider
+	// Clock times the stages; nil means the real clock.
+	Clock clock.PassiveClock
+	// Budget bounds one replay; past it the prediction is unknown. Zero
+	// means 5s.
+	Budget time.Duration
+}
+
+// Pipeline runs the stages in the apiserver's order.
+type Pipeline struct {
+	stages []Stage
+	tracer trace.Tracer
+	clock  clock.PassiveClock
+	budget time.Duration
+}
+
+// New builds the pipeline. The order is the apiserver's: its handler chain
+// (DefaultBuildHandlerChain, read bottom-up) and then the resource handler
+// and registry (create.go / update.go: decode, mutating admission, strategy
+// validation, validating admission, storage).
+func New(cfg Config) *Pipeline {
+	p := &Pipeline{
+		stages: []Stage{
+			newAuthentication(cfg),
+			newImpersonation(cfg),
+			newFlowControl(cfg),
+			newAuthorization(cfg),
+			newDecode(cfg),
+			newMutatingAdmission(cfg),
+			newValidation(cfg),
+			newValidatingAdmission(cfg),
+			newStorage(cfg),
+		},
+		clock:  cfg.Clock,
+		budget: cfg.Budget,
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	p.tracer = tp.Tracer("github.com/kproxy/kproxy/internal/stages")
+	if p.clock == nil {
+		p.clock = clock.RealClock{}
+	}
+	if p.budget == 0 {
+		p.budget = 5 * time.Second
+	}
+	return p
+}
+
+// Names lists the stage names in order.
+func (p *Pipeline) Names() []string {
+	n := make([]string, len(p.stages))
+	for i, s := range p.stages {
+		n[i] = s.Name()
+	}
+	return n
+}
+
+// Outcome is the replay's result for one request.
+type Outcome struct {
+	Predicted record.Prediction
+	Stages    []record.StageResult
+	Duration  time.Duration
+}
+
+// Run replays req through every stage. It never panics and never blocks
+// past the budget (a stage still running then is reported as error).
+func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
+	start := p.clock.Now()
+	ctx, cancel := context.WithTimeout(ctx, p.budget)
+	defer cancel()
+	ctx, span := p.tracer.Start(ctx, "replay", trace.WithAttributes(
+		attribute.String("kproxy.kubernetes_version", KubernetesVersion)))
+	defer span.End()
+
+	out := Outcome{Stages: make([]record.StageResult, 0, len(p.stages))}
+	var decided *Result
+	var decidedBy string
+	var unknown []string
+	for _, s := range p.stages {
+		if decided != nil {
+			out.Stages = append(out.Stages, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + decidedBy + " decides the request"})
+			continue
+		}
+		res, d := p.runStage(ctx, s, req)
+		out.Stages = append(out.Stages, record.StageResult{
+			Name: s.Name(), Outcome: res.Outcome, DurationNs: d.Nanoseconds(),
+			Explanation: res.Explanation, Children: res.Children,
+		})
+		switch {
+		case res.Outcome == record.Error:
+			unknown = append(unknown, fmt.Sprintf("%s failed: %s", s.Name(), res.Explanation))
+		case res.NotModelled:
+			unknown = append(unknown, s.Name()+" is not modelled yet")
+		case res.Outcome == record.Reject:
+			r := res
+			decided, decidedBy = &r, s.Name()
+		}
+	}
+	out.Predicted = predict(req, decided, decidedBy, unknown)
+	out.Duration = p.clock.Since(start)
+	span.SetAttributes(
+		attribute.Int("kproxy.predicted.status", out.Predicted.Status),
+		attribute.String("kproxy.predicted.stage", out.Predicted.Stage))
+	return out
+}
+
+// predict turns the stage verdicts into the record's prediction. A reject
+// counts only when every stage before it was known: a stage we could not
+// replay might have rejected first.
+func predict(req *Request, decided *Result, decidedBy string, unknown []string) record.Prediction {
+	if len(unknown) > 0 {
+		return record.Prediction{Stage: record.StageUnknown,
+			Message: "cannot predict: " + strings.Join(unknown, "; ")}
+	}
+	if decided != nil {
+		pr := record.Prediction{Stage: decidedBy}
+		if st := decided.Status; st != nil {
+			pr.Status, pr.Reason, pr.Message = int(st.Code), string(st.Reason), st.Message
+		}
+		return pr
+	}
+	return record.Prediction{Status: successStatus(req)}
+}
+
+// successStatus is the status the apiserver answers a successful request
+// with: 201 for a create that stores a new object, 200 otherwise.
+func successStatus(req *Request) int {
+	if req.Info != nil && req.Info.Verb == "create" && req.HTTP.Method == http.MethodPost {
+		return http.StatusCreated
+	}
+	return http.StatusOK
+}
+
+// runStage runs one stage in its own span, turning a panic or an overrun of
+// the budget into an error result.
+func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Result, d time.Duration) {
+	ctx, span := p.tracer.Start(ctx, s.Name())
+	start := p.clock.Now()
+	done := make(chan Result, 1)
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				done <- Failed(fmt.Sprintf("panic: %v\n%s", v, debug.Stack()))
+			}
+		}()
+		done <- s.Run(ctx, req)
+	}()
+	select {
+	case res = <-done:
+	case <-ctx.Done():
+		res = Failed(fmt.Sprintf("replay budget exceeded (%v)", ctx.Err()))
+	}
+	d = p.clock.Since(start)
+	span.SetAttributes(
+		attribute.String("kproxy.stage.outcome", res.Outcome),
+		attribute.String("kproxy.stage.explanation", res.Explanation))
+	if res.Outcome == record.Error {
+		span.SetStatus(codes.Error, res.Explanation)
+	}
+	span.End()
+	return res, d
+}

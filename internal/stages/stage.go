@@ -1,0 +1,80 @@
+package stages
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// Stage is one step of the apiserver's request path.
+type Stage interface {
+	// Name is the contract's stage name.
+	Name() string
+	// Run decides the stage for the request. It must not modify req.HTTP or
+	// write to the cluster, and should return promptly when ctx is done.
+	Run(ctx context.Context, req *Request) Result
+}
+
+// Request is what the replay sees of one request: a copy, never the request
+// being forwarded.
+type Request struct {
+	// ID is the capture record's id.
+	ID string
+	// Arrival is when kproxy received the request; the replay predicts from
+	// the cluster state at that moment.
+	Arrival time.Time
+	// HTTP is a clone of the incoming request: method, URL, headers
+	// (credentials included, in memory only), TLS state. Its body is nil.
+	HTTP *http.Request
+	// Body is the request body, up to MaxBodyBytes.
+	Body []byte
+	// BodyTruncated is set when the body was longer than MaxBodyBytes.
+	BodyTruncated bool
+	// Info is the request as the apiserver's RequestInfoFactory resolves it.
+	Info *apirequest.RequestInfo
+	// User is the identity after the stages that decide it have run (set by
+	// authentication and impersonation); nil before.
+	User user.Info
+}
+
+// MaxBodyBytes is the apiserver's own request body limit (3 MiB): a longer
+// body is rejected upstream with 413, so the replay never needs more.
+const MaxBodyBytes = 3 << 20
+
+// Result is a stage's verdict.
+type Result struct {
+	Outcome     string
+	Explanation string
+	// Status is what the real apiserver answers when Outcome is reject.
+	Status *metav1.Status
+	// Children hold finer detail: each authenticator, authorizer, plugin.
+	Children []record.StageResult
+	// NotModelled marks a stage whose logic kproxy does not have yet: the
+	// prediction cannot be known past it.
+	NotModelled bool
+}
+
+// Pass, Skip, Reject and Errorf build results.
+func Pass(explanation string) Result { return Result{Outcome: record.Pass, Explanation: explanation} }
+
+// Skip is a stage that does not apply to the request.
+func Skip(explanation string) Result { return Result{Outcome: record.Skip, Explanation: explanation} }
+
+// Reject is a stage that would refuse the request with st.
+func Reject(st *metav1.Status, explanation string) Result {
+	return Result{Outcome: record.Reject, Status: st, Explanation: explanation}
+}
+
+// Failed is a stage whose replay itself failed.
+func Failed(explanation string) Result { return Result{Outcome: record.Error, Explanation: explanation} }
+
+// notModelled is the honest answer of a stage kproxy cannot replay yet.
+func notModelled() Result {
+	return Result{Outcome: record.Skip, Explanation: "not modelled yet", NotModelled: true}
+}
