@@ -268,7 +268,6 @@ func kubectlPath() string {
 	return "kubectl"
 }
 
-
 type prefixed struct {
 	w      io.Writer
 	prefix string

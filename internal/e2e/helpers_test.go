@@ -41,7 +41,7 @@ type exchange struct {
 
 type request struct {
 	method, path, body, contentType, accept, user string
-	header                                       http.Header
+	header                                        http.Header
 }
 
 func do(t testing.TB, c *http.Client, base string, r request) exchange {

@@ -162,4 +162,3 @@ func forwardRoute(k *kproxy) route {
 	pu, _ := url.Parse("http://" + k.addr)
 	return route{name: "forward", base: cluster.URL, tls: &tls.Config{RootCAs: k.ca}, prox: http.ProxyURL(pu)}
 }
-

@@ -440,4 +440,3 @@ func (c *Cluster) FrontProxyPool() *x509.CertPool {
 func (c *Cluster) FrontProxyClient() (tls.Certificate, error) {
 	return tls.LoadX509KeyPair(filepath.Join(c.Dir, "front-proxy-client.crt"), filepath.Join(c.Dir, "front-proxy-client.key"))
 }
-

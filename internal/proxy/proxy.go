@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -79,7 +80,12 @@ type Proxy struct {
 	mode               string
 	log                *slog.Logger
 	rp                 *httputil.ReverseProxy
+	pending            sync.WaitGroup // records not yet written
 }
+
+// Drain waits until every record of a finished request has been written:
+// call it after the server has stopped, before closing the sinks.
+func (p *Proxy) Drain() { p.pending.Wait() }
 
 // New builds a Proxy.
 func New(cfg Config) (*Proxy, error) {
@@ -216,6 +222,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
 		span.End()
 		end := p.clock.Now()
+		p.pending.Add(1)
 		go p.finish(ex, start, end)
 		if v != nil {
 			// http.ErrAbortHandler (client gone mid-stream) must reach
@@ -356,6 +363,7 @@ func (p *Proxy) runReplay(ctx context.Context, req *stages.Request, out chan<- s
 // finish completes the record once the response is relayed and the replay
 // is done, off the client's path.
 func (p *Proxy) finish(ex *exchange, start, end time.Time) {
+	defer p.pending.Done()
 	rec := ex.rec
 	o := <-ex.replay
 	rec.Predicted, rec.Stages = o.Predicted, o.Stages

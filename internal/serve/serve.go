@@ -127,6 +127,7 @@ type Server struct {
 	CA *pki.CA
 	// Addr is the address kproxy listens on.
 	Addr string
+	log  *slog.Logger
 }
 
 // New builds the server and starts listening (so the address is known and
@@ -147,7 +148,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{opts: o}
+	s := &Server{opts: o, log: log}
 	ok := false
 	defer func() {
 		if !ok {
@@ -228,8 +229,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.forward != nil {
 		err = s.forward.Serve(ctx, s.ln)
 	} else {
-		err = proxy.ServeReverse(ctx, s.ln, proxy.NewHTTPServer(s.handler, s.tlsCfg, s.opts.Log))
+		err = proxy.ServeReverse(ctx, s.ln, proxy.NewHTTPServer(s.handler, s.tlsCfg, s.log))
 	}
+	s.handler.Drain()
 	s.close(context.Background())
 	return err
 }

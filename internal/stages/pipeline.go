@@ -44,21 +44,21 @@ type Pipeline struct {
 // and registry (create.go / update.go: decode, mutating admission, strategy
 // validation, validating admission, storage).
 func New(cfg Config) *Pipeline {
-	p := &Pipeline{
-		stages: []Stage{
-			newAuthentication(cfg),
-			newImpersonation(cfg),
-			newFlowControl(cfg),
-			newAuthorization(cfg),
-			newDecode(cfg),
-			newMutatingAdmission(cfg),
-			newValidation(cfg),
-			newValidatingAdmission(cfg),
-			newStorage(cfg),
-		},
-		clock:  cfg.Clock,
-		budget: cfg.Budget,
-	}
+	return newPipeline(cfg,
+		newAuthentication(cfg),
+		newImpersonation(cfg),
+		newFlowControl(cfg),
+		newAuthorization(cfg),
+		newDecode(cfg),
+		newMutatingAdmission(cfg),
+		newValidation(cfg),
+		newValidatingAdmission(cfg),
+		newStorage(cfg),
+	)
+}
+
+func newPipeline(cfg Config, stages ...Stage) *Pipeline {
+	p := &Pipeline{stages: stages, clock: cfg.Clock, budget: cfg.Budget}
 	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()

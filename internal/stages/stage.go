@@ -72,7 +72,9 @@ func Reject(st *metav1.Status, explanation string) Result {
 }
 
 // Failed is a stage whose replay itself failed.
-func Failed(explanation string) Result { return Result{Outcome: record.Error, Explanation: explanation} }
+func Failed(explanation string) Result {
+	return Result{Outcome: record.Error, Explanation: explanation}
+}
 
 // notModelled is the honest answer of a stage kproxy cannot replay yet.
 func notModelled() Result {

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// contractStages are the stage names of contract.md, in order.
+var contractStages = []string{"authentication", "impersonation", "flowcontrol", "authorization", "decode",
+	"mutating-admission", "validation", "validating-admission", "storage"}
+
+// TestCapture checks that capture records follow the contract and that no
+// secret (a bearer token, a Secret's values) reaches the capture file.
+func TestCapture(t *testing.T) {
+	capture := filepath.Join(t.TempDir(), "capture.jsonl")
+	k := startKproxy(t, kproxyOptions{capture: capture})
+	r := reverseRoute(k)
+	const secretValue = "hunter2-very-secret-value"
+	secretB64 := base64.StdEncoding.EncodeToString([]byte(secretValue))
+	secret := `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"t-capture"},"data":{"password":"` + secretB64 + `"},"stringData":{"other":"` + secretValue + `"}}`
+	reqs := []request{
+		{method: "POST", path: "/api/v1/namespaces/" + testNS + "/secrets", body: secret, user: "admin"},
+		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/secrets/t-capture", user: "admin"},
+		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/secrets", user: "alice"},
+		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps?access_token=" + tokenOf("admin"), user: "bad"},
+		{method: "DELETE", path: "/api/v1/namespaces/" + testNS + "/secrets/t-capture", user: "admin"},
+	}
+	for _, q := range reqs {
+		do(t, r.client(nil), r.base, q)
+	}
+	k.stop() // flushes the capture
+	recs := readCapture(t, capture, len(reqs))
+
+	raw, err := os.ReadFile(capture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{secretValue, secretB64, tokenOf("admin"), tokenOf("alice"), tokenOf("bad")} {
+		if bytes.Contains(raw, []byte(s)) {
+			t.Errorf("capture contains a secret: %q", s)
+		}
+	}
+
+	hex32 := regexp.MustCompile(`^[0-9a-f]{32}$`)
+	outcomes := []string{record.Pass, record.Reject, record.Skip, record.Error}
+	for _, rec := range recs {
+		if rec.ID == "" || rec.Start.IsZero() || !hex32.MatchString(rec.TraceID) {
+			t.Errorf("record %+v: id, start and a 32-hex traceID are required", rec)
+		}
+		if rec.Actual.AuditID == "" {
+			t.Errorf("record %s: no actual.auditID", rec.ID)
+		}
+		var names []string
+		for _, s := range rec.Stages {
+			names = append(names, s.Name)
+			if !slices.Contains(outcomes, s.Outcome) {
+				t.Errorf("record %s: stage %s outcome %q", rec.ID, s.Name, s.Outcome)
+			}
+		}
+		if !slices.Equal(names, contractStages) {
+			t.Errorf("record %s: stages %v, want the nine contract stages in order", rec.ID, names)
+		}
+		// Nothing is modelled yet: an honest unknown.
+		if rec.Predicted.Stage != record.StageUnknown || rec.Predicted.Status != 0 || rec.Predicted.Message == "" {
+			t.Errorf("record %s: predicted %+v, want unknown with a reason", rec.ID, rec.Predicted)
+		}
+		if rec.Latency.TotalNs <= 0 || rec.Latency.UpstreamNs <= 0 {
+			t.Errorf("record %s: latency %+v", rec.ID, rec.Latency)
+		}
+	}
+	byPath := func(method, path string) *record.Record {
+		for i := range recs {
+			if recs[i].Request.Method == method && recs[i].Request.Path == path {
+				return &recs[i]
+			}
+		}
+		t.Fatalf("no record for %s %s", method, path)
+		return nil
+	}
+	created := byPath("POST", "/api/v1/namespaces/"+testNS+"/secrets")
+	if created.Actual.Status != 201 || created.Request.Verb != "create" || created.Request.Resource != "secrets" || created.Request.Namespace != testNS {
+		t.Errorf("create record: %+v", created.Request)
+	}
+	denied := byPath("GET", "/api/v1/namespaces/"+testNS+"/secrets")
+	if denied.Actual.Status != 403 || denied.Actual.Reason != "Forbidden" || !strings.Contains(denied.Actual.Message, `User "alice" cannot list resource "secrets"`) {
+		t.Errorf("denied record actual: %+v", denied.Actual)
+	}
+	if denied.Actual.FlowSchemaUID == "" {
+		t.Errorf("denied record has no APF flow schema UID: %+v", denied.Actual)
+	}
+	unauth := byPath("GET", "/api/v1/namespaces/"+testNS+"/configmaps")
+	if unauth.Actual.Status != 401 || !strings.Contains(unauth.Request.Query, record.Redacted) {
+		t.Errorf("401 record: actual %+v query %q", unauth.Actual, unauth.Request.Query)
+	}
+}
+
+func readCapture(t *testing.T, path string, want int) []record.Record {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var recs []record.Record
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var r record.Record
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				t.Fatalf("capture line is not a record: %v\n%s", err, sc.Text())
+			}
+			recs = append(recs, r)
+		}
+		f.Close()
+		if len(recs) >= want || time.Now().After(deadline) {
+			if len(recs) != want {
+				t.Fatalf("capture has %d records, want %d", len(recs), want)
+			}
+			return recs
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

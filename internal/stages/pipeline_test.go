@@ -1,0 +1,159 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+var contractOrder = []string{"authentication", "impersonation", "flowcontrol", "authorization", "decode",
+	"mutating-admission", "validation", "validating-admission", "storage"}
+
+func TestNewHasContractStagesInOrder(t *testing.T) {
+	if got := New(Config{}).Names(); !slices.Equal(got, contractOrder) {
+		t.Fatalf("stages %v, want %v", got, contractOrder)
+	}
+}
+
+// fake is a stage with a scripted result.
+type fake struct {
+	name string
+	run  func(ctx context.Context) Result
+}
+
+func (f fake) Name() string                              { return f.name }
+func (f fake) Run(ctx context.Context, _ *Request) Result { return f.run(ctx) }
+
+func result(r Result) func(context.Context) Result { return func(context.Context) Result { return r } }
+
+func forbidden() Result {
+	st := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("no rule")).Status()
+	return Reject(&st, "no rule")
+}
+
+func TestRun(t *testing.T) {
+	pass := result(Pass("ok"))
+	cases := []struct {
+		name         string
+		stages       []func(context.Context) Result
+		budget       time.Duration
+		wantOutcomes []string
+		wantPred     record.Prediction
+		wantMsg      string // substring of the unknown message
+	}{
+		{
+			name:         "all pass predicts success",
+			stages:       []func(context.Context) Result{pass, pass, pass},
+			wantOutcomes: []string{"pass", "pass", "pass"},
+			wantPred:     record.Prediction{Status: 200},
+		},
+		{
+			name:         "first reject decides, later stages not reached",
+			stages:       []func(context.Context) Result{pass, result(forbidden()), pass},
+			wantOutcomes: []string{"pass", "reject", "skip"},
+			wantPred:     record.Prediction{Status: 403, Stage: "s1", Reason: "Forbidden", Message: `pods is forbidden: no rule`},
+		},
+		{
+			name:         "a stage not modelled makes the prediction unknown",
+			stages:       []func(context.Context) Result{result(notModelled()), pass},
+			wantOutcomes: []string{"skip", "pass"},
+			wantPred:     record.Prediction{Stage: record.StageUnknown},
+			wantMsg:      "s0 is not modelled yet",
+		},
+		{
+			name:         "unknown before a reject stays unknown",
+			stages:       []func(context.Context) Result{result(notModelled()), result(forbidden())},
+			wantOutcomes: []string{"skip", "reject"},
+			wantPred:     record.Prediction{Stage: record.StageUnknown},
+			wantMsg:      "s0 is not modelled yet",
+		},
+		{
+			name:         "a panic is an error, never a guess",
+			stages:       []func(context.Context) Result{func(context.Context) Result { panic("boom") }, pass},
+			wantOutcomes: []string{"error", "pass"},
+			wantPred:     record.Prediction{Stage: record.StageUnknown},
+			wantMsg:      "s0 failed: panic: boom",
+		},
+		{
+			name: "past the budget is an error",
+			stages: []func(context.Context) Result{func(ctx context.Context) Result {
+				<-ctx.Done()
+				time.Sleep(10 * time.Millisecond)
+				return Pass("late")
+			}},
+			budget:       20 * time.Millisecond,
+			wantOutcomes: []string{"error"},
+			wantPred:     record.Prediction{Stage: record.StageUnknown},
+			wantMsg:      "replay budget exceeded",
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sr := tracetest.NewSpanRecorder()
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+			var ss []Stage
+			for i, f := range tc.stages {
+				ss = append(ss, fake{name: "s" + string(rune('0'+i)), run: f})
+			}
+			p := newPipeline(Config{TracerProvider: tp, Budget: tc.budget}, ss...)
+			req := &Request{HTTP: httptest.NewRequest("GET", "/api/v1/pods", nil)}
+			out := p.Run(context.Background(), req)
+			var outcomes []string
+			for _, s := range out.Stages {
+				outcomes = append(outcomes, s.Outcome)
+			}
+			if !slices.Equal(outcomes, tc.wantOutcomes) {
+				t.Errorf("outcomes %v, want %v", outcomes, tc.wantOutcomes)
+			}
+			got := out.Predicted
+			if tc.wantMsg != "" {
+				if !strings.Contains(got.Message, tc.wantMsg) {
+					t.Errorf("message %q lacks %q", got.Message, tc.wantMsg)
+				}
+				got.Message = ""
+			}
+			if got != tc.wantPred {
+				t.Errorf("predicted %+v, want %+v", got, tc.wantPred)
+			}
+			// One span for the replay and one per stage that ran.
+			var names []string
+			for _, s := range sr.Ended() {
+				names = append(names, s.Name())
+			}
+			if !slices.Contains(names, "replay") {
+				t.Errorf("no replay span in %v", names)
+			}
+		})
+	}
+}
+
+func TestSuccessStatus(t *testing.T) {
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{"POST", "/api/v1/namespaces/default/configmaps", 201},
+		{"GET", "/api/v1/namespaces/default/configmaps", 200},
+		{"PUT", "/api/v1/namespaces/default/configmaps/x", 200},
+	} {
+		r := httptest.NewRequest(tc.method, tc.path, nil)
+		info, err := ResolveRequestInfo(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := successStatus(&Request{HTTP: r, Info: info}); got != tc.want {
+			t.Errorf("%s %s: %d, want %d", tc.method, tc.path, got, tc.want)
+		}
+	}
+}
