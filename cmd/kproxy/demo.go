@@ -73,6 +73,9 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	if err := localcluster.GrantKproxy(ctx, admin, "kproxy"); err != nil {
 		return fmt.Errorf("grant kproxy's ClusterRole: %w", err)
 	}
+	if err := localcluster.EnsureDefaultServiceAccount(ctx, admin, "default"); err != nil {
+		return err
+	}
 	if err := localcluster.GrantDevs(ctx, admin, "default"); err != nil {
 		return fmt.Errorf("grant the devs Role: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"sort"
 	"strings"
 	"testing"
 
@@ -115,8 +116,21 @@ func strip(v any) any {
 		for i := range x {
 			x[i] = strip(x[i])
 		}
+		// managedFields entries written in the same second have no
+		// defined order; sort them by manager and operation.
+		sort.SliceStable(x, func(i, j int) bool { return managerKey(x[i]) < managerKey(x[j]) })
 	}
 	return v
+}
+
+func managerKey(v any) string {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return ""
+	}
+	mgr, _ := m["manager"].(string)
+	op, _ := m["operation"].(string)
+	return mgr + "/" + op
 }
 
 func ignoreNotFound(err error) error {

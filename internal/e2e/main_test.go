@@ -58,9 +58,9 @@ func prepare(ctx context.Context) error {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, namespace(testNS), createOpts); err != nil {
 		return err
 	}
-	// The default service account is created asynchronously by a
-	// controller that does not run here; pods need none with
-	// automountServiceAccountToken false, which the cases set.
+	if err := localcluster.EnsureDefaultServiceAccount(ctx, cs, testNS); err != nil {
+		return err
+	}
 	return localcluster.GrantDevs(ctx, cs, testNS)
 }
 

@@ -120,7 +120,7 @@ func Binary(binDir, name string) (string, error) {
 }
 
 // Start brings up etcd and kube-apiserver and waits until /readyz is ok.
-func Start(ctx context.Context, o Options) (c *Cluster, err error) {
+func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if o.BinDir == "" {
 		if o.BinDir, err = FindBinDir(); err != nil {
 			return nil, err
@@ -134,7 +134,7 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c = &Cluster{Dir: o.Dir, log: o.Log}
+	c := &Cluster{Dir: o.Dir, log: o.Log}
 	if c.log == nil {
 		c.log = io.Discard
 	}
@@ -145,6 +145,8 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		c.tmp = true
 	}
 	defer func() {
+		// On failure keep the logs of a temp dir for the error message.
+		c.tmp = c.tmp && err == nil
 		if err != nil {
 			c.Stop()
 		}
@@ -185,6 +187,9 @@ func Start(ctx context.Context, o Options) (c *Cluster, err error) {
 		"--etcd-servers=" + c.EtcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
+		// The kubernetes Service endpoints cannot point at loopback; nothing
+		// here routes to them anyway.
+		"--endpoint-reconciler-type=none",
 		"--secure-port=" + strconv.Itoa(apiPort),
 		"--tls-cert-file=" + f("apiserver.crt"),
 		"--tls-private-key-file=" + f("apiserver.key"),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,7 +19,9 @@ var KproxyClusterRole = &rbacv1.ClusterRole{
 	ObjectMeta: metav1.ObjectMeta{Name: "kproxy"},
 	Rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"users", "groups", "serviceaccounts"}, Verbs: []string{"impersonate"}},
-		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"uids", "userextras/*"}, Verbs: []string{"impersonate"}},
+		// uids and userextras/<key>: RBAC has no "userextras/*" wildcard
+		// (only "*/sub"), so every extra key needs "*" here.
+		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"*"}, Verbs: []string{"impersonate"}},
 		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}},
 	},
@@ -84,4 +87,15 @@ func GrantDevs(ctx context.Context, cs kubernetes.Interface, ns string) error {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "devs"},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "devs"}},
 	})
+}
+
+// EnsureDefaultServiceAccount creates namespace ns's "default"
+// ServiceAccount, which the ServiceAccount admission plugin requires for
+// pods and which kube-controller-manager (not run here) would create.
+func EnsureDefaultServiceAccount(ctx context.Context, cs kubernetes.Interface, ns string) error {
+	_, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
 }

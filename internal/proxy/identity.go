@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -159,12 +160,29 @@ func unauthorized(w http.ResponseWriter, r *http.Request, info *apirequest.Reque
 	filters.Unauthorized(statusCodecs).ServeHTTP(w, r)
 }
 
+// impersonationNext carries the per-request continuation through the
+// long-lived impersonation filter.
+type impersonationNext struct{}
+
+// newImpersonationFilter builds the apiserver's impersonation filter once.
+// It must live as long as kproxy: the filter remembers, per user, which
+// impersonation mode (constrained or legacy) last succeeded and tries it
+// first, and that choice shapes the message of a later 403 exactly as it
+// does in the apiserver.
+func newImpersonationFilter(authz authorizer.UnconditionalAuthorizer) http.Handler {
+	return impersonation.WithConstrainedImpersonation(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, _ := apirequest.UserFrom(r.Context())
+		next := r.Context().Value(impersonationNext{}).(func(http.ResponseWriter, *http.Request, user.Info))
+		next(w, r, u)
+	}), authz, statusCodecs)
+}
+
 // withCallerImpersonation runs the apiserver's impersonation filter for a
 // certificate caller that sent Impersonate-* headers itself. next is called
 // with the user the caller may act as; otherwise the filter has already
 // answered (403, or 400 for malformed headers).
 func (p *Proxy) withCallerImpersonation(w http.ResponseWriter, r *http.Request, info *apirequest.RequestInfo, caller user.Info, next func(w http.ResponseWriter, r *http.Request, u user.Info)) {
-	if p.impersonationAuthz == nil {
+	if p.impersonationFilter == nil {
 		// Without an authorizer kproxy cannot check the caller's right to
 		// impersonate, so it refuses rather than widen access.
 		err := apierrors.NewForbidden(schema.GroupResource{Resource: "users"}, r.Header.Get(authenticationv1.ImpersonateUserHeader),
@@ -172,13 +190,10 @@ func (p *Proxy) withCallerImpersonation(w http.ResponseWriter, r *http.Request, 
 		responsewriters.ErrorNegotiated(err, statusCodecs, schema.GroupVersion{Group: info.APIGroup, Version: info.APIVersion}, w, r)
 		return
 	}
-	h := impersonation.WithConstrainedImpersonation(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u, _ := apirequest.UserFrom(r.Context())
-		next(w, r, u)
-	}), p.impersonationAuthz, statusCodecs)
 	ctx := apirequest.WithRequestInfo(r.Context(), info)
 	ctx = apirequest.WithUser(ctx, caller)
-	h.ServeHTTP(w, r.WithContext(ctx))
+	ctx = context.WithValue(ctx, impersonationNext{}, next)
+	p.impersonationFilter.ServeHTTP(w, r.WithContext(ctx))
 }
 
 // hasImpersonation reports client-sent Impersonate-* headers.

@@ -67,20 +67,20 @@ type Config struct {
 
 // Proxy is an http.Handler that forwards to the apiserver and records.
 type Proxy struct {
-	upstream           *url.URL
-	passthrough        http.RoundTripper
-	impersonating      http.RoundTripper
-	certAuth           authenticator.Request
-	impersonationAuthz authorizer.UnconditionalAuthorizer
-	replayer           Replayer
-	sink               record.Sink
-	tracer             trace.Tracer
-	propagator         propagation.TextMapPropagator
-	clock              clock.PassiveClock
-	mode               string
-	log                *slog.Logger
-	rp                 *httputil.ReverseProxy
-	pending            sync.WaitGroup // records not yet written
+	upstream            *url.URL
+	passthrough         http.RoundTripper
+	impersonating       http.RoundTripper
+	certAuth            authenticator.Request
+	impersonationFilter http.Handler
+	replayer            Replayer
+	sink                record.Sink
+	tracer              trace.Tracer
+	propagator          propagation.TextMapPropagator
+	clock               clock.PassiveClock
+	mode                string
+	log                 *slog.Logger
+	rp                  *httputil.ReverseProxy
+	pending             sync.WaitGroup // records not yet written
 }
 
 // Drain waits until every record of a finished request has been written:
@@ -96,17 +96,16 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, errors.New("proxy: no upstream transport")
 	}
 	p := &Proxy{
-		upstream:           cfg.Upstream,
-		passthrough:        cfg.Passthrough,
-		impersonating:      cfg.Impersonating,
-		certAuth:           cfg.CertAuthenticator,
-		impersonationAuthz: cfg.ImpersonationAuthorizer,
-		replayer:           cfg.Replayer,
-		sink:               cfg.Sink,
-		propagator:         telemetry.Propagator(),
-		clock:              cfg.Clock,
-		mode:               cfg.Mode,
-		log:                cfg.Log,
+		upstream:      cfg.Upstream,
+		passthrough:   cfg.Passthrough,
+		impersonating: cfg.Impersonating,
+		certAuth:      cfg.CertAuthenticator,
+		replayer:      cfg.Replayer,
+		sink:          cfg.Sink,
+		propagator:    telemetry.Propagator(),
+		clock:         cfg.Clock,
+		mode:          cfg.Mode,
+		log:           cfg.Log,
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -115,6 +114,9 @@ func New(cfg Config) (*Proxy, error) {
 	p.tracer = tp.Tracer("github.com/kproxy/kproxy/internal/proxy")
 	if p.clock == nil {
 		p.clock = clock.RealClock{}
+	}
+	if cfg.ImpersonationAuthorizer != nil {
+		p.impersonationFilter = newImpersonationFilter(cfg.ImpersonationAuthorizer)
 	}
 	if p.sink == nil {
 		p.sink = record.Sinks(nil)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,11 +16,16 @@ import (
 // ServerTLS is the TLS configuration kproxy terminates client connections
 // with. Like the apiserver, it requests a client certificate but does not
 // require one or verify it in the handshake: verification happens per
-// request (identify), so an untrusted certificate gets the apiserver's 401
-// rather than a handshake failure.
-func ServerTLS(cert tls.Certificate) *tls.Config {
+// request (identify), so a bad certificate gets the apiserver's 401 rather
+// than a handshake failure. clientCAs are named in the certificate request
+// exactly as the apiserver names its client and front-proxy CAs: clients
+// (Go's among them) send a certificate only when it chains to one of them,
+// so a certificate from a foreign CA is not sent at all and the request is
+// anonymous, as it is against the apiserver.
+func ServerTLS(cert tls.Certificate, clientCAs *x509.CertPool) *tls.Config {
 	return &tls.Config{
 		Certificates: []tls.Certificate{cert},
+		ClientCAs:    clientCAs,
 		ClientAuth:   tls.RequestClientCert,
 		NextProtos:   []string{"h2", "http/1.1"},
 		MinVersion:   tls.VersionTLS12,

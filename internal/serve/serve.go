@@ -175,7 +175,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		sinks = append(sinks, o.Stream)
 	}
 
-	certAuth, err := certAuthenticator(o)
+	certAuth, clientCAs, err := certAuthenticator(o)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +209,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.tlsCfg = proxy.ServerTLS(cert)
+	s.tlsCfg = proxy.ServerTLS(cert, clientCAs)
 	if s.ln, err = net.Listen("tcp", o.Listen); err != nil {
 		return nil, fmt.Errorf("--listen=%s: %w", o.Listen, err)
 	}
@@ -298,28 +298,35 @@ func (s *Server) servingCert(upstream *url.URL) (tls.Certificate, error) {
 
 // certAuthenticator builds the apiserver's certificate authenticators from
 // the mirrored --client-ca-file and --requestheader-* flags.
-func certAuthenticator(o *Options) (authenticator.Request, error) {
+// It also returns every CA the apiserver names in its TLS certificate
+// request (both files), for kproxy to name the same.
+func certAuthenticator(o *Options) (authenticator.Request, *x509.CertPool, error) {
 	var clientCA *x509.CertPool
 	var rh *proxy.RequestHeaderOptions
 	var err error
+	all := x509.NewCertPool()
 	if o.ClientCAFile != "" {
-		if clientCA, err = readPool("--client-ca-file", o.ClientCAFile); err != nil {
-			return nil, err
+		if clientCA, err = readPool("--client-ca-file", o.ClientCAFile, all); err != nil {
+			return nil, nil, err
 		}
 	}
 	if o.RequestHeaderClientCAFile != "" {
-		pool, err := readPool("--requestheader-client-ca-file", o.RequestHeaderClientCAFile)
+		pool, err := readPool("--requestheader-client-ca-file", o.RequestHeaderClientCAFile, all)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		rh = &proxy.RequestHeaderOptions{ClientCA: pool, AllowedNames: o.RequestHeaderAllowedNames,
 			UsernameHeaders: o.RequestHeaderUsernameHeaders, UIDHeaders: o.RequestHeaderUIDHeaders,
 			GroupHeaders: o.RequestHeaderGroupHeaders, ExtraHeaderPrefixes: o.RequestHeaderExtraPrefixes}
 	}
-	return proxy.NewCertAuthenticator(clientCA, rh), nil
+	if clientCA == nil && rh == nil {
+		return nil, nil, nil
+	}
+	return proxy.NewCertAuthenticator(clientCA, rh), all, nil
 }
 
-func readPool(flag, file string) (*x509.CertPool, error) {
+// readPool reads a CA bundle, adding it to all as well.
+func readPool(flag, file string, all *x509.CertPool) (*x509.CertPool, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("%s=%s: %w", flag, file, err)
@@ -328,5 +335,6 @@ func readPool(flag, file string) (*x509.CertPool, error) {
 	if !p.AppendCertsFromPEM(b) {
 		return nil, fmt.Errorf("%s=%s: no PEM certificates found in the file", flag, file)
 	}
+	all.AppendCertsFromPEM(b)
 	return p, nil
 }

@@ -1,0 +1,60 @@
+package telemetry
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+func env(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+
+func TestExporterSelection(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		opts    Options
+		env     map[string]string
+		want    bool // an exporter is configured
+		wantErr string
+	}{
+		{name: "nothing configured exports nothing", want: false},
+		{name: "endpoint variable", env: map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, want: true},
+		{name: "traces endpoint variable, grpc", env: map[string]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, want: true},
+		{name: "none wins over the endpoint variable", env: map[string]string{"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}, want: false},
+		{name: "flag", opts: Options{Endpoint: "127.0.0.1:4317", Protocol: "grpc"}, want: true},
+		{name: "unknown exporter", env: map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, wantErr: `OTEL_TRACES_EXPORTER="zipkin"`},
+		{name: "unknown protocol", opts: Options{Endpoint: "x:1", Protocol: "carrier-pigeon"}, wantErr: `"carrier-pigeon"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			exp, err := exporter(ctx, tc.opts, env(tc.env))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (exp != nil) != tc.want {
+				t.Fatalf("exporter %v, want configured=%v", exp, tc.want)
+			}
+			if exp != nil {
+				_ = exp.Shutdown(ctx)
+			}
+		})
+	}
+}
+
+func TestSetupWithoutExporterStillMakesTraceIDs(t *testing.T) {
+	tp, shutdown, err := Setup(context.Background(), Options{}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(context.Background())
+	_, span := tp.Tracer("t").Start(context.Background(), "x")
+	defer span.End()
+	if !span.SpanContext().TraceID().IsValid() {
+		t.Fatal("no trace ID without an exporter: records need one")
+	}
+}
