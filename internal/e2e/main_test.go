@@ -139,6 +139,7 @@ type route struct {
 	base string // URL prefix requests go to
 	tls  *tls.Config
 	prox func(*http.Request) (*url.URL, error)
+	h2   bool // speak HTTP/2 to kproxy
 }
 
 func (r route) client(cert *tls.Certificate) *http.Client {
@@ -146,8 +147,23 @@ func (r route) client(cert *tls.Certificate) *http.Client {
 	if cert != nil {
 		tc.Certificates = []tls.Certificate{*cert}
 	}
-	return &http.Client{Timeout: time.Minute, Transport: &http.Transport{
-		TLSClientConfig: tc, Proxy: r.prox, DisableCompression: true, ForceAttemptHTTP2: false}}
+	tr := &http.Transport{TLSClientConfig: tc, Proxy: r.prox, DisableCompression: true, ForceAttemptHTTP2: r.h2}
+	if r.h2 {
+		// A response over HTTP/2 proves the client really spoke it.
+		return &http.Client{Timeout: time.Minute, Transport: requireH2{tr}}
+	}
+	return &http.Client{Timeout: time.Minute, Transport: tr}
+}
+
+type requireH2 struct{ rt http.RoundTripper }
+
+func (r requireH2) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := r.rt.RoundTrip(req)
+	if err == nil && resp.ProtoMajor != 2 {
+		resp.Body.Close()
+		return nil, fmt.Errorf("response over %s, want HTTP/2", resp.Proto)
+	}
+	return resp, err
 }
 
 func directRoute() route {
@@ -156,6 +172,12 @@ func directRoute() route {
 
 func reverseRoute(k *kproxy) route {
 	return route{name: "reverse", base: "https://" + k.addr, tls: &tls.Config{RootCAs: k.ca}}
+}
+
+func reverseH2Route(k *kproxy) route {
+	r := reverseRoute(k)
+	r.name, r.h2 = "reverse-h2", true
+	return r
 }
 
 func forwardRoute(k *kproxy) route {

@@ -46,7 +46,7 @@ var comparedHeaders = []string{
 func TestTransparency(t *testing.T) {
 	k := startKproxy(t, kproxyOptions{})
 	kf := startKproxy(t, kproxyOptions{mode: "forward"})
-	routes := []route{directRoute(), reverseRoute(k), forwardRoute(kf)}
+	routes := []route{directRoute(), reverseRoute(k), reverseH2Route(k), forwardRoute(kf)}
 	ns := "/api/v1/namespaces/" + testNS
 	cases := []struct {
 		name   string
@@ -124,7 +124,7 @@ func TestTransparency(t *testing.T) {
 func TestWatch(t *testing.T) {
 	k := startKproxy(t, kproxyOptions{})
 	kf := startKproxy(t, kproxyOptions{mode: "forward"})
-	for _, r := range []route{reverseRoute(k), forwardRoute(kf)} {
+	for _, r := range []route{reverseRoute(k), reverseH2Route(k), forwardRoute(kf)} {
 		t.Run(r.name, func(t *testing.T) {
 			name := "t-watch-" + r.name
 			cmState(name, false)(t)
