@@ -52,6 +52,7 @@ func TestCapture(t *testing.T) {
 		}
 	}
 
+	checkRequiredFields(t, raw)
 	hex32 := regexp.MustCompile(`^[0-9a-f]{32}$`)
 	outcomes := []string{record.Pass, record.Reject, record.Skip, record.Error}
 	for _, rec := range recs {
@@ -131,5 +132,47 @@ func readCapture(t *testing.T, path string, want int) []record.Record {
 			return recs
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// required lists the contract's required fields, by object.
+var required = map[string][]string{
+	"":          {"id", "start", "request", "predicted", "actual", "stages", "latency", "traceID"},
+	"request":   {"method", "path", "query", "user", "groups", "verb", "apiGroup", "apiVersion", "resource", "subresource", "namespace", "name"},
+	"predicted": {"status", "stage", "reason", "message"},
+	"actual":    {"status", "reason", "message", "auditID", "flowSchema", "priorityLevel"},
+	"latency":   {"totalNs", "upstreamNs", "replayNs"},
+	"stage":     {"name", "outcome", "durationNs", "explanation"},
+}
+
+// checkRequiredFields reads the capture as raw JSON, so a field the Go
+// struct would silently zero-fill is caught when it is missing.
+func checkRequiredFields(t *testing.T, raw []byte) {
+	t.Helper()
+	for i, line := range bytes.Split(bytes.TrimSpace(raw), []byte("\n")) {
+		var m map[string]any
+		if err := json.Unmarshal(line, &m); err != nil {
+			t.Fatalf("line %d: %v", i, err)
+		}
+		has := func(obj map[string]any, where string) {
+			for _, k := range required[where] {
+				if _, ok := obj[k]; !ok {
+					t.Errorf("line %d: %q lacks required field %q", i, where, k)
+				}
+			}
+		}
+		has(m, "")
+		for _, k := range []string{"request", "predicted", "actual", "latency"} {
+			obj, _ := m[k].(map[string]any)
+			has(obj, k)
+		}
+		stages, _ := m["stages"].([]any)
+		for _, s := range stages {
+			obj, _ := s.(map[string]any)
+			has(obj, "stage")
+		}
+		if _, err := time.Parse(time.RFC3339Nano, m["start"].(string)); err != nil {
+			t.Errorf("line %d: start %v is not RFC3339Nano", i, m["start"])
+		}
 	}
 }

@@ -267,6 +267,10 @@ func (c *Cluster) Stop() {
 }
 
 func (c *Cluster) run(name, bin string, args ...string) error {
+	return c.runEnv(name, bin, nil, args...)
+}
+
+func (c *Cluster) runEnv(name, bin string, env []string, args ...string) error {
 	logf := filepath.Join(c.Dir, name+".log")
 	out, err := os.Create(logf)
 	if err != nil {
@@ -274,6 +278,9 @@ func (c *Cluster) run(name, bin string, args ...string) error {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	// Own process group, and die with the parent: a killed test run must
 	// not leave an apiserver behind.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -444,4 +451,24 @@ func (c *Cluster) FrontProxyPool() *x509.CertPool {
 // headers from.
 func (c *Cluster) FrontProxyClient() (tls.Certificate, error) {
 	return tls.LoadX509KeyPair(filepath.Join(c.Dir, "front-proxy-client.crt"), filepath.Join(c.Dir, "front-proxy-client.key"))
+}
+
+// APIServerPID is the kube-apiserver's process id (for CPU accounting in
+// benchmarks); 0 if it is not running.
+func (c *Cluster) APIServerPID() int {
+	for _, p := range c.procs {
+		if p.name == "kube-apiserver" {
+			return p.cmd.Process.Pid
+		}
+	}
+	return 0
+}
+
+// Process runs a helper program (kproxy, kubectl proxy) under the
+// cluster's supervision: its output goes to dir/name.log and Stop ends it.
+func (c *Cluster) Process(name, bin string, env []string, args ...string) (pid int, err error) {
+	if err := c.runEnv(name, bin, env, args...); err != nil {
+		return 0, err
+	}
+	return c.procs[len(c.procs)-1].cmd.Process.Pid, nil
 }

@@ -1,0 +1,259 @@
+package bench
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kproxy/kproxy/internal/localcluster"
+	"github.com/kproxy/kproxy/internal/pki"
+)
+
+// env is the shared benchmark environment.
+type env struct {
+	cluster *localcluster.Cluster
+	jaeger  *localcluster.Jaeger
+	dir     string
+	kproxy  string // built binary
+	admin   kubernetes.Interface
+	targets []*target
+}
+
+// target is one way to reach the apiserver.
+type target struct {
+	name   string
+	base   string
+	token  bool // send the admin token (kubectl proxy adds its own)
+	client *http.Client
+	pid    int // the proxy's process, 0 for direct
+}
+
+var e *env
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+		// Benchmarks only: `go test ./...` does not start a cluster here.
+		os.Exit(m.Run())
+	}
+	var err error
+	e, err = setup()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench setup:", err)
+		if e != nil {
+			e.stop()
+		}
+		os.Exit(1)
+	}
+	code := m.Run()
+	e.stop()
+	os.Exit(code)
+}
+
+func (e *env) stop() {
+	if e.jaeger != nil {
+		e.jaeger.Stop()
+	}
+	if e.cluster != nil {
+		e.cluster.Stop()
+	}
+	os.RemoveAll(e.dir)
+}
+
+func setup() (*env, error) {
+	ctx := context.Background()
+	e := &env{}
+	var err error
+	if e.dir, err = os.MkdirTemp("", "kproxy-bench-"); err != nil {
+		return nil, err
+	}
+	if e.cluster, err = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr}); err != nil {
+		return e, err
+	}
+	if e.jaeger, err = localcluster.StartJaeger(ctx, "", "", os.Stderr); err != nil {
+		return e, err
+	}
+	e.admin = kubernetes.NewForConfigOrDie(e.cluster.UserConfig("admin"))
+	if err := localcluster.GrantKproxy(ctx, e.admin, "kproxy"); err != nil {
+		return e, err
+	}
+	if err := e.buildKproxy(); err != nil {
+		return e, err
+	}
+	direct := &target{name: "direct", base: e.cluster.URL, token: true,
+		client: httpClient(&tls.Config{RootCAs: e.cluster.CAPool()}, false)}
+	kp, err := e.startKproxy("kproxy", true)
+	if err != nil {
+		return e, err
+	}
+	kc, err := e.startKubectlProxy()
+	if err != nil {
+		return e, err
+	}
+	e.targets = []*target{direct, kp, kc}
+	return e, nil
+}
+
+func httpClient(tc *tls.Config, h2 bool) *http.Client {
+	return &http.Client{Timeout: 5 * time.Minute, Transport: &http.Transport{
+		TLSClientConfig: tc, ForceAttemptHTTP2: h2, DisableCompression: true,
+		MaxIdleConnsPerHost: 64, Proxy: nil,
+	}}
+}
+
+func (e *env) buildKproxy() error {
+	binDir, err := localcluster.FindBinDir()
+	if err != nil {
+		return err
+	}
+	root := filepath.Dir(filepath.Dir(binDir)) // .cache/bin -> repo
+	e.kproxy = filepath.Join(e.dir, "kproxy")
+	cmd := exec.Command("go", "build", "-o", e.kproxy, "./cmd/kproxy")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build kproxy: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// startKproxy runs the kproxy binary as its own process, as a user would,
+// tracing to Jaeger.
+func (e *env) startKproxy(name string, trace bool) (*target, error) {
+	kc := filepath.Join(e.dir, name+"-upstream.kubeconfig")
+	if err := writeKubeconfig(kc, e.cluster.URL, pki.CertPEM(e.cluster.CA.Cert), "kproxy-token"); err != nil {
+		return nil, err
+	}
+	ports, err := localcluster.FreePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	pkiDir := filepath.Join(e.dir, name+"-pki")
+	var envv []string
+	if trace {
+		envv = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + e.jaeger.OTLPHTTP, "OTEL_SERVICE_NAME=kproxy-bench"}
+	}
+	pid, err := e.cluster.Process(name, e.kproxy, envv, "serve", "--listen="+addr, "--upstream-kubeconfig="+kc,
+		"--client-ca-file="+e.cluster.CAFile, "--pki-dir="+pkiDir, "--log-level=warn")
+	if err != nil {
+		return nil, err
+	}
+	var caPEM []byte
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if caPEM, err = os.ReadFile(filepath.Join(pkiDir, "ca.crt")); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	t := &target{name: name, base: "https://" + addr, token: true, client: httpClient(&tls.Config{RootCAs: pool}, false), pid: pid}
+	return t, waitReady(t)
+}
+
+func (e *env) startKubectlProxy() (*target, error) {
+	binDir, err := localcluster.FindBinDir()
+	if err != nil {
+		return nil, err
+	}
+	kubectl, err := localcluster.Binary(binDir, "kubectl")
+	if err != nil {
+		return nil, err
+	}
+	kc := filepath.Join(e.dir, "admin.kubeconfig")
+	if err := writeKubeconfig(kc, e.cluster.URL, pki.CertPEM(e.cluster.CA.Cert), "admin-token"); err != nil {
+		return nil, err
+	}
+	ports, err := localcluster.FreePorts(1)
+	if err != nil {
+		return nil, err
+	}
+	pid, err := e.cluster.Process("kubectl-proxy", kubectl, nil, "proxy", "--kubeconfig="+kc, "--port="+strconv.Itoa(ports[0]), "--address=127.0.0.1")
+	if err != nil {
+		return nil, err
+	}
+	t := &target{name: "kubectl-proxy", base: fmt.Sprintf("http://127.0.0.1:%d", ports[0]), client: httpClient(nil, false), pid: pid}
+	return t, waitReady(t)
+}
+
+func waitReady(t *target) error {
+	deadline := time.Now().Add(time.Minute)
+	var last error
+	for time.Now().Before(deadline) {
+		req, _ := http.NewRequest("GET", t.base+"/readyz", nil)
+		if t.token {
+			req.Header.Set("Authorization", "Bearer admin-token")
+		}
+		resp, err := t.client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			err = fmt.Errorf("status %d", resp.StatusCode)
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not ready: %v", t.name, last)
+}
+
+func writeKubeconfig(path, server string, ca []byte, token string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
+	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	cfg.CurrentContext = "x"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// procStat returns a process's CPU time (user+system) and resident set.
+func procStat(pid int) (cpu time.Duration, rss int64) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0
+	}
+	// Fields after the command name (which may hold spaces).
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	pages, _ := strconv.ParseInt(f[21], 10, 64)
+	const hz = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / hz, pages * int64(os.Getpagesize())
+}
+
+// peakRSS reads VmHWM, the peak resident set since the last reset.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmHWM:") {
+			kb, _ := strconv.ParseInt(strings.Fields(l)[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// resetPeakRSS makes VmHWM start again from the current resident set.
+func resetPeakRSS(pid int) {
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0o200)
+}
