@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"strconv"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +20,16 @@ import (
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 )
+
+// count scales a workload's request count by $KPROXY_BENCH_SCALE (default
+// 1). Each benchmark runs once (-benchtime=1x) and sets its own count, so
+// the interleaving of targets stays in its hands.
+func count(n int) int {
+	if s, err := strconv.ParseFloat(os.Getenv("KPROXY_BENCH_SCALE"), 64); err == nil && s > 0 {
+		return max(1, int(float64(n)*s))
+	}
+	return n
+}
 
 // result is one target's measurements in one workload.
 type result struct {
@@ -166,7 +178,7 @@ func BenchmarkGetPod(b *testing.B) {
 	if _, err := e.admin.CoreV1().Pods("bench").Create(context.Background(), pod, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
 		b.Fatal(err)
 	}
-	res := interleave(b, max(b.N, 50), 1, 5, func(t *target, _ int) *http.Request {
+	res := interleave(b, count(500), 1, 5, func(t *target, _ int) *http.Request {
 		req, _ := http.NewRequest("GET", t.base+"/api/v1/namespaces/bench/pods/bench-pod", nil)
 		return req
 	})
@@ -179,7 +191,7 @@ func BenchmarkCreateConfigMap(b *testing.B) {
 	ensureNamespace(b, "bench-create")
 	var seq int64
 	var mu sync.Mutex
-	res := interleave(b, max(b.N, 50), 8, 5, func(t *target, _ int) *http.Request {
+	res := interleave(b, count(1000), 8, 5, func(t *target, _ int) *http.Request {
 		mu.Lock()
 		seq++
 		n := seq
@@ -228,7 +240,7 @@ func populate(b *testing.B, ns string, count, size int) {
 // >= 0.75x direct; apiserver CPU per LIST <= 1.2x direct).
 func BenchmarkList1000(b *testing.B) {
 	populate(b, "bench-list", 1000, 1024)
-	res := interleave(b, max(b.N, 40), 4, 5, func(t *target, _ int) *http.Request {
+	res := interleave(b, count(100), 4, 5, func(t *target, _ int) *http.Request {
 		req, _ := http.NewRequest("GET", t.base+"/api/v1/namespaces/bench-list/configmaps", nil)
 		req.Header.Set("Accept", "application/json")
 		return req
@@ -306,7 +318,7 @@ func BenchmarkWatchLatency(b *testing.B) {
 			}
 		}(t, resp.Body)
 	}
-	n := max(b.N, 50)
+	n := count(200)
 	added := map[string][]time.Duration{}
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("w-%d-%d", time.Now().UnixNano(), i)

@@ -32,7 +32,7 @@ type fake struct {
 	run  func(ctx context.Context) Result
 }
 
-func (f fake) Name() string                              { return f.name }
+func (f fake) Name() string                               { return f.name }
 func (f fake) Run(ctx context.Context, _ *Request) Result { return f.run(ctx) }
 
 func result(r Result) func(context.Context) Result { return func(context.Context) Result { return r } }
