@@ -66,6 +66,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.TLSCertFile, "tls-cert-file", "", "serving certificate (default: made with kproxy's CA)")
 	f.StringVar(&o.TLSKeyFile, "tls-private-key-file", "", "serving certificate's key")
 	f.StringVar(&o.PKIDir, "pki-dir", serve.DefaultPKIDir(), "directory of kproxy's CA (ca.crt, ca.key), created on first use")
+	f.StringVar(&o.DebugAddr, "debug-addr", "", "serve Go's pprof and expvar on this address (e.g. 127.0.0.1:6060); off by default")
 	f.StringVar(&o.Capture, "capture", "", "append one JSON record per request to this file (JSON Lines)")
 	f.StringVar(&o.Mode, "mode", "reverse", "reverse (clients connect to kproxy) or forward (clients use kproxy as HTTPS proxy)")
 	f.StringVar(&o.ClientCAFile, "client-ca-file", "", "kube-apiserver's --client-ca-file: verify client certificates and forward them by impersonation")

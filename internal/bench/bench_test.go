@@ -8,8 +8,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -37,6 +37,8 @@ type result struct {
 	elapsed  time.Duration
 	requests int
 	cpu      time.Duration // apiserver CPU spent during the phase
+	own      time.Duration // the proxy's own CPU (0 for direct)
+	tracing  time.Duration // Jaeger's CPU (ingesting kproxy's spans)
 }
 
 func (r *result) median() time.Duration {
@@ -85,6 +87,8 @@ func interleave(b *testing.B, n, concurrency, rounds int, mk request) map[string
 			t := e.targets[(k+round)%len(e.targets)]
 			r := res[t.name]
 			cpu0, _ := procStat(apiPID)
+			own0, _ := procStat(t.pid)
+			jg0, _ := procStat(e.jaeger.PID())
 			start := time.Now()
 			var mu sync.Mutex
 			var wg sync.WaitGroup
@@ -116,6 +120,12 @@ func interleave(b *testing.B, n, concurrency, rounds int, mk request) map[string
 			r.requests += per
 			cpu1, _ := procStat(apiPID)
 			r.cpu += cpu1 - cpu0
+			if t.pid != 0 {
+				own1, _ := procStat(t.pid)
+				r.own += own1 - own0
+			}
+			jg1, _ := procStat(e.jaeger.PID())
+			r.tracing += jg1 - jg0
 			if firstErr != nil {
 				b.Fatalf("%s: %v", t.name, firstErr)
 			}
@@ -140,6 +150,14 @@ func report(b *testing.B, res map[string]*result, cpu bool) {
 			b.ReportMetric(float64(added.Microseconds()), t.name+"-added-p50-µs")
 			b.ReportMetric(ratio, t.name+"-throughput-x")
 			line += fmt.Sprintf("  added p50 %8v  throughput %.2fx direct", added.Round(time.Microsecond), ratio)
+		}
+		if t.pid != 0 {
+			own := r.own / time.Duration(r.requests)
+			b.ReportMetric(float64(own.Microseconds()), t.name+"-cpu-µs/req")
+			line += fmt.Sprintf("  own CPU %v/req", own.Round(time.Microsecond))
+		}
+		if tr := r.tracing / time.Duration(r.requests); tr > 0 {
+			line += fmt.Sprintf("  jaeger CPU %v/req", tr.Round(time.Microsecond))
 		}
 		if cpu {
 			perReq := r.cpu / time.Duration(r.requests)

@@ -87,7 +87,9 @@ func setup() (*env, error) {
 	if e.jaeger, err = localcluster.StartJaeger(ctx, "", "", os.Stderr); err != nil {
 		return e, err
 	}
-	e.admin = kubernetes.NewForConfigOrDie(e.cluster.UserConfig("admin"))
+	adminCfg := e.cluster.UserConfig("admin")
+	adminCfg.QPS, adminCfg.Burst = 2000, 2000 // setup writes; client-side throttling would dominate
+	e.admin = kubernetes.NewForConfigOrDie(adminCfg)
 	if err := localcluster.GrantKproxy(ctx, e.admin, "kproxy"); err != nil {
 		return e, err
 	}
@@ -147,8 +149,12 @@ func (e *env) startKproxy(name string, trace bool) (*target, error) {
 	if trace {
 		envv = []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + e.jaeger.OTLPHTTP, "OTEL_SERVICE_NAME=kproxy-bench"}
 	}
-	pid, err := e.cluster.Process(name, e.kproxy, envv, "serve", "--listen="+addr, "--upstream-kubeconfig="+kc,
-		"--client-ca-file="+e.cluster.CAFile, "--pki-dir="+pkiDir, "--log-level=warn")
+	args := []string{"serve", "--listen=" + addr, "--upstream-kubeconfig=" + kc,
+		"--client-ca-file=" + e.cluster.CAFile, "--pki-dir=" + pkiDir, "--log-level=warn"}
+	if d := os.Getenv("KPROXY_BENCH_DEBUG_ADDR"); d != "" && name == "kproxy" {
+		args = append(args, "--debug-addr="+d) // profile kproxy under load
+	}
+	pid, err := e.cluster.Process(name, e.kproxy, envv, args...)
 	if err != nil {
 		return nil, err
 	}

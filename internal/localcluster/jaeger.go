@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // Jaeger is a running Jaeger all-in-one (cmd/jaeger v1.76.0, in-memory
@@ -105,12 +106,15 @@ func StartJaeger(ctx context.Context, binDir, dir string, log io.Writer) (*Jaege
 	if err := c.run("jaeger", bin, "--config", cfg); err != nil {
 		return nil, err
 	}
-	if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/status", ports[2]), nil, 60_000_000_000, c.procs[0]); err != nil {
+	if err := waitHTTP(ctx, fmt.Sprintf("http://127.0.0.1:%d/status", ports[2]), nil, time.Minute, c.procs[0]); err != nil {
 		c.Stop()
 		return nil, fmt.Errorf("jaeger did not become healthy: %w (log: %s)", err, c.procs[0].logf)
 	}
 	return j, nil
 }
+
+// PID is Jaeger's process id.
+func (j *Jaeger) PID() int { return j.c.procs[0].cmd.Process.Pid }
 
 // Stop ends Jaeger.
 func (j *Jaeger) Stop() { j.c.Stop() }

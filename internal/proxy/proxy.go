@@ -128,9 +128,14 @@ func New(cfg Config) (*Proxy, error) {
 		p.mode = "reverse"
 	}
 	p.rp = &httputil.ReverseProxy{
-		Rewrite:        p.rewrite,
-		Transport:      roundTripperFunc(p.roundTrip),
-		FlushInterval:  -1, // watches and streamed LISTs: every write reaches the client at once
+		Rewrite:   p.rewrite,
+		Transport: roundTripperFunc(p.roundTrip),
+		// ReverseProxy flushes every write of a response of unknown length
+		// (watches, streamed LISTs: chunked) at once, headers included;
+		// a response of known length is written as it comes, without a
+		// flush (and a syscall) per write.
+		FlushInterval:  0,
+		BufferPool:     copyBuffers{},
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
 		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
@@ -459,3 +464,12 @@ func (w *responseRecorder) Flush() {
 }
 
 func (w *responseRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// copyBuffers recycles ReverseProxy's 32 KiB copy buffers: without a pool
+// each request allocates one.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }

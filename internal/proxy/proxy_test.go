@@ -35,7 +35,7 @@ func (c *collect) Write(r *record.Record) {
 
 // upgradeUpstream stands in for a kubelet behind the apiserver, which
 // cannot run here: it switches protocols and echoes every byte.
-func upgradeUpstream(t *testing.T, seen chan<- http.Header) *httptest.Server {
+func upgradeUpstream(t testing.TB, seen chan<- http.Header) *httptest.Server {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen <- r.Header.Clone()
 		if !strings.EqualFold(r.Header.Get("Connection"), "Upgrade") {
@@ -65,7 +65,7 @@ func upgradeUpstream(t *testing.T, seen chan<- http.Header) *httptest.Server {
 	return srv
 }
 
-func startProxy(t *testing.T, upstream *httptest.Server, sink record.Sink) (addr string, pool *x509.CertPool) {
+func startProxy(t testing.TB, upstream *httptest.Server, sink record.Sink) (addr string, pool *x509.CertPool) {
 	t.Helper()
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
 	up, err := proxy.NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})

@@ -8,14 +8,17 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"expvar"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/client-go/kubernetes"
@@ -40,6 +43,7 @@ type Options struct {
 	PKIDir             string // kproxy's CA, created on first use
 	Capture            string
 	Mode               string // reverse | forward
+	DebugAddr          string // pprof and expvar, off when empty
 
 	// Mirrored kube-apiserver flags.
 	ClientCAFile                 string
@@ -225,6 +229,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 
 // Run serves until ctx is done, then flushes captures and spans.
 func (s *Server) Run(ctx context.Context) error {
+	if s.opts.DebugAddr != "" {
+		go serveDebug(ctx, s.opts.DebugAddr, s.log)
+	}
 	var err error
 	if s.forward != nil {
 		err = s.forward.Serve(ctx, s.ln)
@@ -337,4 +344,25 @@ func readPool(flag, file string, all *x509.CertPool) (*x509.CertPool, error) {
 	}
 	all.AppendCertsFromPEM(b)
 	return p, nil
+}
+
+// serveDebug exposes Go's profiler and expvar on a separate, plain-HTTP
+// address meant for loopback.
+func serveDebug(ctx context.Context, addr string, log *slog.Logger) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.Handle("/debug/vars", expvar.Handler())
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	log.Info("debug endpoints", "addr", addr, "pprof", "/debug/pprof/", "expvar", "/debug/vars")
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Error("--debug-addr", "error", err)
+	}
 }

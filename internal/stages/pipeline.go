@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -90,7 +91,9 @@ type Outcome struct {
 }
 
 // Run replays req through every stage. It never panics and never blocks
-// past the budget (a stage still running then is reported as error).
+// past the budget: the stages run one after another in a worker goroutine,
+// and a stage still running when the budget ends is reported as error (the
+// worker's late results are discarded).
 func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	start := p.clock.Now()
 	ctx, cancel := context.WithTimeout(ctx, p.budget)
@@ -99,29 +102,66 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		attribute.String("kproxy.kubernetes_version", KubernetesVersion)))
 	defer span.End()
 
-	out := Outcome{Stages: make([]record.StageResult, 0, len(p.stages))}
+	var mu sync.Mutex
+	results := make([]record.StageResult, 0, len(p.stages))
 	var decided *Result
 	var decidedBy string
 	var unknown []string
-	for _, s := range p.stages {
-		if decided != nil {
-			out.Stages = append(out.Stages, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + decidedBy + " decides the request"})
-			continue
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for _, s := range p.stages {
+			if ctx.Err() != nil {
+				return
+			}
+			mu.Lock()
+			d := decided
+			mu.Unlock()
+			if d != nil {
+				mu.Lock()
+				results = append(results, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + decidedBy + " decides the request"})
+				mu.Unlock()
+				continue
+			}
+			res, dur := p.runStage(ctx, s, req)
+			mu.Lock()
+			if ctx.Err() != nil {
+				mu.Unlock()
+				return // too late: Run has reported the budget overrun
+			}
+			results = append(results, record.StageResult{
+				Name: s.Name(), Outcome: res.Outcome, DurationNs: dur.Nanoseconds(),
+				Explanation: res.Explanation, Children: res.Children,
+			})
+			switch {
+			case res.Outcome == record.Error:
+				unknown = append(unknown, fmt.Sprintf("%s failed: %s", s.Name(), res.Explanation))
+			case res.NotModelled:
+				unknown = append(unknown, s.Name()+" is not modelled yet")
+			case res.Outcome == record.Reject:
+				r := res
+				decided, decidedBy = &r, s.Name()
+			}
+			mu.Unlock()
 		}
-		res, d := p.runStage(ctx, s, req)
-		out.Stages = append(out.Stages, record.StageResult{
-			Name: s.Name(), Outcome: res.Outcome, DurationNs: d.Nanoseconds(),
-			Explanation: res.Explanation, Children: res.Children,
-		})
-		switch {
-		case res.Outcome == record.Error:
-			unknown = append(unknown, fmt.Sprintf("%s failed: %s", s.Name(), res.Explanation))
-		case res.NotModelled:
-			unknown = append(unknown, s.Name()+" is not modelled yet")
-		case res.Outcome == record.Reject:
-			r := res
-			decided, decidedBy = &r, s.Name()
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	out := Outcome{Stages: results}
+	if n := len(out.Stages); n < len(p.stages) {
+		// The budget ran out: the running stage is an error, the rest
+		// were never reached.
+		msg := fmt.Sprintf("replay budget exceeded (%v)", p.budget)
+		out.Stages = append(out.Stages, record.StageResult{Name: p.stages[n].Name(), Outcome: record.Error, Explanation: msg})
+		unknown = append(unknown, p.stages[n].Name()+" failed: "+msg)
+		for _, s := range p.stages[n+1:] {
+			out.Stages = append(out.Stages, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + msg})
 		}
+		results = nil // the worker must not append to what we return
 	}
 	out.Predicted = predict(req, decided, decidedBy, unknown)
 	out.Duration = p.clock.Since(start)
@@ -158,25 +198,19 @@ func successStatus(req *Request) int {
 	return http.StatusOK
 }
 
-// runStage runs one stage in its own span, turning a panic or an overrun of
-// the budget into an error result.
+// runStage runs one stage in its own span, turning a panic into an error
+// result.
 func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Result, d time.Duration) {
 	ctx, span := p.tracer.Start(ctx, s.Name())
 	start := p.clock.Now()
-	done := make(chan Result, 1)
-	go func() {
+	func() {
 		defer func() {
 			if v := recover(); v != nil {
-				done <- Failed(fmt.Sprintf("panic: %v\n%s", v, debug.Stack()))
+				res = Failed(fmt.Sprintf("panic: %v\n%s", v, debug.Stack()))
 			}
 		}()
-		done <- s.Run(ctx, req)
+		res = s.Run(ctx, req)
 	}()
-	select {
-	case res = <-done:
-	case <-ctx.Done():
-		res = Failed(fmt.Sprintf("replay budget exceeded (%v)", ctx.Err()))
-	}
 	d = p.clock.Since(start)
 	span.SetAttributes(
 		attribute.String("kproxy.stage.outcome", res.Outcome),
