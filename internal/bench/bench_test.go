@@ -403,6 +403,10 @@ func BenchmarkIdleWatches(b *testing.B) {
 		}
 		time.Sleep(2 * time.Second)
 		_, rss1 := procStat(kp.pid)
+		if d := os.Getenv("KPROXY_BENCH_PAUSE"); d != "" {
+			pause, _ := time.ParseDuration(d) // time to take a heap profile
+			time.Sleep(pause)
+		}
 		per := float64(rss1-rss0) / watches / 1024
 		b.ReportMetric(per, "KiB/watch-"+proto.name)
 		b.Logf("%d idle watches over %s: kproxy RSS %d -> %d MiB, %.1f KiB per watch", watches, proto.name, rss0>>20, rss1>>20, per)

@@ -151,7 +151,11 @@ func (e *env) startKproxy(name string, trace bool) (*target, error) {
 	}
 	args := []string{"serve", "--listen=" + addr, "--upstream-kubeconfig=" + kc,
 		"--client-ca-file=" + e.cluster.CAFile, "--pki-dir=" + pkiDir, "--log-level=warn"}
-	if d := os.Getenv("KPROXY_BENCH_DEBUG_ADDR"); d != "" && name == "kproxy" {
+	want := os.Getenv("KPROXY_BENCH_DEBUG_TARGET") // which kproxy process to expose
+	if want == "" {
+		want = "kproxy"
+	}
+	if d := os.Getenv("KPROXY_BENCH_DEBUG_ADDR"); d != "" && name == want {
 		args = append(args, "--debug-addr="+d) // profile kproxy under load
 	}
 	pid, err := e.cluster.Process(name, e.kproxy, envv, args...)

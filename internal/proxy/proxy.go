@@ -80,6 +80,7 @@ type Proxy struct {
 	mode                string
 	log                 *slog.Logger
 	rp                  *httputil.ReverseProxy
+	rpWatch             *httputil.ReverseProxy // small copy buffers for long-lived streams
 	pending             sync.WaitGroup // records not yet written
 }
 
@@ -135,11 +136,17 @@ func New(cfg Config) (*Proxy, error) {
 		// a response of known length is written as it comes, without a
 		// flush (and a syscall) per write.
 		FlushInterval:  0,
-		BufferPool:     copyBuffers{},
+		BufferPool:     copyBuffers{pool: &bigCopyBuffers},
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
 		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
+	// A watch holds its copy buffer for as long as it is open, mostly
+	// idle; events are small, so a small buffer keeps thousands of
+	// watches cheap.
+	w := *p.rp
+	w.BufferPool = copyBuffers{pool: &smallCopyBuffers}
+	p.rpWatch = &w
 	return p, nil
 }
 
@@ -276,7 +283,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ex *exchange) {
 		trace.WithAttributes(attribute.String("server.address", p.upstream.Host)))
 	defer span.End()
 	ex.upStart = p.clock.Now()
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
+	rp := p.rp
+	if ex.rec.Request.Verb == "watch" {
+		rp = p.rpWatch
+	}
+	rp.ServeHTTP(w, r.WithContext(ctx))
 	ex.upEnd = p.clock.Now()
 	if ex.rec.Actual.Error != "" {
 		span.SetStatus(codes.Error, ex.rec.Actual.Error)
@@ -465,11 +476,14 @@ func (w *responseRecorder) Flush() {
 
 func (w *responseRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// copyBuffers recycles ReverseProxy's 32 KiB copy buffers: without a pool
-// each request allocates one.
-type copyBuffers struct{}
+// copyBuffers recycles ReverseProxy's copy buffers: without a pool each
+// request allocates one.
+type copyBuffers struct{ pool *sync.Pool }
 
-var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+var (
+	bigCopyBuffers   = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+	smallCopyBuffers = sync.Pool{New: func() any { b := make([]byte, 4<<10); return &b }}
+)
 
-func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
-func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
+func (c copyBuffers) Get() []byte  { return *c.pool.Get().(*[]byte) }
+func (c copyBuffers) Put(b []byte) { c.pool.Put(&b) }

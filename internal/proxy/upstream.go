@@ -62,6 +62,7 @@ func hasCredentials(cfg *rest.Config) bool {
 //     HTTP/2, and a pool of HTTP/1.1 connections streams big responses
 //     faster than one multiplexed connection.
 //   - A large idle pool per host, or bursts reconnect over TLS each time.
+//   - Modest per-connection buffers: a watch holds its connection.
 //   - No HTTPS_PROXY: kproxy is often the proxy itself.
 func newTransport(tlsCfg *tls.Config) *http.Transport {
 	if tlsCfg == nil {
@@ -80,7 +81,11 @@ func newTransport(tlsCfg *tls.Config) *http.Transport {
 		MaxIdleConnsPerHost:   512,
 		IdleConnTimeout:       90 * time.Second,
 		ExpectContinueTimeout: time.Second,
-		ReadBufferSize:        64 << 10,
-		WriteBufferSize:       64 << 10,
+		// Each connection keeps its buffers for as long as it lives, and a
+		// watch holds one connection: modest buffers keep idle watches
+		// cheap, and big bodies bypass them (bufio reads large requests
+		// straight into the caller's buffer).
+		ReadBufferSize:  4 << 10,
+		WriteBufferSize: 4 << 10,
 	}
 }
