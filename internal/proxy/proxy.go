@@ -81,7 +81,7 @@ type Proxy struct {
 	log                 *slog.Logger
 	rp                  *httputil.ReverseProxy
 	rpWatch             *httputil.ReverseProxy // small copy buffers for long-lived streams
-	pending             sync.WaitGroup // records not yet written
+	pending             sync.WaitGroup         // records not yet written
 }
 
 // Drain waits until every record of a finished request has been written:
