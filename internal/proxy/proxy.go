@@ -160,9 +160,13 @@ type exchange struct {
 	body     *teeBody
 	respBody *captureBody
 	respCT   string
-	replay   chan stages.Outcome
 	upStart  time.Time
 	upEnd    time.Time
+	start    time.Time
+	end      time.Time
+	// done is closed when the response has been relayed and rec's actual
+	// side is final.
+	done chan struct{}
 }
 
 type exchangeKey struct{}
@@ -193,7 +197,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			KubernetesVersion: stages.KubernetesVersion,
 			Request:           requestFields(r, info),
 		},
-		replay: make(chan stages.Outcome, 1),
+		start: start,
+		done:  make(chan struct{}),
 	}
 	// The apiserver uses a client-supplied Audit-ID; otherwise kproxy sets
 	// one so its trace, the apiserver's trace and the audit log join up.
@@ -208,12 +213,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.rec.Request.User, ex.rec.Request.Groups = u.GetName(), u.GetGroups()
 	}
 
-	// The replay sees a copy taken before anything here touches r.
+	// The replay sees a copy taken before anything here touches r. It
+	// runs in one goroutine per request, which then waits for the response
+	// to be relayed and writes the record: the client never waits for it.
 	replayReq := &stages.Request{ID: id, Arrival: start, HTTP: r.Clone(context.WithoutCancel(ctx)), Info: info}
 	replayReq.HTTP.Body = nil
+	p.pending.Add(1)
 	startReplay := func(body []byte, truncated bool) {
 		replayReq.Body, replayReq.BodyTruncated = body, truncated
-		go p.runReplay(context.WithoutCancel(ctx), replayReq, ex.replay)
+		go p.replayAndRecord(context.WithoutCancel(ctx), replayReq, ex)
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, startReplay)
@@ -235,9 +243,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.rec.Actual.ResponseBytes = rw.bytes
 		span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
 		span.End()
-		end := p.clock.Now()
-		p.pending.Add(1)
-		go p.finish(ex, start, end)
+		ex.end = p.clock.Now()
+		close(ex.done)
 		if v != nil {
 			// http.ErrAbortHandler (client gone mid-stream) must reach
 			// net/http so it drops the connection instead of ending the
@@ -364,28 +371,33 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	http.Error(w, msg, http.StatusBadGateway)
 }
 
-// runReplay runs the replay, never letting it fail the exchange.
-func (p *Proxy) runReplay(ctx context.Context, req *stages.Request, out chan<- stages.Outcome) {
+// replayAndRecord runs the replay, then waits for the response to be
+// relayed and writes the record. The replay never fails the exchange.
+func (p *Proxy) replayAndRecord(ctx context.Context, req *stages.Request, ex *exchange) {
+	defer p.pending.Done()
+	o := p.replay(ctx, req)
+	<-ex.done
+	p.writeRecord(ex, o)
+}
+
+func (p *Proxy) replay(ctx context.Context, req *stages.Request) (o stages.Outcome) {
 	if p.replayer == nil {
-		out <- stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: the replay is disabled"}}
-		return
+		return stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: the replay is disabled"}}
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			out <- stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: fmt.Sprintf("cannot predict: the replay panicked: %v", v)}}
+			o = stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: fmt.Sprintf("cannot predict: the replay panicked: %v", v)}}
 		}
 	}()
-	out <- p.replayer.Run(ctx, req)
+	return p.replayer.Run(ctx, req)
 }
 
-// finish completes the record once the response is relayed and the replay
-// is done, off the client's path.
-func (p *Proxy) finish(ex *exchange, start, end time.Time) {
-	defer p.pending.Done()
+// writeRecord completes the record with the replay's outcome and hands it
+// to the sinks.
+func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	rec := ex.rec
-	o := <-ex.replay
 	rec.Predicted, rec.Stages = o.Predicted, o.Stages
-	rec.Latency = record.Latency{TotalNs: end.Sub(start).Nanoseconds(), ReplayNs: o.Duration.Nanoseconds()}
+	rec.Latency = record.Latency{TotalNs: ex.end.Sub(ex.start).Nanoseconds(), ReplayNs: o.Duration.Nanoseconds()}
 	if !ex.upStart.IsZero() && !ex.upEnd.IsZero() {
 		rec.Latency.UpstreamNs = ex.upEnd.Sub(ex.upStart).Nanoseconds()
 	}

@@ -1,11 +1,14 @@
 package proxy_test
 
 import (
+	"context"
 	"crypto/tls"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"github.com/kproxy/kproxy/internal/telemetry"
 )
 
 // BenchmarkProxyGet measures kproxy's own cost per small GET against a
@@ -47,4 +50,22 @@ func benchGet(b *testing.B, c *http.Client, base string) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
+}
+
+// BenchmarkProxyGetTraced is BenchmarkProxyGet with the OpenTelemetry SDK
+// recording every span and exporting them over OTLP/HTTP to a local sink.
+func BenchmarkProxyGetTraced(b *testing.B) {
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+	}))
+	b.Cleanup(sink.Close)
+	tp, shutdown, err := telemetry.Setup(context.Background(), telemetry.Options{Endpoint: sink.URL}, func(string) string { return "" })
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { shutdown(context.Background()) })
+	up := smallUpstream(b)
+	addr, pool := startProxyWith(b, up, &collect{}, tp)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	benchGet(b, c, "https://"+addr)
 }

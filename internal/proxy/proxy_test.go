@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/client-go/rest"
 
 	"github.com/kproxy/kproxy/internal/proxy"
@@ -66,6 +67,10 @@ func upgradeUpstream(t testing.TB, seen chan<- http.Header) *httptest.Server {
 }
 
 func startProxy(t testing.TB, upstream *httptest.Server, sink record.Sink) (addr string, pool *x509.CertPool) {
+	return startProxyWith(t, upstream, sink, nil)
+}
+
+func startProxyWith(t testing.TB, upstream *httptest.Server, sink record.Sink, tp trace.TracerProvider) (addr string, pool *x509.CertPool) {
 	t.Helper()
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
 	up, err := proxy.NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
@@ -73,7 +78,7 @@ func startProxy(t testing.TB, upstream *httptest.Server, sink record.Sink) (addr
 		t.Fatal(err)
 	}
 	p, err := proxy.New(proxy.Config{Upstream: up.URL, Passthrough: up.Passthrough, Sink: sink,
-		Replayer: stages.New(stages.Config{})})
+		Replayer: stages.New(stages.Config{TracerProvider: tp}), TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -90,10 +89,10 @@ type Outcome struct {
 	Duration  time.Duration
 }
 
-// Run replays req through every stage. It never panics and never blocks
-// past the budget: the stages run one after another in a worker goroutine,
-// and a stage still running when the budget ends is reported as error (the
-// worker's late results are discarded).
+// Run replays req through every stage, one after another in the caller's
+// goroutine. It never panics. Stages must return promptly once ctx is done
+// (the budget); a stage that ends past the budget is reported as error and
+// the stages after it are not run.
 func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	start := p.clock.Now()
 	ctx, cancel := context.WithTimeout(ctx, p.budget)
@@ -102,66 +101,37 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		attribute.String("kproxy.kubernetes_version", KubernetesVersion)))
 	defer span.End()
 
-	var mu sync.Mutex
-	results := make([]record.StageResult, 0, len(p.stages))
+	out := Outcome{Stages: make([]record.StageResult, 0, len(p.stages))}
 	var decided *Result
-	var decidedBy string
+	var decidedBy, stopped string
 	var unknown []string
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for _, s := range p.stages {
-			if ctx.Err() != nil {
-				return
-			}
-			mu.Lock()
-			d := decided
-			mu.Unlock()
-			if d != nil {
-				mu.Lock()
-				results = append(results, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + decidedBy + " decides the request"})
-				mu.Unlock()
-				continue
-			}
-			res, dur := p.runStage(ctx, s, req)
-			mu.Lock()
-			if ctx.Err() != nil {
-				mu.Unlock()
-				return // too late: Run has reported the budget overrun
-			}
-			results = append(results, record.StageResult{
-				Name: s.Name(), Outcome: res.Outcome, DurationNs: dur.Nanoseconds(),
-				Explanation: res.Explanation, Children: res.Children,
-			})
-			switch {
-			case res.Outcome == record.Error:
-				unknown = append(unknown, fmt.Sprintf("%s failed: %s", s.Name(), res.Explanation))
-			case res.NotModelled:
-				unknown = append(unknown, s.Name()+" is not modelled yet")
-			case res.Outcome == record.Reject:
-				r := res
-				decided, decidedBy = &r, s.Name()
-			}
-			mu.Unlock()
+	for _, s := range p.stages {
+		switch {
+		case decided != nil:
+			out.Stages = append(out.Stages, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + decidedBy + " decides the request"})
+			continue
+		case stopped != "":
+			out.Stages = append(out.Stages, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + stopped})
+			continue
 		}
-	}()
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	out := Outcome{Stages: results}
-	if n := len(out.Stages); n < len(p.stages) {
-		// The budget ran out: the running stage is an error, the rest
-		// were never reached.
-		msg := fmt.Sprintf("replay budget exceeded (%v)", p.budget)
-		out.Stages = append(out.Stages, record.StageResult{Name: p.stages[n].Name(), Outcome: record.Error, Explanation: msg})
-		unknown = append(unknown, p.stages[n].Name()+" failed: "+msg)
-		for _, s := range p.stages[n+1:] {
-			out.Stages = append(out.Stages, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + msg})
+		res, d := p.runStage(ctx, s, req)
+		if ctx.Err() != nil && res.Outcome != record.Error {
+			stopped = fmt.Sprintf("replay budget exceeded (%v)", p.budget)
+			res = Failed(stopped)
 		}
-		results = nil // the worker must not append to what we return
+		out.Stages = append(out.Stages, record.StageResult{
+			Name: s.Name(), Outcome: res.Outcome, DurationNs: d.Nanoseconds(),
+			Explanation: res.Explanation, Children: res.Children,
+		})
+		switch {
+		case res.Outcome == record.Error:
+			unknown = append(unknown, fmt.Sprintf("%s failed: %s", s.Name(), res.Explanation))
+		case res.NotModelled:
+			unknown = append(unknown, s.Name()+" is not modelled yet")
+		case res.Outcome == record.Reject:
+			r := res
+			decided, decidedBy = &r, s.Name()
+		}
 	}
 	out.Predicted = predict(req, decided, decidedBy, unknown)
 	out.Duration = p.clock.Since(start)

@@ -17,7 +17,8 @@ type Stage interface {
 	// Name is the contract's stage name.
 	Name() string
 	// Run decides the stage for the request. It must not modify req.HTTP or
-	// write to the cluster, and should return promptly when ctx is done.
+	// write to the cluster, and must return promptly when ctx is done: the
+	// replay has a budget, and the record waits for the replay.
 	Run(ctx context.Context, req *Request) Result
 }
 
