@@ -24,6 +24,7 @@ import (
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
+	"github.com/kproxy/kproxy/internal/stages"
 )
 
 func newDemoCommand() *cobra.Command {
@@ -95,13 +96,20 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 		return err
 	}
 	defer logFile.Close()
+	// kproxy gets the apiserver's own flag list, as an operator would hand
+	// it over; the flags it does not mirror are ignored.
+	apiserver, _, err := stages.APIServerOptionsFromArgs(c.APIServerFlags)
+	if err != nil {
+		return err
+	}
+	demoLog := slog.New(slog.NewTextHandler(logFile, nil))
+	serve.RouteKlog(demoLog)
 	opts := &serve.Options{
 		UpstreamKubeconfig: upKubeconfig, Listen: listen, Mode: "reverse",
 		PKIDir: filepath.Join(dir, "kproxy-pki"), Capture: capture,
-		ClientCAFile: c.CAFile, RequestHeaderClientCAFile: c.FrontProxyCAFile,
-		RequestHeaderAllowedNames: []string{"front-proxy-client"},
-		Stream:                    stream,
-		Log:                       slog.New(slog.NewTextHandler(logFile, nil)),
+		APIServer: apiserver,
+		Stream:    stream,
+		Log:       demoLog,
 	}
 	s, err := serve.New(ctx, opts)
 	if err != nil {

@@ -11,13 +11,16 @@ import (
 
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages"
+	"sigs.k8s.io/yaml"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 const kubeVersion = stages.KubernetesVersion
 
 func newServeCommand() *cobra.Command {
-	o := &serve.Options{}
-	var logLevel string
+	o := &serve.Options{APIServer: stages.NewAPIServerOptions()}
+	var logLevel, manifest string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run kproxy in front of an apiserver",
@@ -44,7 +47,20 @@ exported.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = newLogger(logLevel)
+			serve.RouteKlog(o.Log)
 			reportIgnored(cmd, o.Log)
+			if manifest != "" {
+				args, err := manifestArgs(manifest)
+				if err != nil {
+					return err
+				}
+				ignored, err := o.APIServer.ParseAPIServerArgs(cmd.Flags(), args)
+				if err != nil {
+					return fmt.Errorf("--apiserver-manifest=%s: %w", manifest, err)
+				}
+				o.Log.Info("read the apiserver's flags from its manifest", "file", manifest, "ignored", len(ignored))
+				o.Log.Debug("apiserver flags kproxy does not mirror", "flags", strings.Join(ignored, " "))
+			}
 			s, err := serve.New(cmd.Context(), o)
 			if err != nil {
 				return err
@@ -54,6 +70,8 @@ exported.`,
 	}
 	cmd.FParseErrWhitelist.UnknownFlags = true
 	addServeFlags(cmd.Flags(), o)
+	cmd.Flags().StringVar(&manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): read the apiserver's flags from it; flags given here win")
+	o.APIServer.AddFlags(cmd.Flags())
 	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	return cmd
 }
@@ -69,13 +87,6 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.DebugAddr, "debug-addr", "", "serve Go's pprof and expvar on this address (e.g. 127.0.0.1:6060); off by default")
 	f.StringVar(&o.Capture, "capture", "", "append one JSON record per request to this file (JSON Lines)")
 	f.StringVar(&o.Mode, "mode", "reverse", "reverse (clients connect to kproxy) or forward (clients use kproxy as HTTPS proxy)")
-	f.StringVar(&o.ClientCAFile, "client-ca-file", "", "kube-apiserver's --client-ca-file: verify client certificates and forward them by impersonation")
-	f.StringVar(&o.RequestHeaderClientCAFile, "requestheader-client-ca-file", "", "kube-apiserver's --requestheader-client-ca-file (front-proxy CA)")
-	f.StringSliceVar(&o.RequestHeaderAllowedNames, "requestheader-allowed-names", nil, "kube-apiserver's --requestheader-allowed-names")
-	f.StringSliceVar(&o.RequestHeaderUsernameHeaders, "requestheader-username-headers", nil, "kube-apiserver's --requestheader-username-headers")
-	f.StringSliceVar(&o.RequestHeaderUIDHeaders, "requestheader-uid-headers", nil, "kube-apiserver's --requestheader-uid-headers")
-	f.StringSliceVar(&o.RequestHeaderGroupHeaders, "requestheader-group-headers", nil, "kube-apiserver's --requestheader-group-headers")
-	f.StringSliceVar(&o.RequestHeaderExtraPrefixes, "requestheader-extra-headers-prefix", nil, "kube-apiserver's --requestheader-extra-headers-prefix")
 	f.StringVar(&o.Telemetry.Endpoint, "otlp-endpoint", "", "OTLP endpoint for traces (overrides OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4318 or 127.0.0.1:4317 with --otlp-protocol grpc")
 	f.StringVar(&o.Telemetry.Protocol, "otlp-protocol", "", "grpc or http/protobuf (overrides OTEL_EXPORTER_OTLP_PROTOCOL; default http/protobuf)")
 	o.Telemetry.Version = version
@@ -106,4 +117,23 @@ func newLogger(level string) *slog.Logger {
 		l = slog.LevelInfo
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+// manifestArgs reads the kube-apiserver container's command line from a
+// static-pod manifest.
+func manifestArgs(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--apiserver-manifest: %w", err)
+	}
+	var pod corev1.Pod
+	if err := yaml.Unmarshal(b, &pod); err != nil {
+		return nil, fmt.Errorf("--apiserver-manifest=%s is not a Pod manifest: %w", path, err)
+	}
+	for _, c := range pod.Spec.Containers {
+		if c.Name == "kube-apiserver" || len(pod.Spec.Containers) == 1 {
+			return append(append([]string{}, c.Command...), c.Args...), nil
+		}
+	}
+	return nil, fmt.Errorf("--apiserver-manifest=%s has no kube-apiserver container", path)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
+	"github.com/kproxy/kproxy/internal/stages"
 	"github.com/kproxy/kproxy/internal/telemetry"
 )
 
@@ -34,6 +35,7 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
+	serve.RouteKlog(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var err error
@@ -99,12 +101,17 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	if o.mode == "" {
 		o.mode = "reverse"
 	}
+	// kproxy gets the apiserver's own command line, as an operator would
+	// hand it over.
+	apiserver, _, err := stages.APIServerOptionsFromArgs(cluster.APIServerFlags)
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := &serve.Options{
 		UpstreamKubeconfig: kc, Listen: "127.0.0.1:0", Mode: o.mode,
 		PKIDir: filepath.Join(dir, "pki"), Capture: o.capture,
-		ClientCAFile: cluster.CAFile, RequestHeaderClientCAFile: cluster.FrontProxyCAFile,
-		RequestHeaderAllowedNames: []string{"front-proxy-client"},
-		Telemetry:                 o.telemetry, Stream: o.stream,
+		APIServer: apiserver,
+		Telemetry: o.telemetry, Stream: o.stream,
 		// Logs go to stderr: they can outlive the test that started kproxy.
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}

@@ -36,6 +36,11 @@ type Replayer interface {
 	Run(ctx context.Context, req *stages.Request) stages.Outcome
 }
 
+// apfNamer resolves the apiserver's APF response headers (UIDs) to names.
+type apfNamer interface {
+	APFNames(flowSchemaUID, priorityLevelUID string) (flowSchema, priorityLevel string)
+}
+
 // Config holds the proxy's collaborators; everything is injected.
 type Config struct {
 	// Upstream is the apiserver's URL (scheme and host).
@@ -408,6 +413,9 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	}
 	if rec.Actual.AuditID == "" {
 		rec.Actual.AuditID = ex.auditID
+	}
+	if n, ok := p.replayer.(apfNamer); ok {
+		rec.Actual.FlowSchema, rec.Actual.PriorityLevel = n.APFNames(rec.Actual.FlowSchemaUID, rec.Actual.PriorityLevelUID)
 	}
 	rec.Request.Query = record.RedactQuery(rec.Request.Query)
 	p.sink.Write(rec)

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
@@ -78,7 +79,7 @@ func startProxyWith(t testing.TB, upstream *httptest.Server, sink record.Sink, t
 		t.Fatal(err)
 	}
 	p, err := proxy.New(proxy.Config{Upstream: up.URL, Passthrough: up.Passthrough, Sink: sink,
-		Replayer: stages.New(stages.Config{TracerProvider: tp}), TracerProvider: tp})
+		Replayer: stages.New(context.Background(), stages.Config{TracerProvider: tp}), TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}

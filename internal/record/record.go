@@ -65,6 +65,10 @@ type Prediction struct {
 	Stage   string `json:"stage"`
 	Reason  string `json:"reason"`
 	Message string `json:"message"`
+	// FlowSchema and PriorityLevel are the replay's APF classification,
+	// to compare with actual.flowSchema / actual.priorityLevel.
+	FlowSchema    string `json:"flowSchema,omitempty"`
+	PriorityLevel string `json:"priorityLevel,omitempty"`
 }
 
 // Actual is what the upstream apiserver answered.

@@ -45,14 +45,13 @@ type Options struct {
 	Mode               string // reverse | forward
 	DebugAddr          string // pprof and expvar, off when empty
 
-	// Mirrored kube-apiserver flags.
-	ClientCAFile                 string
-	RequestHeaderClientCAFile    string
-	RequestHeaderAllowedNames    []string
-	RequestHeaderUsernameHeaders []string
-	RequestHeaderUIDHeaders      []string
-	RequestHeaderGroupHeaders    []string
-	RequestHeaderExtraPrefixes   []string
+	// APIServer are the mirrored kube-apiserver flags (parsed by its own
+	// option structs); nil means none were given.
+	APIServer *stages.APIServerOptions
+	// SyncTimeout bounds the wait for the replay's cluster state before
+	// kproxy starts listening (default 60s); predictions are unknown until
+	// it has synced.
+	SyncTimeout time.Duration
 
 	Telemetry telemetry.Options
 
@@ -179,15 +178,46 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		sinks = append(sinks, o.Stream)
 	}
 
-	certAuth, clientCAs, err := certAuthenticator(o)
+	certAuth, clientCAs, err := certAuthenticator(o.APIServer)
 	if err != nil {
 		return nil, err
+	}
+	if o.APIServer != nil {
+		if err := o.APIServer.Complete(); err != nil {
+			return nil, err
+		}
+	}
+	// The replay's read-only view of the cluster, through kproxy's own
+	// identity. Without credentials there is none: stages that need it say
+	// "unknown".
+	var state *stages.ClusterState
+	if up.Impersonating != nil {
+		if state, err = stages.NewClusterState(cfg); err != nil {
+			return nil, err
+		}
+	}
+	replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))
+	s.shutdown = append(s.shutdown, func(context.Context) error { stopReplay(); return nil })
+	pipeline := stages.New(replayCtx, stages.Config{TracerProvider: tp, APIServer: o.APIServer, State: state})
+	if state != nil {
+		timeout := o.SyncTimeout
+		if timeout == 0 {
+			timeout = 60 * time.Second
+		}
+		log.Info("syncing the replay's cluster state", "timeout", timeout)
+		if err := state.Start(replayCtx, timeout); err != nil {
+			log.Warn("predictions stay unknown until the cluster state syncs", "error", err)
+		} else if !pipeline.WaitReady(replayCtx, timeout) {
+			log.Warn("the replay's APF controller has not digested the flow schemas yet; flowcontrol stays unknown until it has")
+		} else {
+			log.Info("cluster state synced")
+		}
 	}
 	pcfg := proxy.Config{
 		Upstream:          up.URL,
 		Passthrough:       up.Passthrough,
 		CertAuthenticator: certAuth,
-		Replayer:          stages.New(stages.Config{TracerProvider: tp}),
+		Replayer:          pipeline,
 		Sink:              sinks,
 		TracerProvider:    tp,
 		Mode:              o.Mode,
@@ -222,7 +252,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		s.forward = proxy.NewForwardServer(s.handler, up.URL.Host, s.tlsCfg, s.ln.Addr(), log)
 	}
 	log.Info("kproxy listening", "mode", o.Mode, "addr", s.Addr, "upstream", up.URL.String(),
-		"capture", o.Capture, "clientCA", o.ClientCAFile != "", "impersonation", up.Impersonating != nil)
+		"capture", o.Capture, "clientCA", o.APIServer.ClientCAFile() != "", "impersonation", up.Impersonating != nil)
 	ok = true
 	return s, nil
 }
@@ -307,24 +337,24 @@ func (s *Server) servingCert(upstream *url.URL) (tls.Certificate, error) {
 // the mirrored --client-ca-file and --requestheader-* flags.
 // It also returns every CA the apiserver names in its TLS certificate
 // request (both files), for kproxy to name the same.
-func certAuthenticator(o *Options) (authenticator.Request, *x509.CertPool, error) {
+func certAuthenticator(o *stages.APIServerOptions) (authenticator.Request, *x509.CertPool, error) {
 	var clientCA *x509.CertPool
 	var rh *proxy.RequestHeaderOptions
 	var err error
 	all := x509.NewCertPool()
-	if o.ClientCAFile != "" {
-		if clientCA, err = readPool("--client-ca-file", o.ClientCAFile, all); err != nil {
+	if f := o.ClientCAFile(); f != "" {
+		if clientCA, err = readPool("--client-ca-file", f, all); err != nil {
 			return nil, nil, err
 		}
 	}
-	if o.RequestHeaderClientCAFile != "" {
-		pool, err := readPool("--requestheader-client-ca-file", o.RequestHeaderClientCAFile, all)
+	if r := o.RequestHeader(); r.ClientCAFile != "" {
+		pool, err := readPool("--requestheader-client-ca-file", r.ClientCAFile, all)
 		if err != nil {
 			return nil, nil, err
 		}
-		rh = &proxy.RequestHeaderOptions{ClientCA: pool, AllowedNames: o.RequestHeaderAllowedNames,
-			UsernameHeaders: o.RequestHeaderUsernameHeaders, UIDHeaders: o.RequestHeaderUIDHeaders,
-			GroupHeaders: o.RequestHeaderGroupHeaders, ExtraHeaderPrefixes: o.RequestHeaderExtraPrefixes}
+		rh = &proxy.RequestHeaderOptions{ClientCA: pool, AllowedNames: r.AllowedNames,
+			UsernameHeaders: r.UsernameHeaders, UIDHeaders: r.UIDHeaders,
+			GroupHeaders: r.GroupHeaders, ExtraHeaderPrefixes: r.ExtraHeaderPrefixes}
 	}
 	if clientCA == nil && rh == nil {
 		return nil, nil, nil

@@ -2,6 +2,8 @@ package serve
 
 import (
 	"os"
+
+	"github.com/kproxy/kproxy/internal/stages"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -44,15 +46,19 @@ func TestCertAuthenticatorErrorsNameTheFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		o    Options
+		args []string
 		want string
 	}{
-		{Options{ClientCAFile: filepath.Join(dir, "missing.crt")}, "--client-ca-file="},
-		{Options{ClientCAFile: notPEM}, "no PEM certificates"},
-		{Options{RequestHeaderClientCAFile: notPEM}, "--requestheader-client-ca-file="},
+		{[]string{"--client-ca-file=" + filepath.Join(dir, "missing.crt")}, "--client-ca-file="},
+		{[]string{"--client-ca-file=" + notPEM}, "no PEM certificates"},
+		{[]string{"--requestheader-client-ca-file=" + notPEM}, "--requestheader-client-ca-file="},
 	} {
-		if _, _, err := certAuthenticator(&tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%+v: error %v, want %q", tc.o, err, tc.want)
+		o, _, err := stages.APIServerOptionsFromArgs(tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := certAuthenticator(o); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
 		}
 	}
 }

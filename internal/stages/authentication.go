@@ -1,12 +1,124 @@
 package stages
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
 
-// authentication replays the authentication stage: who the caller is: the authenticator union (x509, tokens, service accounts, OIDC, webhook, anonymous).
-type authentication struct{}
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/endpoints/filters"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+)
 
-func newAuthentication(Config) Stage { return authentication{} }
+// authentication replays the authentication stage: the apiserver's own
+// WithAuthentication filter around the authenticator union kube-apiserver
+// builds from its flags (front-proxy, x509, token file, service accounts,
+// bootstrap tokens, OIDC/JWT, webhook, anonymous), so a predicted 401 is
+// the apiserver's own.
+type authentication struct {
+	m *machinery
+	f *filter
+}
+
+// authnTrace records what the authenticator union said for one request.
+type authnTrace struct {
+	resp *authenticator.Response
+	ok   bool
+	err  error
+}
+
+type authnTraceKey struct{}
+
+func newAuthentication(m *machinery) Stage {
+	a := &authentication{m: m}
+	if m.authn == nil {
+		return a
+	}
+	traced := authenticator.RequestFunc(func(r *http.Request) (*authenticator.Response, bool, error) {
+		resp, ok, err := m.authn.AuthenticateRequest(r)
+		if t, _ := r.Context().Value(authnTraceKey{}).(*authnTrace); t != nil {
+			t.resp, t.ok, t.err = resp, ok, err
+		}
+		return resp, ok, err
+	})
+	a.f = newFilter(func(next http.Handler) http.Handler {
+		return filters.WithAuthentication(next, traced, filters.Unauthorized(statusCodecs), m.apiAudiences, m.requestHeader)
+	})
+	return a
+}
 
 func (authentication) Name() string { return "authentication" }
 
-func (authentication) Run(context.Context, *Request) Result { return notModelled() }
+func (a *authentication) Run(ctx context.Context, req *Request) Result {
+	if a.m.authnErr != nil {
+		return Unknown(a.m.authnErr.Error())
+	}
+	if !a.m.state.Synced() {
+		return Unknown("the cluster state (service accounts, pods, nodes) has not synced yet")
+	}
+	tr := &authnTrace{}
+	out := a.f.run(requestFor(context.WithValue(ctx, authnTraceKey{}, tr), req, nil))
+	if out.passed {
+		u, _ := apirequest.UserFrom(out.req.Context())
+		req.User = u
+		return Pass(fmt.Sprintf("authenticated %s as %s", credentialKind(req.HTTP), describeUser(u)))
+	}
+	why := "no authenticator accepted the request's credentials"
+	if tr.err != nil {
+		why = tr.err.Error()
+	} else if tr.ok && tr.resp != nil {
+		why = fmt.Sprintf("the credentials are valid for audiences %v, but the apiserver accepts %v", tr.resp.Audiences, a.m.apiAudiences)
+	}
+	return Reject(out.status(), fmt.Sprintf("%s rejected: %s", credentialKind(req.HTTP), why))
+}
+
+// credentialKind names what the request presented, never its value.
+func credentialKind(r *http.Request) string {
+	var kinds []string
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		c := r.TLS.PeerCertificates[0]
+		kinds = append(kinds, fmt.Sprintf("a client certificate (CN=%q, O=%v, issuer %q)", c.Subject.CommonName, c.Subject.Organization, c.Issuer.CommonName))
+	}
+	if a := r.Header.Get("Authorization"); a != "" {
+		scheme, _, _ := strings.Cut(a, " ")
+		kinds = append(kinds, "an Authorization: "+scheme+" credential")
+	}
+	for _, p := range r.Header.Values("Sec-WebSocket-Protocol") {
+		if strings.Contains(p, "base64url.bearer.authorization.k8s.io.") {
+			kinds = append(kinds, "a bearer token in the WebSocket protocol header")
+		}
+	}
+	if len(kinds) == 0 {
+		return "a request without credentials"
+	}
+	return strings.Join(kinds, " and ")
+}
+
+// describeUser renders an identity for explanations: name, uid, groups,
+// extras (extras such as credential ids are hashes, not secrets).
+func describeUser(u user.Info) string {
+	if u == nil {
+		return "nobody"
+	}
+	s := fmt.Sprintf("user %q", u.GetName())
+	if uid := u.GetUID(); uid != "" {
+		s += fmt.Sprintf(" (uid %q)", uid)
+	}
+	s += fmt.Sprintf(" in groups %v", u.GetGroups())
+	if ex := u.GetExtra(); len(ex) > 0 {
+		keys := make([]string, 0, len(ex))
+		for k := range ex {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var parts []string
+		for _, k := range keys {
+			parts = append(parts, fmt.Sprintf("%s=%v", k, ex[k]))
+		}
+		s += " with extras " + strings.Join(parts, ", ")
+	}
+	return s
+}

@@ -1,12 +1,78 @@
 package stages
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"net/http"
 
-// authorization replays the authorization stage: the authorizer chain in --authorization-mode order.
-type authorization struct{}
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
+)
 
-func newAuthorization(Config) Stage { return authorization{} }
+// authorization replays the authorizer chain (Node, RBAC, Webhook, ...,
+// with system:masters first) through the apiserver's own WithAuthorization
+// filter, so a predicted 403 is byte for byte the apiserver's.
+type authorization struct {
+	m *machinery
+	f *filter
+}
+
+// authzTrace records the chain's decision for one request.
+type authzTrace struct {
+	decision authorizer.Decision
+	reason   string
+	err      error
+	attrs    authorizer.Attributes
+}
+
+type authzTraceKey struct{}
+
+func newAuthorization(m *machinery) Stage {
+	a := &authorization{m: m}
+	if m.authz == nil {
+		return a
+	}
+	traced := authorizer.AuthorizerFunc(func(ctx context.Context, attrs authorizer.Attributes) (authorizer.Decision, string, error) {
+		d, reason, err := m.authz.Authorize(ctx, attrs)
+		if t, _ := ctx.Value(authzTraceKey{}).(*authzTrace); t != nil {
+			t.decision, t.reason, t.err, t.attrs = d, reason, err, attrs
+		}
+		return d, reason, err
+	})
+	a.f = newFilter(func(next http.Handler) http.Handler {
+		return genericapifilters.WithAuthorization(next, traced, statusCodecs)
+	})
+	return a
+}
 
 func (authorization) Name() string { return "authorization" }
 
-func (authorization) Run(context.Context, *Request) Result { return notModelled() }
+func (a *authorization) Run(ctx context.Context, req *Request) Result {
+	if a.m.authzErr != nil {
+		return Unknown(a.m.authzErr.Error())
+	}
+	if !a.m.state.Synced() {
+		return Unknown("the cluster state (RBAC, the Node graph) has not synced yet")
+	}
+	if req.User == nil {
+		return Unknown("the caller is not known (authentication was not replayed)")
+	}
+	tr := &authzTrace{}
+	out := a.f.run(requestFor(context.WithValue(ctx, authzTraceKey{}, tr), req, req.User))
+	if out.passed {
+		return Pass(fmt.Sprintf("allowed for %s: %s", describeUser(req.User), orDefault(tr.reason, "an authorizer allowed it")))
+	}
+	st := out.status()
+	why := orDefault(tr.reason, "no authorizer allowed it")
+	if tr.err != nil {
+		why += fmt.Sprintf(" (authorizer error: %v)", tr.err)
+	}
+	return Reject(st, fmt.Sprintf("denied for %s: %s", describeUser(req.User), why))
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
+}

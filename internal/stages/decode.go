@@ -5,7 +5,7 @@ import "context"
 // decode replays the decode stage: content type, body decoding, defaulting, conversion, query options.
 type decode struct{}
 
-func newDecode(Config) Stage { return decode{} }
+func newDecode(*machinery) Stage { return decode{} }
 
 func (decode) Name() string { return "decode" }
 

@@ -1,12 +1,81 @@
 package stages
 
-import "context"
+import (
+	"context"
+	"fmt"
 
-// flowControl replays the flowcontrol stage: API Priority and Fairness: FlowSchema and PriorityLevel, or max-in-flight.
-type flowControl struct{}
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	genericfilters "k8s.io/apiserver/pkg/server/filters"
+	utilflowcontrol "k8s.io/apiserver/pkg/util/flowcontrol"
+	fcrequest "k8s.io/apiserver/pkg/util/flowcontrol/request"
+)
 
-func newFlowControl(Config) Stage { return flowControl{} }
+// flowControl replays API Priority and Fairness classification with the
+// apiserver's own APF controller, fed the cluster's FlowSchemas and
+// PriorityLevelConfigurations: which FlowSchema matches the (impersonated)
+// user and which priority level it sends the request to. Long-running
+// requests other than watches are exempt, as in the apiserver. Whether a
+// request would wait in a queue or be rejected with 429 depends on the
+// apiserver's load at that instant, which kproxy does not see: the stage
+// passes and says so.
+type flowControl struct {
+	m *machinery
+}
+
+// longRunning is kube-apiserver's own long-running check.
+var longRunning = genericfilters.BasicLongRunningRequestCheck(
+	sets.NewString("watch", "proxy"),
+	sets.NewString("attach", "exec", "proxy", "log", "portforward"),
+)
+
+func newFlowControl(m *machinery) Stage { return &flowControl{m: m} }
 
 func (flowControl) Name() string { return "flowcontrol" }
 
-func (flowControl) Run(context.Context, *Request) Result { return notModelled() }
+func (f *flowControl) Run(ctx context.Context, req *Request) Result {
+	if req.Info != nil && req.Info.Verb != "watch" && longRunning(req.HTTP, req.Info) {
+		return Pass(fmt.Sprintf("exempt from API Priority and Fairness: %s is a long-running request", describeVerb(req)))
+	}
+	if f.m.apf == nil {
+		return Unknown("no cluster state to classify the request with (kproxy has no upstream credentials)")
+	}
+	if req.User == nil {
+		return Unknown("the caller is not known (authentication was not replayed)")
+	}
+	if !f.m.apfReady() {
+		return Unknown("the FlowSchemas and PriorityLevelConfigurations have not synced yet")
+	}
+	var fs *flowcontrolv1.FlowSchema
+	var pl *flowcontrolv1.PriorityLevelConfiguration
+	var distinguisher string
+	f.m.apf.Handle(ctx, utilflowcontrol.RequestDigest{RequestInfo: req.Info, User: req.User},
+		func(s *flowcontrolv1.FlowSchema, p *flowcontrolv1.PriorityLevelConfiguration, d string) {
+			fs, pl, distinguisher = s, p, d
+		},
+		func() fcrequest.WorkEstimate { return fcrequest.WorkEstimate{InitialSeats: 1} },
+		func(bool) {}, func() {})
+	if fs == nil || pl == nil {
+		return Unknown("API Priority and Fairness did not classify the request")
+	}
+	req.FlowSchema, req.PriorityLevel = fs.Name, pl.Name
+	what := fmt.Sprintf("FlowSchema %q (matching precedence %d) is the first to match %s; it sends the request to PriorityLevel %q",
+		fs.Name, fs.Spec.MatchingPrecedence, describeUser(req.User), pl.Name)
+	if distinguisher != "" {
+		what += fmt.Sprintf(" in flow %q", distinguisher)
+	}
+	if pl.Spec.Type == flowcontrolv1.PriorityLevelEnablementExempt {
+		return Pass(what + ", which is exempt: never queued or rejected")
+	}
+	return Pass(what + "; whether it would queue or be rejected (429) depends on the apiserver's load at that instant, which kproxy does not predict")
+}
+
+func describeVerb(req *Request) string {
+	if req.Info == nil {
+		return req.HTTP.Method
+	}
+	if req.Info.Subresource != "" {
+		return req.Info.Verb + " " + req.Info.Resource + "/" + req.Info.Subresource
+	}
+	return req.Info.Verb + " " + req.Info.Resource
+}

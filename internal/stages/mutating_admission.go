@@ -5,7 +5,7 @@ import "context"
 // mutatingAdmission replays the mutating-admission stage: mutating admission plugins, MutatingAdmissionPolicy, mutating webhooks.
 type mutatingAdmission struct{}
 
-func newMutatingAdmission(Config) Stage { return mutatingAdmission{} }
+func newMutatingAdmission(*machinery) Stage { return mutatingAdmission{} }
 
 func (mutatingAdmission) Name() string { return "mutating-admission" }
 

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/clock"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -29,6 +30,12 @@ type Config struct {
 	// Budget bounds one replay; past it the prediction is unknown. Zero
 	// means 5s.
 	Budget time.Duration
+	// APIServer are the mirrored kube-apiserver flags; a stage whose flags
+	// were not given reports unknown rather than guess.
+	APIServer *APIServerOptions
+	// State is the read-only view of the cluster (informers); nil leaves
+	// the stages that need it unknown.
+	State *ClusterState
 }
 
 // Pipeline runs the stages in the apiserver's order.
@@ -37,28 +44,37 @@ type Pipeline struct {
 	tracer trace.Tracer
 	clock  clock.PassiveClock
 	budget time.Duration
+	state  *ClusterState
+	m      *machinery
 }
 
 // New builds the pipeline. The order is the apiserver's: its handler chain
 // (DefaultBuildHandlerChain, read bottom-up) and then the resource handler
 // and registry (create.go / update.go: decode, mutating admission, strategy
 // validation, validating admission, storage).
-func New(cfg Config) *Pipeline {
-	return newPipeline(cfg,
-		newAuthentication(cfg),
-		newImpersonation(cfg),
-		newFlowControl(cfg),
-		newAuthorization(cfg),
-		newDecode(cfg),
-		newMutatingAdmission(cfg),
-		newValidation(cfg),
-		newValidatingAdmission(cfg),
-		newStorage(cfg),
+//
+// The apiserver's machinery (authenticator, authorizer, ...) is assembled
+// here once from cfg, and lives as long as ctx; register informers before
+// cfg.State is started.
+func New(ctx context.Context, cfg Config) *Pipeline {
+	m := buildMachinery(ctx, cfg)
+	p := newPipeline(cfg,
+		newAuthentication(m),
+		newImpersonation(m),
+		newFlowControl(m),
+		newAuthorization(m),
+		newDecode(m),
+		newMutatingAdmission(m),
+		newValidation(m),
+		newValidatingAdmission(m),
+		newStorage(m),
 	)
+	p.m = m
+	return p
 }
 
 func newPipeline(cfg Config, stages ...Stage) *Pipeline {
-	p := &Pipeline{stages: stages, clock: cfg.Clock, budget: cfg.Budget}
+	p := &Pipeline{stages: stages, clock: cfg.Clock, budget: cfg.Budget, state: cfg.State}
 	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -126,14 +142,15 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		switch {
 		case res.Outcome == record.Error:
 			unknown = append(unknown, fmt.Sprintf("%s failed: %s", s.Name(), res.Explanation))
-		case res.NotModelled:
-			unknown = append(unknown, s.Name()+" is not modelled yet")
+		case res.Unknown:
+			unknown = append(unknown, s.Name()+": "+res.Explanation)
 		case res.Outcome == record.Reject:
 			r := res
 			decided, decidedBy = &r, s.Name()
 		}
 	}
 	out.Predicted = predict(req, decided, decidedBy, unknown)
+	out.Predicted.FlowSchema, out.Predicted.PriorityLevel = req.FlowSchema, req.PriorityLevel
 	out.Duration = p.clock.Since(start)
 	span.SetAttributes(
 		attribute.Int("kproxy.predicted.status", out.Predicted.Status),
@@ -190,4 +207,45 @@ func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Res
 	}
 	span.End()
 	return res, d
+}
+
+// WaitReady waits, at most timeout, until the machinery that digests the
+// cluster state asynchronously (the APF controller) has caught up with it.
+func (p *Pipeline) WaitReady(ctx context.Context, timeout time.Duration) bool {
+	if p.m == nil || p.m.apfReady == nil {
+		return true
+	}
+	deadline := time.Now().Add(timeout)
+	for !p.m.apfReady() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return true
+}
+
+// APFNames resolves the UIDs of the apiserver's X-Kubernetes-PF-* response
+// headers to FlowSchema and PriorityLevelConfiguration names, from the
+// replay's informers; unknown UIDs resolve to "".
+func (p *Pipeline) APFNames(fsUID, plUID string) (flowSchema, priorityLevel string) {
+	if p.state == nil || (fsUID == "" && plUID == "") {
+		return "", ""
+	}
+	f := p.state.Informers.Flowcontrol().V1()
+	if fss, err := f.FlowSchemas().Lister().List(labels.Everything()); err == nil {
+		for _, fs := range fss {
+			if string(fs.UID) == fsUID {
+				flowSchema = fs.Name
+			}
+		}
+	}
+	if pls, err := f.PriorityLevelConfigurations().Lister().List(labels.Everything()); err == nil {
+		for _, pl := range pls {
+			if string(pl.UID) == plUID {
+				priorityLevel = pl.Name
+			}
+		}
+	}
+	return flowSchema, priorityLevel
 }

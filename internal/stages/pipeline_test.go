@@ -21,7 +21,7 @@ var contractOrder = []string{"authentication", "impersonation", "flowcontrol", "
 	"mutating-admission", "validation", "validating-admission", "storage"}
 
 func TestNewHasContractStagesInOrder(t *testing.T) {
-	if got := New(Config{}).Names(); !slices.Equal(got, contractOrder) {
+	if got := New(context.Background(), Config{}).Names(); !slices.Equal(got, contractOrder) {
 		t.Fatalf("stages %v, want %v", got, contractOrder)
 	}
 }
@@ -69,14 +69,14 @@ func TestRun(t *testing.T) {
 			stages:       []func(context.Context) Result{result(notModelled()), pass},
 			wantOutcomes: []string{"skip", "pass"},
 			wantPred:     record.Prediction{Stage: record.StageUnknown},
-			wantMsg:      "s0 is not modelled yet",
+			wantMsg:      "s0: not modelled yet",
 		},
 		{
 			name:         "unknown before a reject stays unknown",
 			stages:       []func(context.Context) Result{result(notModelled()), result(forbidden())},
 			wantOutcomes: []string{"skip", "reject"},
 			wantPred:     record.Prediction{Stage: record.StageUnknown},
-			wantMsg:      "s0 is not modelled yet",
+			wantMsg:      "s0: not modelled yet",
 		},
 		{
 			name:         "a panic is an error, never a guess",

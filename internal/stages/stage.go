@@ -42,6 +42,8 @@ type Request struct {
 	// User is the identity after the stages that decide it have run (set by
 	// authentication and impersonation); nil before.
 	User user.Info
+	// FlowSchema and PriorityLevel are APF's classification (flowcontrol).
+	FlowSchema, PriorityLevel string
 }
 
 // MaxBodyBytes is the apiserver's own request body limit (3 MiB): a longer
@@ -56,9 +58,9 @@ type Result struct {
 	Status *metav1.Status
 	// Children hold finer detail: each authenticator, authorizer, plugin.
 	Children []record.StageResult
-	// NotModelled marks a stage whose logic kproxy does not have yet: the
-	// prediction cannot be known past it.
-	NotModelled bool
+	// Unknown marks a stage that cannot say (not modelled yet, or lacking
+	// configuration or state): the prediction cannot be known past it.
+	Unknown bool
 }
 
 // Pass, Skip, Reject and Errorf build results.
@@ -77,7 +79,11 @@ func Failed(explanation string) Result {
 	return Result{Outcome: record.Error, Explanation: explanation}
 }
 
-// notModelled is the honest answer of a stage kproxy cannot replay yet.
-func notModelled() Result {
-	return Result{Outcome: record.Skip, Explanation: "not modelled yet", NotModelled: true}
+// Unknown is a stage that cannot decide: the prediction becomes unknown.
+// The stage is reported skipped with the reason.
+func Unknown(explanation string) Result {
+	return Result{Outcome: record.Skip, Explanation: explanation, Unknown: true}
 }
+
+// notModelled is the honest answer of a stage kproxy cannot replay yet.
+func notModelled() Result { return Unknown("not modelled yet") }

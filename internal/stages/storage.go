@@ -5,7 +5,7 @@ import "context"
 // storage replays the storage stage: etcd key, encoding, size limit, existence and resourceVersion preconditions.
 type storage struct{}
 
-func newStorage(Config) Stage { return storage{} }
+func newStorage(*machinery) Stage { return storage{} }
 
 func (storage) Name() string { return "storage" }
 

@@ -5,7 +5,7 @@ import "context"
 // validatingAdmission replays the validating-admission stage: validating admission plugins, ValidatingAdmissionPolicy, validating webhooks.
 type validatingAdmission struct{}
 
-func newValidatingAdmission(Config) Stage { return validatingAdmission{} }
+func newValidatingAdmission(*machinery) Stage { return validatingAdmission{} }
 
 func (validatingAdmission) Name() string { return "validating-admission" }
 

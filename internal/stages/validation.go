@@ -5,7 +5,7 @@ import "context"
 // validation replays the validation stage: the registry strategy: PrepareForCreate/Update and Validate.
 type validation struct{}
 
-func newValidation(Config) Stage { return validation{} }
+func newValidation(*machinery) Stage { return validation{} }
 
 func (validation) Name() string { return "validation" }
 

@@ -1,0 +1,165 @@
+package stages
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/pflag"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	kubeoptions "k8s.io/kubernetes/pkg/kubeapiserver/options"
+
+	// Registers the Kubernetes feature gates, so --feature-gates knows them.
+	_ "k8s.io/kubernetes/pkg/features"
+)
+
+// APIServerOptions are the kube-apiserver flags the replay mirrors. They are
+// parsed by kube-apiserver's own option structs, so every flag means exactly
+// what it means to the apiserver, defaults included.
+type APIServerOptions struct {
+	Authentication *kubeoptions.BuiltInAuthenticationOptions
+	Authorization  *kubeoptions.BuiltInAuthorizationOptions
+
+	authnFlags, authzFlags *pflag.FlagSet
+}
+
+// NewAPIServerOptions returns the options with kube-apiserver's defaults.
+func NewAPIServerOptions() *APIServerOptions {
+	return &APIServerOptions{
+		Authentication: kubeoptions.NewBuiltInAuthenticationOptions().WithAll(),
+		Authorization:  kubeoptions.NewBuiltInAuthorizationOptions(),
+	}
+}
+
+// AddFlags adds the mirrored flags (--client-ca-file, --token-auth-file,
+// --authorization-mode, --feature-gates, ...) to fs.
+func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
+	o.authnFlags = pflag.NewFlagSet("authentication", pflag.ContinueOnError)
+	o.Authentication.AddFlags(o.authnFlags)
+	o.authzFlags = pflag.NewFlagSet("authorization", pflag.ContinueOnError)
+	o.Authorization.AddFlags(o.authzFlags)
+	fs.AddFlagSet(o.authnFlags)
+	fs.AddFlagSet(o.authzFlags)
+	if fs.Lookup("feature-gates") == nil {
+		utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
+	}
+}
+
+// Complete applies kube-apiserver's own completion (the default
+// authorization mode, anonymous auth adjusted to it) and validates.
+func (o *APIServerOptions) Complete() error {
+	var errs []error
+	o.Authorization.Complete()
+	o.Authentication.ApplyAuthorization(o.Authorization)
+	errs = append(errs, o.Authentication.Validate()...)
+	errs = append(errs, o.Authorization.Validate()...)
+	if len(errs) > 0 {
+		return fmt.Errorf("the mirrored kube-apiserver flags are not valid: %w", utilerrors.NewAggregate(errs))
+	}
+	return nil
+}
+
+// AuthenticationGiven reports whether any authentication flag was given:
+// without them the replay cannot know how the apiserver authenticates,
+// and says so instead of guessing.
+func (o *APIServerOptions) AuthenticationGiven() bool { return anyChanged(o.authnFlags) }
+
+// AuthorizationGiven reports whether --authorization-mode or
+// --authorization-config (or another authorization flag) was given.
+func (o *APIServerOptions) AuthorizationGiven() bool { return anyChanged(o.authzFlags) }
+
+func anyChanged(fs *pflag.FlagSet) bool {
+	if fs == nil {
+		return false
+	}
+	changed := false
+	fs.VisitAll(func(f *pflag.Flag) { changed = changed || f.Changed })
+	return changed
+}
+
+// ClientCAFile is --client-ca-file.
+func (o *APIServerOptions) ClientCAFile() string {
+	if o == nil || o.Authentication.ClientCert == nil {
+		return ""
+	}
+	return o.Authentication.ClientCert.ClientCA
+}
+
+// RequestHeader are the --requestheader-* flags.
+type RequestHeader struct {
+	ClientCAFile        string
+	AllowedNames        []string
+	UsernameHeaders     []string
+	UIDHeaders          []string
+	GroupHeaders        []string
+	ExtraHeaderPrefixes []string
+}
+
+// RequestHeader returns the --requestheader-* flags.
+func (o *APIServerOptions) RequestHeader() RequestHeader {
+	if o == nil || o.Authentication.RequestHeader == nil {
+		return RequestHeader{}
+	}
+	r := o.Authentication.RequestHeader
+	return RequestHeader{ClientCAFile: r.ClientCAFile, AllowedNames: r.AllowedNames,
+		UsernameHeaders: r.UsernameHeaders, UIDHeaders: r.UIDHeaders, GroupHeaders: r.GroupHeaders,
+		ExtraHeaderPrefixes: r.ExtraHeaderPrefixes}
+}
+
+// notGiven explains a stage that lacks the apiserver's configuration.
+func notGiven(what, flags string) error {
+	return errors.New("kproxy was not given the apiserver's " + what + " flags (" + flags +
+		"): pass them to kproxy serve as the apiserver has them, so the replay can know")
+}
+
+// ParseAPIServerArgs reads a kube-apiserver command line (its flags, as in
+// a static-pod manifest) into o, for every mirrored flag the command line
+// fs did not already set: flags given to kproxy win. Only the mirrored
+// flags are read (the apiserver's --tls-cert-file is its own, not
+// kproxy's). It returns the apiserver flags kproxy ignores.
+func (o *APIServerOptions) ParseAPIServerArgs(fs *pflag.FlagSet, args []string) (ignored []string, err error) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if !strings.HasPrefix(a, "--") {
+			continue // the binary's name, or a value of a flag kproxy ignores
+		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		f := fs.Lookup(name)
+		if f == nil || !o.mirrors(name) {
+			ignored = append(ignored, "--"+name)
+			continue
+		}
+		if !hasValue {
+			if f.NoOptDefVal != "" {
+				value = f.NoOptDefVal
+			} else if i+1 < len(args) {
+				i++
+				value = args[i]
+			}
+		}
+		if f.Changed {
+			continue
+		}
+		if err := fs.Set(name, value); err != nil {
+			return ignored, fmt.Errorf("apiserver flag --%s=%s: %w", name, value, err)
+		}
+	}
+	return ignored, nil
+}
+
+// mirrors reports whether name is one of the mirrored apiserver flags.
+func (o *APIServerOptions) mirrors(name string) bool {
+	return name == "feature-gates" || (o.authnFlags != nil && o.authnFlags.Lookup(name) != nil) ||
+		(o.authzFlags != nil && o.authzFlags.Lookup(name) != nil)
+}
+
+// APIServerOptionsFromArgs is NewAPIServerOptions with a kube-apiserver
+// command line applied (tests, the demo).
+func APIServerOptionsFromArgs(args []string) (*APIServerOptions, []string, error) {
+	o := NewAPIServerOptions()
+	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	ignored, err := o.ParseAPIServerArgs(fs, args)
+	return o, ignored, err
+}

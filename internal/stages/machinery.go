@@ -1,0 +1,194 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/server/mux"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	utilflowcontrol "k8s.io/apiserver/pkg/util/flowcontrol"
+	"k8s.io/client-go/informers"
+	typedv1core "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/kubernetes/pkg/controller/serviceaccount"
+	"k8s.io/kubernetes/pkg/features"
+	"k8s.io/kubernetes/plugin/pkg/auth/authenticator/token/bootstrap"
+)
+
+// replayServerID names kproxy's replay where the apiserver's code wants an
+// apiserver identity (metrics labels, config reload).
+const replayServerID = "kproxy-replay"
+
+// machinery is the apiserver's own request machinery, assembled once from
+// the mirrored flags over the cluster state exactly as kube-apiserver
+// assembles it (options -> config -> New), and shared by the stages.
+type machinery struct {
+	authn         authenticator.Request
+	authnErr      error // why authentication cannot be replayed
+	apiAudiences  authenticator.Audiences
+	requestHeader *authenticatorfactory.RequestHeaderConfig
+
+	authz        authorizer.Authorizer
+	ruleResolver authorizer.RuleResolver
+	authzErr     error // why authorization cannot be replayed
+
+	// apf is the apiserver's API Priority and Fairness controller, fed
+	// the cluster's flowcontrol objects; it only classifies here.
+	apf      utilflowcontrol.Interface
+	apfReady func() bool
+
+	state *ClusterState
+}
+
+func buildMachinery(ctx context.Context, cfg Config) *machinery {
+	m := &machinery{state: cfg.State}
+	o := cfg.APIServer
+	switch {
+	case o == nil || !o.AuthenticationGiven():
+		m.authnErr = notGiven("authentication", "--client-ca-file, --token-auth-file, --service-account-key-file, --authentication-config, ...")
+	case cfg.State == nil:
+		m.authnErr = fmt.Errorf("no cluster state to replay authentication against")
+	default:
+		m.authnErr = m.buildAuthentication(ctx, o, cfg.State)
+	}
+	switch {
+	case o == nil || !o.AuthorizationGiven():
+		m.authzErr = notGiven("authorization", "--authorization-mode or --authorization-config")
+	case cfg.State == nil:
+		m.authzErr = fmt.Errorf("no cluster state to replay authorization against")
+	default:
+		m.authzErr = m.buildAuthorization(ctx, o, cfg.State)
+	}
+	if cfg.State != nil {
+		m.buildFlowControl(ctx, cfg.State)
+	}
+	return m
+}
+
+// buildFlowControl runs the APF controller as kube-apiserver does, with a
+// concurrency limit so large that the replay's own bookkeeping never
+// queues or rejects: kproxy classifies, the real apiserver admits.
+func (m *machinery) buildFlowControl(ctx context.Context, s *ClusterState) {
+	m.apf = utilflowcontrol.New(s.Informers, s.Client.FlowcontrolV1(), 1<<20)
+	plLister := s.Informers.Flowcontrol().V1().PriorityLevelConfigurations().Lister()
+	debug := mux.NewPathRecorderMux("kproxy-apf")
+	m.apf.Install(debug)
+	var ready atomic.Bool
+	m.apfReady = func() bool {
+		if ready.Load() {
+			return true
+		}
+		if !s.Synced() {
+			return false
+		}
+		// The controller digests the informers' objects asynchronously;
+		// it is ready once every priority level (digested together with
+		// the flow schemas) appears in its own dump.
+		pls, err := plLister.List(labels.Everything())
+		if err != nil || len(pls) == 0 {
+			return false
+		}
+		w := httptest.NewRecorder()
+		debug.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/debug/api_priority_and_fairness/dump_priority_levels", nil))
+		known := map[string]bool{}
+		for _, line := range strings.Split(w.Body.String(), "\n") {
+			if f := strings.Fields(line); len(f) > 0 {
+				known[strings.TrimSuffix(f[0], ",")] = true
+			}
+		}
+		for _, pl := range pls {
+			if !known[pl.Name] {
+				return false
+			}
+		}
+		ready.Store(true)
+		return true
+	}
+	go func() { _ = m.apf.Run(ctx.Done()) }()
+}
+
+// buildAuthentication follows kube-apiserver's BuiltInAuthenticationOptions
+// ApplyTo: the same config, with the same getters, over kproxy's
+// read-only state.
+func (m *machinery) buildAuthentication(ctx context.Context, o *APIServerOptions, s *ClusterState) error {
+	ac, err := o.Authentication.ToAuthenticationConfig()
+	if err != nil {
+		return fmt.Errorf("authentication flags: %w", err)
+	}
+	f := s.Informers
+	var nodes corelisters.NodeLister
+	if utilfeature.DefaultFeatureGate.Enabled(features.ServiceAccountTokenNodeBindingValidation) {
+		nodes = f.Core().V1().Nodes().Lister()
+	}
+	// Secrets are never cached by kproxy: a legacy service-account token's
+	// secret is read when needed (an empty lister always misses).
+	noSecrets := corelisters.NewSecretLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}))
+	ac.ServiceAccountTokenGetter = serviceaccount.NewGetterFromClient(s.Client, noSecrets,
+		f.Core().V1().ServiceAccounts().Lister(), f.Core().V1().Pods().Lister(), nodes,
+		f.Admissionregistration().V1().ValidatingWebhookConfigurations().Lister(),
+		f.Admissionregistration().V1().MutatingWebhookConfigurations().Lister())
+	// The legacy token validator records "last used" on the secret: the
+	// replay must not, so its writes go nowhere.
+	ac.SecretsWriter = discardSecretWrites{}
+	if ac.BootstrapToken {
+		// Only bootstrap-token secrets, only in kube-system, as the
+		// apiserver itself reads them.
+		bf := informers.NewSharedInformerFactoryWithOptions(s.Client, 0, informers.WithNamespace(metav1.NamespaceSystem),
+			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.FieldSelector = "type=bootstrap.kubernetes.io/token" }))
+		ac.BootstrapTokenAuthenticator = bootstrap.NewTokenAuthenticator(bf.Core().V1().Secrets().Lister().Secrets(metav1.NamespaceSystem))
+		s.extra = append(s.extra, bf)
+	}
+	ac.APIServerID = replayServerID
+	authn, _, _, _, err := ac.New(ctx)
+	if err != nil {
+		return fmt.Errorf("build the apiserver's authenticator: %w", err)
+	}
+	m.authn = authn
+	m.requestHeader = ac.RequestHeaderConfig
+	m.apiAudiences = o.Authentication.APIAudiences
+	if sa := o.Authentication.ServiceAccounts; sa != nil && len(sa.Issuers) != 0 && len(m.apiAudiences) == 0 {
+		m.apiAudiences = authenticator.Audiences(sa.Issuers)
+	}
+	return nil
+}
+
+// buildAuthorization follows kube-apiserver's BuildAuthorizer: the
+// authorizer chain of --authorization-mode or --authorization-config
+// (Node with its graph, RBAC, Webhook, ABAC, AlwaysAllow/Deny), with
+// system:masters in front as in the apiserver.
+func (m *machinery) buildAuthorization(ctx context.Context, o *APIServerOptions, s *ClusterState) error {
+	azc, err := o.Authorization.ToAuthorizationConfig(s.Informers)
+	if err != nil {
+		return fmt.Errorf("authorization flags: %w", err)
+	}
+	authz, rr, err := azc.New(ctx, replayServerID)
+	if err != nil {
+		return fmt.Errorf("build the apiserver's authorizer: %w", err)
+	}
+	m.authz, m.ruleResolver = authz, rr
+	return nil
+}
+
+// discardSecretWrites is the legacy token validator's secrets writer: it
+// only ever patches a "last used" label, which the replay drops.
+type discardSecretWrites struct{}
+
+func (discardSecretWrites) Secrets(ns string) typedv1core.SecretInterface { return discardSecret{} }
+
+type discardSecret struct{ typedv1core.SecretInterface }
+
+func (discardSecret) Patch(_ context.Context, name string, _ types.PatchType, _ []byte, _ metav1.PatchOptions, _ ...string) (*corev1.Secret, error) {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}}, nil
+}

@@ -1,0 +1,89 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// ClusterState is the replay's read-only view of the cluster: shared
+// informers on the upstream (one list, then watch), and a client that can
+// only read, so that nothing the replay runs can write to the cluster.
+type ClusterState struct {
+	Client    kubernetes.Interface
+	Informers informers.SharedInformerFactory
+	// extra are narrower factories (bootstrap-token secrets in
+	// kube-system), started and synced with Informers.
+	extra  []informers.SharedInformerFactory
+	synced func() bool
+}
+
+// NewClusterState builds the state over kproxy's own client config.
+// Informers are registered by the stages that need them; Start runs them.
+func NewClusterState(cfg *rest.Config) (*ClusterState, error) {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = 50, 100
+	cfg.UserAgent = "kproxy-replay"
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return readOnly{rt} })
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replay client: %w", err)
+	}
+	return &ClusterState{Client: cs, Informers: informers.NewSharedInformerFactory(cs, 0)}, nil
+}
+
+// Start runs the informers and waits, at most timeout, for their caches.
+// It returns an error if they did not sync in time: predictions stay
+// unknown until they do.
+func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
+	all := append([]informers.SharedInformerFactory{s.Informers}, s.extra...)
+	for _, f := range all {
+		f.Start(ctx.Done())
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var missing []string
+	for _, f := range all {
+		for typ, ok := range f.WaitForCacheSync(wctx.Done()) {
+			if !ok {
+				missing = append(missing, typ.String())
+			}
+		}
+	}
+	s.synced = func() bool {
+		for _, f := range all {
+			for _, ok := range f.WaitForCacheSync(closed) {
+				if !ok {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("cluster state not synced after %v: %v (kproxy's identity may lack list/watch on them)", timeout, missing)
+	}
+	return nil
+}
+
+var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// Synced reports whether every informer has synced.
+func (s *ClusterState) Synced() bool { return s != nil && s.synced != nil && s.synced() }
+
+// readOnly refuses every request that could change the cluster.
+type readOnly struct{ rt http.RoundTripper }
+
+func (r readOnly) RoundTrip(req *http.Request) (*http.Response, error) {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return r.rt.RoundTrip(req)
+	}
+	return nil, errors.New("the kproxy replay is read-only: refused " + req.Method + " " + req.URL.Path)
+}
