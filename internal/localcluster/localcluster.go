@@ -200,6 +200,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--api-audiences=https://kubernetes.default.svc.cluster.local",
 		"--authorization-mode=Node,RBAC",
+		"--enable-bootstrap-token-auth=true",
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--requestheader-client-ca-file=" + c.FrontProxyCAFile,
 		"--requestheader-allowed-names=front-proxy-client",

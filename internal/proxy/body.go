@@ -75,32 +75,3 @@ func (t *teeBody) bytesRead() int64 {
 	defer t.mu.Unlock()
 	return t.n
 }
-
-// captureBody keeps up to limit bytes of a response body (error Status
-// bodies) while the client receives all of it.
-type captureBody struct {
-	rc    io.ReadCloser
-	limit int
-	mu    sync.Mutex
-	buf   bytes.Buffer
-}
-
-func (c *captureBody) Read(p []byte) (int, error) {
-	n, err := c.rc.Read(p)
-	if n > 0 {
-		c.mu.Lock()
-		if room := c.limit - c.buf.Len(); room > 0 {
-			c.buf.Write(p[:min(room, n)])
-		}
-		c.mu.Unlock()
-	}
-	return n, err
-}
-
-func (c *captureBody) Close() error { return c.rc.Close() }
-
-func (c *captureBody) bytes() []byte {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return bytes.Clone(c.buf.Bytes())
-}

@@ -158,17 +158,19 @@ func New(cfg Config) (*Proxy, error) {
 // exchange is one request's state, shared by the handler, the transport
 // hooks and the finisher.
 type exchange struct {
-	rec      *record.Record
-	ident    identity
-	actAs    user.Info // the user forwarded by impersonation
-	auditID  string
-	body     *teeBody
-	respBody *captureBody
-	respCT   string
-	upStart  time.Time
-	upEnd    time.Time
-	start    time.Time
-	end      time.Time
+	rec     *record.Record
+	ident   identity
+	actAs   user.Info // the user forwarded by impersonation
+	auditID string
+	body    *teeBody
+	// errBody is the start of an error response's body (a Status), as the
+	// client received it, whoever wrote it: the upstream, or kproxy.
+	errBody []byte
+	errCT   string
+	upStart time.Time
+	upEnd   time.Time
+	start   time.Time
+	end     time.Time
 	// done is closed when the response has been relayed and rec's actual
 	// side is final.
 	done chan struct{}
@@ -212,11 +214,6 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.auditID = id
 	}
 	rw := &responseRecorder{ResponseWriter: w}
-	ex.ident = p.identify(r)
-	ex.rec.Identity = ex.ident.kind
-	if u := ex.ident.user; u != nil {
-		ex.rec.Request.User, ex.rec.Request.Groups = u.GetName(), u.GetGroups()
-	}
 
 	// The replay sees a copy taken before anything here touches r. It
 	// runs in one goroutine per request, which then waits for the response
@@ -227,6 +224,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	startReplay := func(body []byte, truncated bool) {
 		replayReq.Body, replayReq.BodyTruncated = body, truncated
 		go p.replayAndRecord(context.WithoutCancel(ctx), replayReq, ex)
+	}
+	// Identify after the copy: the front-proxy authenticator removes the
+	// X-Remote-* headers it consumed.
+	ex.ident = p.identify(r)
+	ex.rec.Identity = ex.ident.kind
+	if u := ex.ident.user; u != nil {
+		ex.rec.Request.User, ex.rec.Request.Groups = u.GetName(), u.GetGroups()
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, startReplay)
@@ -246,6 +250,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		ex.rec.Actual.Status = rw.status
 		ex.rec.Actual.ResponseBytes = rw.bytes
+		ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
 		span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
 		span.End()
 		ex.end = p.clock.Now()
@@ -349,11 +354,6 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	a.FlowSchemaUID = resp.Header.Get("X-Kubernetes-Pf-Flowschema-Uid")
 	a.PriorityLevelUID = resp.Header.Get("X-Kubernetes-Pf-Prioritylevel-Uid")
 	a.Warnings = resp.Header.Values("Warning")
-	if resp.StatusCode >= 400 && resp.Body != nil {
-		ex.respBody = &captureBody{rc: resp.Body, limit: maxStatusBody}
-		ex.respCT = resp.Header.Get("Content-Type")
-		resp.Body = ex.respBody
-	}
 	return nil
 }
 
@@ -406,8 +406,8 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	if !ex.upStart.IsZero() && !ex.upEnd.IsZero() {
 		rec.Latency.UpstreamNs = ex.upEnd.Sub(ex.upStart).Nanoseconds()
 	}
-	if ex.respBody != nil {
-		if st, ok := decode.Status(ex.respCT, ex.respBody.bytes()); ok {
+	if len(ex.errBody) > 0 {
+		if st, ok := decode.Status(ex.errCT, ex.errBody); ok {
 			rec.Actual.Reason, rec.Actual.Message = string(st.Reason), st.Message
 		}
 	}
@@ -469,6 +469,7 @@ type responseRecorder struct {
 	status      int
 	bytes       int64
 	wroteHeader bool
+	errBody     []byte // the first maxStatusBody bytes of an error response
 }
 
 func (w *responseRecorder) WriteHeader(code int) {
@@ -487,6 +488,9 @@ func (w *responseRecorder) Write(b []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(b)
 	w.bytes += int64(n)
+	if w.status >= 400 && len(w.errBody) < maxStatusBody {
+		w.errBody = append(w.errBody, b[:min(n, maxStatusBody-len(w.errBody))]...)
+	}
 	return n, err
 }
 

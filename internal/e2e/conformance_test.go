@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// corpusCase is one request of the conformance corpus, with the answer the
+// real apiserver gives it.
+type corpusCase struct {
+	Name        string              `json:"name"`
+	As          string              `json:"as"`
+	Method      string              `json:"method"`
+	Path        string              `json:"path"`
+	Headers     map[string][]string `json:"headers"`
+	Body        string              `json:"body"`
+	ContentType string              `json:"contentType"`
+	// Status is the real apiserver's answer.
+	Status int `json:"status"`
+	// Stage decides the request: one of the replayed stages, or "" when
+	// the request passes all of them (a later stage, or success, decides).
+	Stage string `json:"stage"`
+}
+
+// replayed are the stages this corpus checks; later stages are not
+// modelled yet and make a passing request's prediction unknown.
+var replayed = []string{"authentication", "impersonation", "flowcontrol", "authorization"}
+
+func loadCorpus(t *testing.T, dir string) map[string][]corpusCase {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no corpus in %s: %v", dir, err)
+	}
+	out := map[string][]corpusCase{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cases []corpusCase
+		if err := yaml.UnmarshalStrict(b, &cases); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		out[strings.TrimSuffix(filepath.Base(f), ".yaml")] = cases
+	}
+	return out
+}
+
+// TestAuthConformance runs every case of testdata/conformance/auth through
+// kproxy in front of the real apiserver and asserts that the prediction is
+// the apiserver's answer: status, deciding stage, reason and message, and
+// the APF classification.
+func TestAuthConformance(t *testing.T) {
+	corpus := loadCorpus(t, "../../testdata/conformance/auth")
+	f := setupFixtures(t)
+	stream := record.NewStream()
+	recs, dropped, cancel := stream.Subscribe(4096)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	r := reverseRoute(k)
+	got := map[string]*record.Record{}
+	next := func(id string) *record.Record {
+		deadline := time.After(30 * time.Second)
+		for got[id] == nil {
+			select {
+			case rec := <-recs:
+				got[rec.Actual.AuditID] = rec
+			case <-deadline:
+				t.Fatalf("no record for %s (dropped %d)", id, dropped())
+			}
+		}
+		return got[id]
+	}
+	files := make([]string, 0, len(corpus))
+	for name := range corpus {
+		files = append(files, name)
+	}
+	sort.Strings(files)
+	total := 0
+	for _, file := range files {
+		t.Run(file, func(t *testing.T) {
+			for i, c := range corpus[file] {
+				total++
+				t.Run(c.Name, func(t *testing.T) {
+					id := fmt.Sprintf("corpus-%s-%03d", file, i)
+					token, cert := f.credentials(t, c.As)
+					h := http.Header{"Audit-Id": {id}}
+					for k, v := range c.Headers {
+						h[http.CanonicalHeaderKey(k)] = v
+					}
+					if token != "" {
+						h.Set("Authorization", "Bearer "+token)
+					}
+					method := c.Method
+					if method == "" {
+						method = "GET"
+					}
+					ex := do(t, r.client(cert), r.base, request{method: method, path: c.Path, body: c.Body, contentType: c.ContentType, header: h})
+					if ex.status != c.Status {
+						t.Fatalf("the apiserver answered %d, the corpus says %d: update the case (body %s)", ex.status, c.Status, ex.body)
+					}
+					rec := next(id)
+					checkPrediction(t, c, rec)
+				})
+			}
+		})
+	}
+	if total < 80 {
+		t.Errorf("the auth corpus has %d cases; it should cover at least 80", total)
+	}
+}
+
+func checkPrediction(t *testing.T, c corpusCase, rec *record.Record) {
+	t.Helper()
+	stage := map[string]record.StageResult{}
+	for _, s := range rec.Stages {
+		stage[s.Name] = s
+	}
+	p, a := rec.Predicted, rec.Actual
+	if c.Stage != "" {
+		want := record.Prediction{Status: a.Status, Stage: c.Stage, Reason: a.Reason, Message: a.Message}
+		got := record.Prediction{Status: p.Status, Stage: p.Stage, Reason: p.Reason, Message: p.Message}
+		if got != want {
+			t.Errorf("predicted %+v\n     actual %+v\n     stages %s", got, want, stageSummary(rec))
+		}
+		if s := stage[c.Stage]; s.Outcome != record.Reject || s.Explanation == "" {
+			t.Errorf("stage %s: %s %q, want reject with an explanation", c.Stage, s.Outcome, s.Explanation)
+		}
+	} else {
+		for _, name := range replayed {
+			if s := stage[name]; s.Outcome != record.Pass {
+				t.Errorf("stage %s: %s (%s), want pass", name, s.Outcome, s.Explanation)
+			}
+		}
+		if p.Stage != record.StageUnknown || !strings.Contains(p.Message, "decode") {
+			t.Errorf("predicted %+v: past the replayed stages the prediction is unknown until decode is modelled", p)
+		}
+	}
+	if c.Stage != "authentication" && c.Stage != "impersonation" && a.FlowSchema != "" {
+		if p.FlowSchema != a.FlowSchema || p.PriorityLevel != a.PriorityLevel {
+			t.Errorf("APF: predicted %s/%s, actual %s/%s", p.FlowSchema, p.PriorityLevel, a.FlowSchema, a.PriorityLevel)
+		}
+	}
+}
+
+func stageSummary(rec *record.Record) string {
+	var b strings.Builder
+	for _, s := range rec.Stages {
+		fmt.Fprintf(&b, "\n       %-21s %-7s %s", s.Name, s.Outcome, s.Explanation)
+	}
+	return b.String()
+}
