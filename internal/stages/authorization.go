@@ -67,7 +67,8 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	if tr.err != nil {
 		why += fmt.Sprintf(" (authorizer error: %v)", tr.err)
 	}
-	return Reject(st, fmt.Sprintf("denied for %s: %s", describeUser(req.User), why))
+	return Reject(st, fmt.Sprintf("denied for %s: %s%s", describeUser(req.User), why,
+		rbacExplainer{a.m.state}.explainDeny(req.User, tr.attrs)))
 }
 
 func orDefault(s, d string) string {
