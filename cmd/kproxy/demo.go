@@ -86,6 +86,10 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	if err := writeKubeconfig(upKubeconfig, c.URL, pki.CertPEM(c.CA.Cert), &clientcmdapi.AuthInfo{Token: tokenOf("kproxy")}); err != nil {
 		return err
 	}
+	manifest := filepath.Join(dir, "kube-apiserver.yaml")
+	if err := c.WriteManifest(manifest); err != nil {
+		return err
+	}
 	capture := filepath.Join(dir, "capture.jsonl")
 	_ = os.Remove(capture)
 	stream := record.NewStream()
@@ -187,8 +191,11 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	}
 	tw.Flush()
 	fmt.Fprintf(out, `
-Predictions say "unknown" until the replay stages are modelled; the stage
-verdicts are in the capture. Every request above went through kproxy:
+kproxy replays authentication, impersonation, flowcontrol and
+authorization with the apiserver's own code: what they reject is predicted
+exactly. The later stages are not modelled yet, so what those stages
+decide is predicted "unknown", honestly. Every request above went through
+kproxy, and each stage's explanation is in the capture:
   capture:    %s
   kubeconfig: %s   (admin through kproxy)
   kproxy log: %s
@@ -197,7 +204,9 @@ Try, from another terminal:
   export KUBECONFIG=%s
   %s get pods -A
   tail -f %s
-`, capture, kubeconfig, logFile.Name(), kubeconfig, kubectlPath(), capture)
+  ./bin/kproxy explain GET /api/v1/namespaces/kube-system/secrets --token alice-token \
+      --upstream-kubeconfig %s --apiserver-manifest %s
+`, capture, kubeconfig, logFile.Name(), kubeconfig, kubectlPath(), capture, upKubeconfig, manifest)
 	if exitAfter {
 		return nil
 	}

@@ -15,12 +15,9 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
@@ -155,13 +152,7 @@ func (e *env) startKproxy(name string, trace bool) (*target, error) {
 	// kproxy reads the apiserver's flags from a static-pod manifest, as on
 	// a kubeadm control plane.
 	manifest := filepath.Join(e.dir, "kube-apiserver.yaml")
-	pod := corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver", Namespace: "kube-system"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver", Command: append([]string{"kube-apiserver"}, e.cluster.APIServerFlags...)}}}}
-	mb, err := yaml.Marshal(pod)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(manifest, mb, 0o644); err != nil {
+	if err := e.cluster.WriteManifest(manifest); err != nil {
 		return nil, err
 	}
 	args := []string{"serve", "--listen=" + addr, "--upstream-kubeconfig=" + kc,

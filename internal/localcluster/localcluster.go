@@ -25,7 +25,10 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/pki"
 )
@@ -472,4 +475,20 @@ func (c *Cluster) Process(name, bin string, env []string, args ...string) (pid i
 		return 0, err
 	}
 	return c.procs[len(c.procs)-1].cmd.Process.Pid, nil
+}
+
+// WriteManifest writes the apiserver's command line as a kubeadm-style
+// static-pod manifest, the form kproxy's --apiserver-manifest reads.
+func (c *Cluster) WriteManifest(path string) error {
+	pod := corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver", Namespace: "kube-system"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "kube-apiserver",
+			Command: append([]string{"kube-apiserver"}, c.APIServerFlags...)}}},
+	}
+	b, err := yaml.Marshal(pod)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -118,6 +119,41 @@ func LoadUpstreamConfig(o *Options) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// NewReplay builds the replay pipeline over a read-only view of the
+// cluster through kproxy's own identity (cfg), and waits, at most
+// syncTimeout (default 60s), for that view to sync. Without credentials
+// there is no view: the stages that need it say "unknown". The pipeline's
+// machinery lives as long as ctx.
+func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, apiserver *stages.APIServerOptions,
+	tp trace.TracerProvider, syncTimeout time.Duration, log *slog.Logger) (*stages.Pipeline, error) {
+	var state *stages.ClusterState
+	if hasCredentials {
+		var err error
+		if state, err = stages.NewClusterState(cfg); err != nil {
+			return nil, err
+		}
+	}
+	pipeline := stages.New(ctx, stages.Config{TracerProvider: tp, APIServer: apiserver, State: state})
+	if state == nil {
+		return pipeline, nil
+	}
+	if syncTimeout == 0 {
+		syncTimeout = 60 * time.Second
+	}
+	log.Info("syncing the replay's cluster state", "timeout", syncTimeout)
+	if err := state.Start(ctx, syncTimeout); err != nil {
+		log.Warn("predictions stay unknown until the cluster state syncs (check kproxy's identity can list and watch RBAC, pods, nodes and flowcontrol objects)", "error", err)
+		return pipeline, nil
+	}
+	switch {
+	case !pipeline.WaitReady(ctx, syncTimeout):
+		log.Warn("the replay's APF controller has not digested the flow schemas yet; flowcontrol stays unknown until it has")
+	default:
+		log.Info("cluster state synced")
+	}
+	return pipeline, nil
+}
+
 // Server is a configured, not yet running kproxy.
 type Server struct {
 	opts     *Options
@@ -187,31 +223,11 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	// The replay's read-only view of the cluster, through kproxy's own
-	// identity. Without credentials there is none: stages that need it say
-	// "unknown".
-	var state *stages.ClusterState
-	if up.Impersonating != nil {
-		if state, err = stages.NewClusterState(cfg); err != nil {
-			return nil, err
-		}
-	}
 	replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))
 	s.shutdown = append(s.shutdown, func(context.Context) error { stopReplay(); return nil })
-	pipeline := stages.New(replayCtx, stages.Config{TracerProvider: tp, APIServer: o.APIServer, State: state})
-	if state != nil {
-		timeout := o.SyncTimeout
-		if timeout == 0 {
-			timeout = 60 * time.Second
-		}
-		log.Info("syncing the replay's cluster state", "timeout", timeout)
-		if err := state.Start(replayCtx, timeout); err != nil {
-			log.Warn("predictions stay unknown until the cluster state syncs", "error", err)
-		} else if !pipeline.WaitReady(replayCtx, timeout) {
-			log.Warn("the replay's APF controller has not digested the flow schemas yet; flowcontrol stays unknown until it has")
-		} else {
-			log.Info("cluster state synced")
-		}
+	pipeline, err := NewReplay(replayCtx, cfg, up.Impersonating != nil, o.APIServer, tp, o.SyncTimeout, log)
+	if err != nil {
+		return nil, err
 	}
 	pcfg := proxy.Config{
 		Upstream:          up.URL,

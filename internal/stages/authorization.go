@@ -63,7 +63,7 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 		return Pass(fmt.Sprintf("allowed for %s: %s", describeUser(req.User), orDefault(tr.reason, "an authorizer allowed it")))
 	}
 	st := out.status()
-	why := orDefault(tr.reason, "no authorizer allowed it")
+	why := orDefault(tr.reason, "no authorizer in the chain allowed it")
 	if tr.err != nil {
 		why += fmt.Sprintf(" (authorizer error: %v)", tr.err)
 	}

@@ -203,7 +203,13 @@ func ruleMisses(a authorizer.Attributes, rule rbacv1.PolicyRule) []string {
 	if !rbacv1helpers.VerbMatches(&rule, a.GetVerb()) {
 		m = append(m, fmt.Sprintf("verb %q", a.GetVerb()))
 	}
+	if a.IsResourceRequest() && len(rule.Resources) == 0 && len(rule.NonResourceURLs) > 0 {
+		return append(m, "resource: the rule is for non-resource URLs only")
+	}
 	if !a.IsResourceRequest() {
+		if len(rule.NonResourceURLs) == 0 {
+			return append(m, fmt.Sprintf("nonResourceURL %q: the rule is for resources only", a.GetPath()))
+		}
 		if !rbacv1helpers.NonResourceURLMatches(&rule, a.GetPath()) {
 			m = append(m, fmt.Sprintf("nonResourceURL %q", a.GetPath()))
 		}

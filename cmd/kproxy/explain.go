@@ -1,0 +1,297 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/trace/noop"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/serve"
+	"github.com/kproxy/kproxy/internal/stages"
+)
+
+type explainOptions struct {
+	serve      serve.Options
+	token      string
+	clientCert string
+	clientKey  string
+	as         string
+	asGroups   []string
+	asUID      string
+	file       string
+	output     string
+	contentTy  string
+	logLevel   string
+	manifest   string
+}
+
+func newExplainCommand() *cobra.Command {
+	o := &explainOptions{serve: serve.Options{APIServer: stages.NewAPIServerOptions()}}
+	cmd := &cobra.Command{
+		Use:   "explain METHOD PATH",
+		Short: "Replay one request through the apiserver's stages, without sending it, and say what would happen and why",
+		Long: `Replay one request through the apiserver's stages (authentication,
+impersonation, flowcontrol, authorization, ...) against the cluster's real
+state, without sending it, and print each stage's verdict and explanation.
+Think of it as "kubectl auth can-i" for the whole request path, with the
+reason.
+
+The identity comes from --token, or --client-cert (and --client-key), or,
+when neither is given, from kproxy's own kubeconfig credentials;
+--as/--as-group/--as-uid add Impersonate-* headers as kubectl --as does.
+The apiserver's configuration comes from the mirrored flags or
+--apiserver-manifest, as for kproxy serve.
+
+  kproxy explain GET /api/v1/namespaces/default/pods --token "$TOKEN" --apiserver-manifest kube-apiserver.yaml
+  kproxy explain DELETE /api/v1/namespaces/prod/pods/web-0 --as alice --as-group devs -o yaml
+  kproxy explain POST /api/v1/namespaces/default/configmaps -f cm.json --client-cert dave.crt`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) != 2 {
+				return fmt.Errorf("want METHOD PATH, e.g. `kproxy explain GET /api/v1/namespaces/default/pods`; got %d arguments", len(args))
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runExplain(cmd, o, strings.ToUpper(args[0]), args[1])
+		},
+	}
+	cmd.FParseErrWhitelist.UnknownFlags = true
+	f := cmd.Flags()
+	f.StringVar(&o.serve.UpstreamKubeconfig, "upstream-kubeconfig", "", "kubeconfig kproxy reads the cluster's state with (default: $KUBECONFIG, then ~/.kube/config)")
+	f.StringVar(&o.serve.UpstreamContext, "upstream-context", "", "context in --upstream-kubeconfig")
+	f.StringVar(&o.serve.Upstream, "upstream", "", "the apiserver's URL (default: the kubeconfig's server)")
+	f.StringVar(&o.token, "token", "", "bearer token to authenticate the request with")
+	f.StringVar(&o.clientCert, "client-cert", "", "client certificate (PEM) to authenticate the request with")
+	f.StringVar(&o.clientKey, "client-key", "", "the client certificate's key, checked to match it")
+	f.StringVar(&o.as, "as", "", "impersonate this user (Impersonate-User), as kubectl --as")
+	f.StringSliceVar(&o.asGroups, "as-group", nil, "impersonate this group (repeatable), as kubectl --as-group")
+	f.StringVar(&o.asUID, "as-uid", "", "impersonate this UID, as kubectl --as-uid")
+	f.StringVarP(&o.file, "filename", "f", "", "request body from this file (- for stdin)")
+	f.StringVar(&o.contentTy, "content-type", "", "the body's Content-Type (default: from the file: application/json or application/yaml)")
+	f.StringVarP(&o.output, "output", "o", "table", "table, json or yaml")
+	f.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	f.StringVar(&o.manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest to read the apiserver's flags from")
+	o.serve.APIServer.AddFlags(f)
+	return cmd
+}
+
+func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) error {
+	switch o.output {
+	case "table", "json", "yaml":
+	default:
+		return fmt.Errorf("-o %q: use table, json or yaml", o.output)
+	}
+	log := newLogger(o.logLevel)
+	serve.RouteKlog(log)
+	if o.manifest != "" {
+		args, err := manifestArgs(o.manifest)
+		if err != nil {
+			return err
+		}
+		if _, err := o.serve.APIServer.ParseAPIServerArgs(cmd.Flags(), args); err != nil {
+			return fmt.Errorf("--apiserver-manifest=%s: %w", o.manifest, err)
+		}
+	}
+	if err := o.serve.APIServer.Complete(); err != nil {
+		return err
+	}
+	u, err := url.ParseRequestURI(path)
+	if err != nil || !strings.HasPrefix(path, "/") {
+		return fmt.Errorf("PATH %q: want a request path such as /api/v1/namespaces/default/pods", path)
+	}
+	cfg, err := serve.LoadUpstreamConfig(&o.serve)
+	if err != nil {
+		return err
+	}
+	req, err := o.request(method, u, cfg.BearerToken, cfg.CertData, cmd.InOrStdin())
+	if err != nil {
+		return err
+	}
+	info, err := stages.ResolveRequestInfo(req)
+	if err != nil {
+		return fmt.Errorf("resolve %s %s: %w", method, path, err)
+	}
+	hasCreds := cfg.BearerToken != "" || cfg.BearerTokenFile != "" || len(cfg.CertData) > 0 || cfg.CertFile != "" || cfg.ExecProvider != nil || cfg.AuthProvider != nil
+	pipeline, err := serve.NewReplay(cmd.Context(), cfg, hasCreds, o.serve.APIServer, noop.NewTracerProvider(), o.serve.SyncTimeout, log)
+	if err != nil {
+		return err
+	}
+	var body []byte
+	if req.Body != nil {
+		body, _ = io.ReadAll(io.LimitReader(req.Body, stages.MaxBodyBytes+1))
+	}
+	sreq := &stages.Request{ID: "explain", Arrival: time.Now(), HTTP: req, Info: info,
+		Body: body, BodyTruncated: len(body) > stages.MaxBodyBytes}
+	out := pipeline.Run(cmd.Context(), sreq)
+	return printExplanation(cmd.OutOrStdout(), o.output, method, path, out)
+}
+
+// request builds the request to replay with the chosen identity.
+func (o *explainOptions) request(method string, u *url.URL, kubeToken string, kubeCert []byte, stdin io.Reader) (*http.Request, error) {
+	var body io.Reader
+	ct := o.contentTy
+	if o.file != "" {
+		var b []byte
+		var err error
+		if o.file == "-" {
+			b, err = io.ReadAll(stdin)
+		} else {
+			b, err = os.ReadFile(o.file)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("-f %s: %w", o.file, err)
+		}
+		if ct == "" {
+			ct = "application/json"
+			if strings.HasSuffix(o.file, ".yaml") || strings.HasSuffix(o.file, ".yml") {
+				ct = "application/yaml"
+			}
+		}
+		body = strings.NewReader(string(b))
+	}
+	req, err := http.NewRequest(method, "https://kproxy-explain"+u.RequestURI(), body)
+	if err != nil {
+		return nil, err
+	}
+	if ct != "" {
+		req.Header.Set("Content-Type", ct)
+	}
+	certPEM := kubeCert
+	token := kubeToken
+	if o.token != "" || o.clientCert != "" {
+		token, certPEM = o.token, nil
+	}
+	if o.clientCert != "" {
+		if certPEM, err = os.ReadFile(o.clientCert); err != nil {
+			return nil, fmt.Errorf("--client-cert: %w", err)
+		}
+		if o.clientKey != "" {
+			keyPEM, err := os.ReadFile(o.clientKey)
+			if err != nil {
+				return nil, fmt.Errorf("--client-key: %w", err)
+			}
+			if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+				return nil, fmt.Errorf("--client-cert and --client-key do not match: %w", err)
+			}
+		}
+	}
+	if len(certPEM) > 0 {
+		certs, err := parseCerts(certPEM)
+		if err != nil {
+			return nil, fmt.Errorf("client certificate: %w", err)
+		}
+		req.TLS = &tls.ConnectionState{HandshakeComplete: true, PeerCertificates: certs}
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if o.as != "" {
+		req.Header.Set("Impersonate-User", o.as)
+	}
+	for _, g := range o.asGroups {
+		req.Header.Add("Impersonate-Group", g)
+	}
+	if o.asUID != "" {
+		req.Header.Set("Impersonate-Uid", o.asUID)
+	}
+	return req, nil
+}
+
+func parseCerts(pemBytes []byte) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	for {
+		var blk *pem.Block
+		blk, pemBytes = pem.Decode(pemBytes)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
+		return nil, fmt.Errorf("no PEM certificate found")
+	}
+	return certs, nil
+}
+
+// explanation is explain's -o json|yaml document.
+type explanation struct {
+	Method    string               `json:"method"`
+	Path      string               `json:"path"`
+	Predicted record.Prediction    `json:"predicted"`
+	Stages    []record.StageResult `json:"stages"`
+}
+
+func printExplanation(w io.Writer, format, method, path string, out stages.Outcome) error {
+	doc := explanation{Method: method, Path: path, Predicted: out.Predicted, Stages: out.Stages}
+	switch format {
+	case "json":
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(w, string(b))
+		return err
+	case "yaml":
+		b, err := yaml.Marshal(doc)
+		if err != nil {
+			return err
+		}
+		_, err = w.Write(b)
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STAGE\tOUTCOME\tTIME\tEXPLANATION")
+	var details []string
+	for _, s := range out.Stages {
+		first, rest, _ := strings.Cut(s.Explanation, "\n")
+		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", s.Name, s.Outcome, time.Duration(s.DurationNs).Round(time.Microsecond), first)
+		if rest != "" {
+			details = append(details, s.Name+":\n"+indent(rest, "  "))
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "PREDICTION:", predictedString(out.Predicted))
+	if out.Predicted.Message != "" {
+		fmt.Fprintln(w, "  "+out.Predicted.Message)
+	}
+	if out.Predicted.FlowSchema != "" {
+		fmt.Fprintf(w, "  APF: FlowSchema %s, PriorityLevel %s\n", out.Predicted.FlowSchema, out.Predicted.PriorityLevel)
+	}
+	for _, d := range details {
+		fmt.Fprintln(w)
+		fmt.Fprint(w, d)
+		if !strings.HasSuffix(d, "\n") {
+			fmt.Fprintln(w)
+		}
+	}
+	return nil
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n") + "\n"
+}

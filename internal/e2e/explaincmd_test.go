@@ -1,0 +1,90 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestExplainCommand runs `kproxy explain` as a user would, against the
+// real cluster with the apiserver's manifest, and checks its verdicts.
+func TestExplainCommand(t *testing.T) {
+	f := setupFixtures(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kproxy")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/kproxy")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build kproxy: %v\n%s", err, out)
+	}
+	manifest := filepath.Join(dir, "kube-apiserver.yaml")
+	if err := cluster.WriteManifest(manifest); err != nil {
+		t.Fatal(err)
+	}
+	kc := filepath.Join(dir, "kproxy.kubeconfig")
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: cluster.URL, CertificateAuthorityData: pki.CertPEM(cluster.CA.Cert)}
+	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "kproxy-token"}
+	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
+	cfg.CurrentContext = "x"
+	if err := clientcmd.WriteToFile(*cfg, kc); err != nil {
+		t.Fatal(err)
+	}
+	certFile := filepath.Join(dir, "dave.crt")
+	if err := os.WriteFile(certFile, pki.CertPEM(f.certs["cert:dave"].Leaf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name      string
+		args      []string
+		status    int
+		stage     string
+		inMessage string
+	}{
+		{"token denied", []string{"GET", "/api/v1/namespaces/corpus/secrets", "--token", "alice-token"}, 403, "authorization", `User "alice" cannot list resource "secrets"`},
+		{"bad token", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "nope"}, 401, "authentication", "Unauthorized"},
+		{"as another user", []string{"GET", "/api/v1/namespaces/corpus/secrets/s2", "--as", "carol"}, 403, "authorization", `User "carol" cannot get resource "secrets"`},
+		{"impersonation refused", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token", "--as", "erin"}, 403, "impersonation", `User "alice" cannot impersonate`},
+		{"certificate", []string{"GET", "/api/v1/namespaces/corpus/pods", "--client-cert", certFile}, 403, "authorization", `User "dave" cannot list resource "pods"`},
+		{"allowed, later stages unknown", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token"}, 0, "unknown", "decode"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"explain"}, c.args...)
+			args = append(args, "-o", "json", "--upstream-kubeconfig", kc, "--apiserver-manifest", manifest)
+			cmd := exec.Command(bin, args...)
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("kproxy %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+			var doc struct {
+				Predicted record.Prediction    `json:"predicted"`
+				Stages    []record.StageResult `json:"stages"`
+			}
+			if err := json.Unmarshal(out, &doc); err != nil {
+				t.Fatalf("output is not JSON: %v\n%s", err, out)
+			}
+			p := doc.Predicted
+			if p.Status != c.status || p.Stage != c.stage || !strings.Contains(p.Message, c.inMessage) {
+				t.Errorf("predicted %+v, want %d at %s with %q", p, c.status, c.stage, c.inMessage)
+			}
+			if len(doc.Stages) != 9 {
+				t.Errorf("%d stages, want 9", len(doc.Stages))
+			}
+		})
+	}
+	// Bad input says what is wrong.
+	out, err := exec.Command(bin, "explain", "GET").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "want METHOD PATH") {
+		t.Errorf("explain with one argument: %v %s", err, out)
+	}
+}
