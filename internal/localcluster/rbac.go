@@ -24,6 +24,8 @@ var KproxyClusterRole = &rbacv1.ClusterRole{
 		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"*"}, Verbs: []string{"impersonate"}},
 		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}},
+		// The apiserver's version and feature gates.
+		{NonResourceURLs: []string{"/version", "/metrics"}, Verbs: []string{"get"}},
 	},
 }
 

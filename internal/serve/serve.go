@@ -223,6 +223,10 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 			return nil, err
 		}
 	}
+	if up.Impersonating != nil {
+		d := Discover(ctx, cfg, log)
+		ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
+	}
 	replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))
 	s.shutdown = append(s.shutdown, func(context.Context) error { stopReplay(); return nil })
 	pipeline, err := NewReplay(replayCtx, cfg, up.Impersonating != nil, o.APIServer, tp, o.SyncTimeout, log)

@@ -22,6 +22,7 @@ type APIServerOptions struct {
 	Authorization  *kubeoptions.BuiltInAuthorizationOptions
 
 	authnFlags, authzFlags *pflag.FlagSet
+	fs                     *pflag.FlagSet
 }
 
 // NewAPIServerOptions returns the options with kube-apiserver's defaults.
@@ -44,6 +45,27 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 	if fs.Lookup("feature-gates") == nil {
 		utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
 	}
+	o.fs = fs
+}
+
+// GivenFeatureGates are the gates set with --feature-gates: they win over
+// what kproxy discovers from the apiserver.
+func (o *APIServerOptions) GivenFeatureGates() map[string]bool {
+	out := map[string]bool{}
+	if o == nil || o.fs == nil {
+		return out
+	}
+	f := o.fs.Lookup("feature-gates")
+	if f == nil || !f.Changed {
+		return out
+	}
+	for _, kv := range strings.Split(f.Value.String(), ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if ok {
+			out[k] = v == "true"
+		}
+	}
+	return out
 }
 
 // Complete applies kube-apiserver's own completion (the default
