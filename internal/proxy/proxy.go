@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -354,6 +355,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	a.FlowSchemaUID = resp.Header.Get("X-Kubernetes-Pf-Flowschema-Uid")
 	a.PriorityLevelUID = resp.Header.Get("X-Kubernetes-Pf-Prioritylevel-Uid")
 	a.Warnings = resp.Header.Values("Warning")
+	a.RetryAfter = resp.Header.Get("Retry-After")
 	return nil
 }
 
@@ -409,6 +411,9 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	if len(ex.errBody) > 0 {
 		if st, ok := decode.Status(ex.errCT, ex.errBody); ok {
 			rec.Actual.Reason, rec.Actual.Message = string(st.Reason), st.Message
+		} else if strings.HasPrefix(ex.errCT, "text/plain") {
+			// Some answers are plain text (APF's 429, kproxy's 502).
+			rec.Actual.Message = strings.TrimSpace(string(ex.errBody))
 		}
 	}
 	if rec.Actual.AuditID == "" {

@@ -84,6 +84,8 @@ type Actual struct {
 	PriorityLevelUID string `json:"priorityLevelUID,omitempty"`
 	// Warnings are the apiserver's Warning headers.
 	Warnings []string `json:"warnings,omitempty"`
+	// RetryAfter is the Retry-After header of a 429 (or 503), in seconds.
+	RetryAfter string `json:"retryAfter,omitempty"`
 	// ResponseBytes is how many body bytes reached the client.
 	ResponseBytes int64 `json:"responseBytes,omitempty"`
 	// Error is set when no answer came from the upstream (kproxy answered).
