@@ -143,3 +143,56 @@ func applyYAML(t *testing.T, manifest string) {
 		t.Cleanup(func() { _ = ri.Delete(context.Background(), name, metav1.DeleteOptions{}) })
 	}
 }
+
+// TestAuthenticationExplanations checks that the authentication stage
+// names the authenticator that accepted the caller, and says what is
+// wrong with a rejected credential.
+func TestAuthenticationExplanations(t *testing.T) {
+	f := setupFixtures(t)
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(256)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	r := reverseRoute(k)
+	cases := []struct {
+		as      string
+		headers map[string]string
+		want    []string
+	}{
+		{"alice", nil, []string{"a token authenticator", `user "alice"`}},
+		{"cert:dave", nil, []string{"the x509 client-certificate authenticator", `CN="dave"`}},
+		{"sa:corpus/builder", nil, []string{"the service-account token authenticator", "system:serviceaccount:corpus:builder"}},
+		{"bootstrap:valid", nil, []string{"the bootstrap-token authenticator", "system:bootstrap:abcdef"}},
+		{"frontproxy", map[string]string{"X-Remote-User": "alice"}, []string{"the front-proxy (requestheader) authenticator"}},
+		{"none", nil, []string{"the anonymous authenticator"}},
+		{"sa:corpus/builder@other-audience", nil, []string{"is a JWT from issuer", "none of its audiences is one the apiserver accepts"}},
+		{"sa:corpus/ghost-deleted", nil, []string{"no longer exists"}},
+		{"bootstrap:expired", nil, []string{"bootstrap-token form (id \"bcdefg\")", "kube-system/bootstrap-token-bcdefg"}},
+		{"token:not-a-token", nil, []string{"invalid bearer token", "not a JWT"}},
+		{"cert:expired", nil, []string{"certificate has expired"}},
+	}
+	for i, c := range cases {
+		t.Run(c.as, func(t *testing.T) {
+			token, cert := f.credentials(t, c.as)
+			id := "authn-explain-" + string(rune('a'+i))
+			h := http.Header{"Audit-Id": {id}}
+			for k, v := range c.headers {
+				h.Set(k, v)
+			}
+			if token != "" {
+				h.Set("Authorization", "Bearer "+token)
+			}
+			do(t, r.client(cert), r.base, request{method: "GET", path: "/api/v1/namespaces/corpus/pods", header: h})
+			rec := waitRecord(t, recs, id)
+			authn := stageNamed(rec, "authentication")
+			for _, w := range c.want {
+				if !strings.Contains(authn.Explanation, w) {
+					t.Errorf("authentication explanation lacks %q:\n%s", w, authn.Explanation)
+				}
+			}
+			if token != "" && strings.Contains(authn.Explanation, token) {
+				t.Errorf("the explanation contains the token")
+			}
+		})
+	}
+}

@@ -64,13 +64,18 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	if out.passed {
 		u, _ := apirequest.UserFrom(out.req.Context())
 		req.User = u
-		return Pass(fmt.Sprintf("authenticated %s as %s", credentialKind(req.HTTP), describeUser(u)))
+		// The front-proxy authenticator consumes its headers.
+		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
+		return Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy), credentialKind(req.HTTP), describeUser(u)))
 	}
 	why := "no authenticator accepted the request's credentials"
 	if tr.err != nil {
 		why = tr.err.Error()
 	} else if tr.ok && tr.resp != nil {
 		why = fmt.Sprintf("the credentials are valid for audiences %v, but the apiserver accepts %v", tr.resp.Audiences, a.m.apiAudiences)
+	}
+	if t := a.m.describeToken(req.HTTP, req.Arrival); t != "" {
+		why += "\n" + t
 	}
 	return Reject(out.status(), fmt.Sprintf("%s rejected: %s", credentialKind(req.HTTP), why))
 }

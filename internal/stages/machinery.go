@@ -38,6 +38,7 @@ type machinery struct {
 	authn         authenticator.Request
 	authnErr      error // why authentication cannot be replayed
 	apiAudiences  authenticator.Audiences
+	saIssuers     []string
 	requestHeader *authenticatorfactory.RequestHeaderConfig
 
 	authz        authorizer.Authorizer
@@ -158,8 +159,11 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *APIServerOptions
 	m.authn = authn
 	m.requestHeader = ac.RequestHeaderConfig
 	m.apiAudiences = o.Authentication.APIAudiences
-	if sa := o.Authentication.ServiceAccounts; sa != nil && len(sa.Issuers) != 0 && len(m.apiAudiences) == 0 {
-		m.apiAudiences = authenticator.Audiences(sa.Issuers)
+	if sa := o.Authentication.ServiceAccounts; sa != nil {
+		m.saIssuers = sa.Issuers
+		if len(sa.Issuers) != 0 && len(m.apiAudiences) == 0 {
+			m.apiAudiences = authenticator.Audiences(sa.Issuers)
+		}
 	}
 	return nil
 }
