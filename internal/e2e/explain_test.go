@@ -168,7 +168,7 @@ func TestAuthenticationExplanations(t *testing.T) {
 		{"sa:corpus/builder@other-audience", nil, []string{"is a JWT from issuer", "none of its audiences is one the apiserver accepts"}},
 		{"sa:corpus/ghost-deleted", nil, []string{"no longer exists"}},
 		{"bootstrap:expired", nil, []string{"bootstrap-token form (id \"bcdefg\")", "kube-system/bootstrap-token-bcdefg"}},
-		{"token:not-a-token", nil, []string{"invalid bearer token", "not a JWT"}},
+		{"token:not-a-token", nil, []string{"unknown token" /* the token webhook's answer */, "not a JWT"}},
 		{"cert:expired", nil, []string{"certificate has expired"}},
 	}
 	for i, c := range cases {

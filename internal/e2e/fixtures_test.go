@@ -69,6 +69,8 @@ func setupFixtures(t *testing.T) *fixtures {
 			Rules: []rbacv1.PolicyRule{rule(s(""), s("pods"), s("get", "list", "watch"))}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "alice-pod-reader", Namespace: corpusNS},
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pod-reader"}, Subjects: []rbacv1.Subject{subject(rbacv1.UserKind, "alice")}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "oidc-pod-reader", Namespace: corpusNS},
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pod-reader"}, Subjects: []rbacv1.Subject{subject(rbacv1.GroupKind, "oidc:devs")}},
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "corpus-cm-editor"},
 			Rules: []rbacv1.PolicyRule{rule(s(""), s("configmaps"), s("*"))}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "qa-cm-editor", Namespace: corpusNS},
@@ -223,6 +225,12 @@ func (f *fixtures) credentials(t *testing.T, as string) (token string, cert *tls
 		return "", nil
 	case strings.HasPrefix(as, "token:"):
 		return strings.TrimPrefix(as, "token:"), nil
+	case strings.HasPrefix(as, "oidc:"):
+		tok, err := idp.token(as)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok, nil
 	case strings.HasPrefix(as, "sa:"), strings.HasPrefix(as, "bootstrap:"):
 		tok, ok := f.tokens[as]
 		if !ok {

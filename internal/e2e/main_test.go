@@ -25,8 +25,12 @@ import (
 	"github.com/kproxy/kproxy/internal/telemetry"
 )
 
-// cluster is shared by every test in the package.
-var cluster *localcluster.Cluster
+// cluster is shared by every test in the package; idp serves its
+// external authenticators and authorizer.
+var (
+	cluster *localcluster.Cluster
+	idp     *identityServers
+)
 
 const testNS = "kproxy-e2e"
 
@@ -38,8 +42,18 @@ func run(m *testing.M) int {
 	serve.RouteKlog(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var err error
-	cluster, err = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr})
+	dir, err := os.MkdirTemp("", "kproxy-e2e-idp-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if idp, err = startIdentityServers(dir); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: identity servers:", err)
+		return 1
+	}
+	defer idp.close()
+	cluster, err = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, ExtraAPIServerFlags: idp.flags, AuthorizationMode: "Node,RBAC,Webhook"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
 		return 1

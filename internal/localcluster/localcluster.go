@@ -60,6 +60,8 @@ type Options struct {
 	BinDir string
 	// ExtraAPIServerFlags are appended to the apiserver's command line.
 	ExtraAPIServerFlags []string
+	// AuthorizationMode is --authorization-mode (default Node,RBAC).
+	AuthorizationMode string
 	// Log receives progress lines; nil means silent.
 	Log io.Writer
 }
@@ -202,7 +204,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--service-account-signing-key-file=" + f("sa.key"),
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--api-audiences=https://kubernetes.default.svc.cluster.local",
-		"--authorization-mode=Node,RBAC",
+		"--authorization-mode=" + orDefault(o.AuthorizationMode, "Node,RBAC"),
 		"--enable-bootstrap-token-auth=true",
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--requestheader-client-ca-file=" + c.FrontProxyCAFile,
@@ -491,4 +493,11 @@ func (c *Cluster) WriteManifest(path string) error {
 		return err
 	}
 	return os.WriteFile(path, b, 0o644)
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
 }

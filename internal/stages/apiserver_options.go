@@ -141,6 +141,10 @@ func notGiven(what, flags string) error {
 // flags are read (the apiserver's --tls-cert-file is its own, not
 // kproxy's). It returns the apiserver flags kproxy ignores.
 func (o *APIServerOptions) ParseAPIServerArgs(fs *pflag.FlagSet, args []string) (ignored []string, err error) {
+	// Flags given to kproxy itself win; within the apiserver's command
+	// line, the last occurrence wins, as it does for the apiserver.
+	given := map[string]bool{}
+	fs.Visit(func(f *pflag.Flag) { given[f.Name] = true })
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if !strings.HasPrefix(a, "--") {
@@ -160,7 +164,7 @@ func (o *APIServerOptions) ParseAPIServerArgs(fs *pflag.FlagSet, args []string) 
 				value = args[i]
 			}
 		}
-		if f.Changed {
+		if given[name] {
 			continue
 		}
 		if err := fs.Set(name, value); err != nil {
