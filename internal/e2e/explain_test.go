@@ -185,6 +185,16 @@ func TestAuthenticationExplanations(t *testing.T) {
 			do(t, r.client(cert), r.base, request{method: "GET", path: "/api/v1/namespaces/corpus/pods", header: h})
 			rec := waitRecord(t, recs, id)
 			authn := stageNamed(rec, "authentication")
+			if c.as == "alice" {
+				// alice may list pods in corpus: the allow names the rule.
+				authz := stageNamed(rec, "authorization").Explanation
+				for _, w := range []string{`RBAC: allowed by RoleBinding "alice-pod-reader/corpus"`,
+					`Role pod-reader via RoleBinding corpus/alice-pod-reader: {apiGroups [""] resources [pods] verbs [get list watch]}`} {
+					if !strings.Contains(authz, w) {
+						t.Errorf("authorization explanation lacks %q:\n%s", w, authz)
+					}
+				}
+			}
 			for _, w := range c.want {
 				if !strings.Contains(authn.Explanation, w) {
 					t.Errorf("authentication explanation lacks %q:\n%s", w, authn.Explanation)

@@ -60,7 +60,8 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	tr := &authzTrace{}
 	out := a.f.run(requestFor(context.WithValue(ctx, authzTraceKey{}, tr), req, req.User))
 	if out.passed {
-		return Pass(fmt.Sprintf("allowed for %s: %s", describeUser(req.User), orDefault(tr.reason, "an authorizer allowed it")))
+		return Pass(fmt.Sprintf("allowed for %s: %s%s", describeUser(req.User), orDefault(tr.reason, "an authorizer allowed it"),
+			rbacExplainer{a.m.state}.explainAllow(req.User, tr.attrs)))
 	}
 	st := out.status()
 	why := orDefault(tr.reason, "no authorizer in the chain allowed it")

@@ -67,20 +67,7 @@ func (e rbacExplainer) explainDeny(u user.Info, a authorizer.Attributes) string 
 	if e.s == nil || u == nil || a == nil {
 		return ""
 	}
-	r := e.s.Informers.Rbac().V1()
-	var all []binding
-	if crbs, err := r.ClusterRoleBindings().Lister().List(labels.Everything()); err == nil {
-		for _, b := range crbs {
-			all = append(all, binding{"ClusterRoleBinding", "", b.Name, b.RoleRef, b.Subjects})
-		}
-	}
-	if rbs, err := r.RoleBindings().Lister().List(labels.Everything()); err == nil {
-		for _, b := range rbs {
-			all = append(all, binding{"RoleBinding", b.Namespace, b.Name, b.RoleRef, b.Subjects})
-		}
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].String() < all[j].String() })
-
+	all := e.bindings()
 	var mine, elsewhere, otherSubjects []string
 	var misses []miss
 	for _, b := range all {
@@ -153,6 +140,55 @@ func hint(b binding, rules []rbacv1.PolicyRule) bool {
 		}
 	}
 	return false
+}
+
+// explainAllow names the rules that allow the request, from the bindings
+// of u in scope (RBAC's reason names only the first binding).
+func (e rbacExplainer) explainAllow(u user.Info, a authorizer.Attributes) string {
+	if e.s == nil || u == nil || a == nil {
+		return ""
+	}
+	var lines []string
+	for _, b := range e.bindings() {
+		if b.namespace != "" && b.namespace != a.GetNamespace() {
+			continue
+		}
+		applies := false
+		for _, s := range b.subjects {
+			applies = applies || subjectMatches(u, s, b.namespace)
+		}
+		if !applies {
+			continue
+		}
+		rules, _ := e.rules(b)
+		for _, r := range rules {
+			if len(ruleMisses(a, r)) == 0 {
+				lines = append(lines, fmt.Sprintf("%s %s via %s: %s", b.roleRef.Kind, b.roleRef.Name, b, describeRule(r)))
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return "\nrules that allow it:\n  " + strings.Join(lines, "\n  ")
+}
+
+// bindings lists every ClusterRoleBinding and RoleBinding, sorted.
+func (e rbacExplainer) bindings() []binding {
+	r := e.s.Informers.Rbac().V1()
+	var all []binding
+	if crbs, err := r.ClusterRoleBindings().Lister().List(labels.Everything()); err == nil {
+		for _, b := range crbs {
+			all = append(all, binding{"ClusterRoleBinding", "", b.Name, b.RoleRef, b.Subjects})
+		}
+	}
+	if rbs, err := r.RoleBindings().Lister().List(labels.Everything()); err == nil {
+		for _, b := range rbs {
+			all = append(all, binding{"RoleBinding", b.Namespace, b.Name, b.RoleRef, b.Subjects})
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].String() < all[j].String() })
+	return all
 }
 
 // rules resolves a binding's role, saying so when it does not exist.
