@@ -17,8 +17,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
@@ -82,8 +80,8 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	}
 
 	// kproxy's own identity: the "kproxy" token user.
-	upKubeconfig := filepath.Join(dir, "kproxy-upstream.kubeconfig")
-	if err := writeKubeconfig(upKubeconfig, c.URL, pki.CertPEM(c.CA.Cert), &clientcmdapi.AuthInfo{Token: tokenOf("kproxy")}); err != nil {
+	upKubeconfig, err := c.UpstreamKubeconfig(dir)
+	if err != nil {
 		return err
 	}
 	manifest := filepath.Join(dir, "kube-apiserver.yaml")
@@ -127,7 +125,7 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	kproxyCA := pki.CertPEM(s.CA.Cert)
 
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := writeKubeconfig(kubeconfig, kproxyURL, kproxyCA, &clientcmdapi.AuthInfo{Token: tokenOf("admin")}); err != nil {
+	if err := localcluster.WriteKubeconfig(kubeconfig, kproxyURL, kproxyCA, tokenOf("admin")); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "kproxy %s listening on %s, in front of %s\n\n", version, kproxyURL, c.URL)
@@ -268,15 +266,6 @@ func tokenOf(name string) string {
 		}
 	}
 	return ""
-}
-
-func writeKubeconfig(path, server string, ca []byte, user *clientcmdapi.AuthInfo) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kproxy-demo"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
-	cfg.AuthInfos["kproxy-demo"] = user
-	cfg.Contexts["kproxy-demo"] = &clientcmdapi.Context{Cluster: "kproxy-demo", AuthInfo: "kproxy-demo", Namespace: "default"}
-	cfg.CurrentContext = "kproxy-demo"
-	return clientcmd.WriteToFile(*cfg, path)
 }
 
 func kubectlPath() string {

@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
@@ -136,7 +134,7 @@ func (e *env) buildKproxy() error {
 // tracing to Jaeger.
 func (e *env) startKproxy(name string, trace bool) (*target, error) {
 	kc := filepath.Join(e.dir, name+"-upstream.kubeconfig")
-	if err := writeKubeconfig(kc, e.cluster.URL, pki.CertPEM(e.cluster.CA.Cert), "kproxy-token"); err != nil {
+	if err := localcluster.WriteKubeconfig(kc, e.cluster.URL, pki.CertPEM(e.cluster.CA.Cert), "kproxy-token"); err != nil {
 		return nil, err
 	}
 	ports, err := localcluster.FreePorts(1)
@@ -192,7 +190,7 @@ func (e *env) startKubectlProxy() (*target, error) {
 		return nil, err
 	}
 	kc := filepath.Join(e.dir, "admin.kubeconfig")
-	if err := writeKubeconfig(kc, e.cluster.URL, pki.CertPEM(e.cluster.CA.Cert), "admin-token"); err != nil {
+	if err := localcluster.WriteKubeconfig(kc, e.cluster.URL, pki.CertPEM(e.cluster.CA.Cert), "admin-token"); err != nil {
 		return nil, err
 	}
 	ports, err := localcluster.FreePorts(1)
@@ -227,15 +225,6 @@ func waitReady(t *target) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("%s not ready: %v", t.name, last)
-}
-
-func writeKubeconfig(path, server string, ca []byte, token string) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: ca}
-	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: token}
-	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	cfg.CurrentContext = "x"
-	return clientcmd.WriteToFile(*cfg, path)
 }
 
 // procStat returns a process's CPU time (user+system) and resident set.

@@ -22,12 +22,7 @@ import (
 // miss, bindings that almost apply, and a Role and RoleBinding that, once
 // applied, really make the apiserver allow the request.
 func TestAuthorizationExplanations(t *testing.T) {
-	f := setupFixtures(t)
-	stream := record.NewStream()
-	recs, _, cancel := stream.Subscribe(256)
-	defer cancel()
-	k := startKproxy(t, kproxyOptions{stream: stream})
-	r := reverseRoute(k)
+	f, recs, r := corpusHarness(t)
 	cases := []struct {
 		name, as, method, path string
 		want                   []string
@@ -148,12 +143,7 @@ func applyYAML(t *testing.T, manifest string) {
 // names the authenticator that accepted the caller, and says what is
 // wrong with a rejected credential.
 func TestAuthenticationExplanations(t *testing.T) {
-	f := setupFixtures(t)
-	stream := record.NewStream()
-	recs, _, cancel := stream.Subscribe(256)
-	defer cancel()
-	k := startKproxy(t, kproxyOptions{stream: stream})
-	r := reverseRoute(k)
+	f, recs, r := corpusHarness(t)
 	cases := []struct {
 		as      string
 		headers map[string]string

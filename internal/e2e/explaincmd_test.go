@@ -8,9 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
-
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -30,13 +27,8 @@ func TestExplainCommand(t *testing.T) {
 	if err := cluster.WriteManifest(manifest); err != nil {
 		t.Fatal(err)
 	}
-	kc := filepath.Join(dir, "kproxy.kubeconfig")
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: cluster.URL, CertificateAuthorityData: pki.CertPEM(cluster.CA.Cert)}
-	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "kproxy-token"}
-	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	cfg.CurrentContext = "x"
-	if err := clientcmd.WriteToFile(*cfg, kc); err != nil {
+	kc, err := cluster.UpstreamKubeconfig(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
 	certFile := filepath.Join(dir, "dave.crt")

@@ -14,11 +14,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
-	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages"
@@ -103,13 +100,8 @@ type kproxy struct {
 func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	t.Helper()
 	dir := t.TempDir()
-	kc := filepath.Join(dir, "upstream.kubeconfig")
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["c"] = &clientcmdapi.Cluster{Server: cluster.URL, CertificateAuthorityData: pki.CertPEM(cluster.CA.Cert)}
-	cfg.AuthInfos["u"] = &clientcmdapi.AuthInfo{Token: "kproxy-token"}
-	cfg.Contexts["x"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "u"}
-	cfg.CurrentContext = "x"
-	if err := clientcmd.WriteToFile(*cfg, kc); err != nil {
+	kc, err := cluster.UpstreamKubeconfig(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if o.mode == "" {

@@ -28,6 +28,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/pki"
@@ -500,4 +502,32 @@ func orDefault(s, d string) string {
 		return d
 	}
 	return s
+}
+
+// WriteKubeconfig writes a kubeconfig for server, trusting caPEM, with a
+// bearer token: the form the tests, the demo and the benchmarks hand to
+// kproxy and kubectl.
+func WriteKubeconfig(path, server string, caPEM []byte, token string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kproxy"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.Contexts["kproxy"] = &clientcmdapi.Context{Cluster: "kproxy", AuthInfo: "kproxy", Namespace: "default"}
+	cfg.CurrentContext = "kproxy"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// UpstreamKubeconfig writes the kubeconfig kproxy itself uses in front of
+// this cluster (the "kproxy" token user) and returns its path.
+func (c *Cluster) UpstreamKubeconfig(dir string) (string, error) {
+	path := filepath.Join(dir, "kproxy-upstream.kubeconfig")
+	return path, WriteKubeconfig(path, c.URL, pki.CertPEM(c.CA.Cert), tokenOf("kproxy"))
+}
+
+func tokenOf(name string) string {
+	for _, u := range Users {
+		if u.Name == name {
+			return u.Token
+		}
+	}
+	return ""
 }
