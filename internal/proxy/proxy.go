@@ -404,6 +404,13 @@ func (p *Proxy) replay(ctx context.Context, req *stages.Request) (o stages.Outco
 func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	rec := ex.rec
 	rec.Predicted, rec.Stages = o.Predicted, o.Stages
+	// Token callers are known once the replay has authenticated them.
+	if rec.Request.User == "" && o.Caller != nil {
+		rec.Request.User, rec.Request.Groups = o.Caller.GetName(), o.Caller.GetGroups()
+	}
+	if o.ActingAs != nil && o.Caller != nil && o.ActingAs.GetName() != o.Caller.GetName() {
+		rec.Request.ActingAs = o.ActingAs.GetName()
+	}
 	rec.Latency = record.Latency{TotalNs: ex.end.Sub(ex.start).Nanoseconds(), ReplayNs: o.Duration.Nanoseconds()}
 	if !ex.upStart.IsZero() && !ex.upEnd.IsZero() {
 		rec.Latency.UpstreamNs = ex.upEnd.Sub(ex.upStart).Nanoseconds()

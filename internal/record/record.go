@@ -52,6 +52,9 @@ type Request struct {
 	Subresource string   `json:"subresource"`
 	Namespace   string   `json:"namespace"`
 	Name        string   `json:"name"`
+	// ActingAs is the user the request runs as after impersonation, when
+	// it impersonates; User and Groups are the authenticated caller.
+	ActingAs string `json:"actingAs,omitempty"`
 	// UserAgent and ContentType help tell clients and encodings apart.
 	UserAgent   string `json:"userAgent,omitempty"`
 	ContentType string `json:"contentType,omitempty"`

@@ -63,7 +63,7 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	out := a.f.run(requestFor(context.WithValue(ctx, authnTraceKey{}, tr), req, nil))
 	if out.passed {
 		u, _ := apirequest.UserFrom(out.req.Context())
-		req.User = u
+		req.User, req.Caller = u, u
 		// The front-proxy authenticator consumes its headers.
 		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
 		return Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy), credentialKind(req.HTTP), describeUser(u)))

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -103,6 +104,9 @@ type Outcome struct {
 	Predicted record.Prediction
 	Stages    []record.StageResult
 	Duration  time.Duration
+	// Caller is who authentication found; ActingAs who the request runs
+	// as after impersonation (nil when not replayed).
+	Caller, ActingAs user.Info
 }
 
 // Run replays req through every stage, one after another in the caller's
@@ -151,6 +155,7 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	}
 	out.Predicted = predict(req, decided, decidedBy, unknown)
 	out.Predicted.FlowSchema, out.Predicted.PriorityLevel = req.FlowSchema, req.PriorityLevel
+	out.Caller, out.ActingAs = req.Caller, req.User
 	out.Duration = p.clock.Since(start)
 	span.SetAttributes(
 		attribute.Int("kproxy.predicted.status", out.Predicted.Status),

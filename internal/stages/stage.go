@@ -42,6 +42,8 @@ type Request struct {
 	// User is the identity after the stages that decide it have run (set by
 	// authentication and impersonation); nil before.
 	User user.Info
+	// Caller is the authenticated identity, before impersonation.
+	Caller user.Info
 	// FlowSchema and PriorityLevel are APF's classification (flowcontrol).
 	FlowSchema, PriorityLevel string
 }
