@@ -61,7 +61,7 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	out := a.f.run(requestFor(context.WithValue(ctx, authzTraceKey{}, tr), req, req.User))
 	if out.passed {
 		return Pass(fmt.Sprintf("allowed for %s: %s%s", describeUser(req.User), orDefault(tr.reason, "an authorizer allowed it"),
-			rbacExplainer{a.m.state}.explainAllow(req.User, tr.attrs)))
+			rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs)))
 	}
 	st := out.status()
 	why := orDefault(tr.reason, "no authorizer in the chain allowed it")

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -142,35 +143,36 @@ func hint(b binding, rules []rbacv1.PolicyRule) bool {
 	return false
 }
 
-// explainAllow names the rules that allow the request, from the bindings
-// of u in scope (RBAC's reason names only the first binding).
-func (e rbacExplainer) explainAllow(u user.Info, a authorizer.Attributes) string {
-	if e.s == nil || u == nil || a == nil {
+// allowedBy parses the RBAC authorizer's allow reason:
+// RBAC: allowed by RoleBinding "name/namespace" of Role "role" to User "x".
+var allowedBy = regexp.MustCompile(`^RBAC: allowed by (ClusterRoleBinding|RoleBinding) "([^"]+)" of (ClusterRole|Role) "([^"]+)"`)
+
+// explainAllow names the rules that allow the request in the binding the
+// RBAC authorizer names in its reason (it stops at the first one). It is
+// on every allowed request's path, so it looks up that one role only.
+func (e rbacExplainer) explainAllow(reason string, a authorizer.Attributes) string {
+	m := allowedBy.FindStringSubmatch(reason)
+	if e.s == nil || a == nil || m == nil {
+		return ""
+	}
+	b := binding{kind: m[1], name: m[2], roleRef: rbacv1.RoleRef{Kind: m[3], Name: m[4]}}
+	if b.kind == "RoleBinding" {
+		b.name, b.namespace, _ = strings.Cut(m[2], "/")
+	}
+	rules, err := e.rules(b)
+	if err != nil {
 		return ""
 	}
 	var lines []string
-	for _, b := range e.bindings() {
-		if b.namespace != "" && b.namespace != a.GetNamespace() {
-			continue
-		}
-		applies := false
-		for _, s := range b.subjects {
-			applies = applies || subjectMatches(u, s, b.namespace)
-		}
-		if !applies {
-			continue
-		}
-		rules, _ := e.rules(b)
-		for _, r := range rules {
-			if len(ruleMisses(a, r)) == 0 {
-				lines = append(lines, fmt.Sprintf("%s %s via %s: %s", b.roleRef.Kind, b.roleRef.Name, b, describeRule(r)))
-			}
+	for _, r := range rules {
+		if len(ruleMisses(a, r)) == 0 {
+			lines = append(lines, fmt.Sprintf("%s %s via %s: %s", b.roleRef.Kind, b.roleRef.Name, b, describeRule(r)))
 		}
 	}
 	if len(lines) == 0 {
 		return ""
 	}
-	return "\nrules that allow it:\n  " + strings.Join(lines, "\n  ")
+	return "\nthe rule that allows it:\n  " + strings.Join(lines, "\n  ")
 }
 
 // bindings lists every ClusterRoleBinding and RoleBinding, sorted.
@@ -187,7 +189,15 @@ func (e rbacExplainer) bindings() []binding {
 			all = append(all, binding{"RoleBinding", b.Namespace, b.Name, b.RoleRef, b.Subjects})
 		}
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].String() < all[j].String() })
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].kind != all[j].kind {
+			return all[i].kind < all[j].kind
+		}
+		if all[i].namespace != all[j].namespace {
+			return all[i].namespace < all[j].namespace
+		}
+		return all[i].name < all[j].name
+	})
 	return all
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/client-go/informers"
@@ -56,7 +57,11 @@ func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 			}
 		}
 	}
+	var done atomic.Bool
 	s.synced = func() bool {
+		if done.Load() {
+			return true // informers do not unsync
+		}
 		for _, f := range all {
 			for _, ok := range f.WaitForCacheSync(closed) {
 				if !ok {
@@ -64,6 +69,7 @@ func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 				}
 			}
 		}
+		done.Store(true)
 		return true
 	}
 	if len(missing) > 0 {
