@@ -58,7 +58,7 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 		return Unknown("the caller is not known (authentication was not replayed)")
 	}
 	tr := &authzTrace{}
-	out := a.f.run(requestFor(context.WithValue(ctx, authzTraceKey{}, tr), req, req.User))
+	out := a.f.run(readOnlyRequestFor(context.WithValue(ctx, authzTraceKey{}, tr), req, req.User))
 	if out.passed {
 		return Pass(fmt.Sprintf("allowed for %s: %s%s", describeUser(req.User), orDefault(tr.reason, "an authorizer allowed it"),
 			rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs)))

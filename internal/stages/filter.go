@@ -61,9 +61,19 @@ func (o *filtered) status() *metav1.Status {
 // requestFor is a fresh copy of the replayed request (filters change
 // headers) carrying what the apiserver's filters expect in the context.
 func requestFor(ctx context.Context, req *Request, u user.Info) *http.Request {
+	return req.HTTP.Clone(filterContext(ctx, req, u))
+}
+
+// readOnlyRequestFor shares the replayed request's headers: for filters
+// that only read them (WithAuthorization).
+func readOnlyRequestFor(ctx context.Context, req *Request, u user.Info) *http.Request {
+	return req.HTTP.WithContext(filterContext(ctx, req, u))
+}
+
+func filterContext(ctx context.Context, req *Request, u user.Info) context.Context {
 	ctx = apirequest.WithRequestInfo(ctx, req.Info)
 	if u != nil {
 		ctx = apirequest.WithUser(ctx, u)
 	}
-	return req.HTTP.Clone(ctx)
+	return ctx
 }
