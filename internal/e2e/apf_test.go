@@ -109,7 +109,8 @@ func TestAPFRejection(t *testing.T) {
 		t.Errorf("classification: predicted %s/%s, actual %s/%s, want e2e-tiny", p.FlowSchema, p.PriorityLevel, a.FlowSchema, a.PriorityLevel)
 	}
 	fc := stageNamed(rec, "flowcontrol")
-	if !strings.Contains(fc.Explanation, `PriorityLevel "e2e-tiny"`) || !strings.Contains(fc.Explanation, "depends on the apiserver's load") {
+	if !strings.Contains(fc.Explanation, `PriorityLevel "e2e-tiny"`) || !strings.Contains(fc.Explanation, "depends on the apiserver's load") ||
+		!strings.Contains(fc.Explanation, "rule 0: subject user loader, verbs [*] on [*]") {
 		t.Errorf("flowcontrol explanation: %s", fc.Explanation)
 	}
 	// kproxy does not predict load: flowcontrol passes, and says why.

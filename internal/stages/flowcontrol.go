@@ -59,8 +59,11 @@ func (f *flowControl) Run(ctx context.Context, req *Request) Result {
 		return Unknown("API Priority and Fairness did not classify the request")
 	}
 	req.FlowSchema, req.PriorityLevel = fs.Name, pl.Name
-	what := fmt.Sprintf("FlowSchema %q (matching precedence %d) is the first to match %s; it sends the request to PriorityLevel %q",
-		fs.Name, fs.Spec.MatchingPrecedence, describeUser(req.User), pl.Name)
+	what := fmt.Sprintf("FlowSchema %q (matching precedence %d) is the first to match %s", fs.Name, fs.Spec.MatchingPrecedence, describeUser(req.User))
+	if rule := matchedRule(fs, req.User, req.Info); rule != "" {
+		what += " (" + rule + ")"
+	}
+	what += fmt.Sprintf("; it sends the request to PriorityLevel %q", pl.Name)
 	if distinguisher != "" {
 		what += fmt.Sprintf(" in flow %q", distinguisher)
 	}
