@@ -3,10 +3,16 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	jose "gopkg.in/go-jose/go-jose.v2"
+	"gopkg.in/go-jose/go-jose.v2/jwt"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -163,6 +169,11 @@ func setupFixtures(t *testing.T) *fixtures {
 		}
 	}
 
+	// Legacy secret-based service-account tokens.
+	f.tokens["sa-legacy:corpus/builder"] = legacyToken(t, cs, corpusNS, "builder", "builder-legacy", "")
+	f.tokens["sa-legacy:no-secret"] = legacyToken(t, cs, corpusNS, "builder", "builder-legacy-gone", "-")
+	f.tokens["sa-legacy:other-token-in-secret"] = legacyToken(t, cs, corpusNS, "builder", "builder-legacy-other", "some-other-token")
+
 	// Bootstrap tokens (kube-system secrets the apiserver reads).
 	for name, spec := range map[string]struct {
 		id, secret, expires, authUsage string
@@ -231,7 +242,7 @@ func (f *fixtures) credentials(t *testing.T, as string) (token string, cert *tls
 			t.Fatal(err)
 		}
 		return tok, nil
-	case strings.HasPrefix(as, "sa:"), strings.HasPrefix(as, "bootstrap:"):
+	case strings.HasPrefix(as, "sa:"), strings.HasPrefix(as, "sa-legacy:"), strings.HasPrefix(as, "bootstrap:"):
 		tok, ok := f.tokens[as]
 		if !ok {
 			t.Fatalf("corpus: no token %q", as)
@@ -255,4 +266,54 @@ func (f *fixtures) credentials(t *testing.T, as string) (token string, cert *tls
 	}
 	t.Fatalf("corpus: unknown identity %q", as)
 	return "", nil
+}
+
+// legacyToken forges a legacy (secret-based) service-account token, as
+// the token controller (not run here) would, signed with the cluster's
+// service-account key, and creates its Secret unless secretToken is "-".
+func legacyToken(t *testing.T, cs kubernetes.Interface, ns, sa, secretName, secretToken string) string {
+	t.Helper()
+	ctx := context.Background()
+	acct, err := cs.CoreV1().ServiceAccounts(ns).Get(ctx, sa, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(cluster.Dir, "sa.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(keyPEM)
+	key, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: key}, (&jose.SignerOptions{}).WithType("JWT"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := jwt.Signed(signer).Claims(map[string]any{
+		"iss":                                    "kubernetes/serviceaccount",
+		"sub":                                    "system:serviceaccount:" + ns + ":" + sa,
+		"kubernetes.io/serviceaccount/namespace": ns,
+		"kubernetes.io/serviceaccount/secret.name":          secretName,
+		"kubernetes.io/serviceaccount/service-account.name": sa,
+		"kubernetes.io/serviceaccount/service-account.uid":  string(acct.UID),
+	}).CompactSerialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secretToken == "-" {
+		return tok
+	}
+	if secretToken == "" {
+		secretToken = tok
+	}
+	_, err = cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secretName, Annotations: map[string]string{
+			corev1.ServiceAccountNameKey: sa, corev1.ServiceAccountUIDKey: string(acct.UID)}},
+		Type: corev1.SecretTypeServiceAccountToken, Data: map[string][]byte{"token": []byte(secretToken)}}, createOpts)
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	return tok
 }
