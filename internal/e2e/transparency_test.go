@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +88,12 @@ func TestTransparency(t *testing.T) {
 			body: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[]}}`, user: "admin"}, 422},
 		{"bad json", nil, request{method: "POST", path: ns + "/configmaps", body: `{"apiVersion":`, user: "admin"}, 400},
 		{"unsupported media type", nil, request{method: "POST", path: ns + "/configmaps", body: `x`, contentType: "text/plain", user: "admin"}, 415},
+		{"warning header", cmState("t-warn", false), request{method: "POST", path: ns + "/configmaps?fieldValidation=Warn",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"t-warn"},"data":{"a":"1"},"bogus":"x"}`, user: "admin"}, 201},
+		// A body over the apiserver's 3 MiB limit reaches it whole (the
+		// replay keeps only 3 MiB of it) and gets the apiserver's 413.
+		{"body over 3 MiB", nil, request{method: "POST", path: ns + "/configmaps", user: "admin",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"t-big"},"data":{"a":"` + strings.Repeat("x", 4<<20) + `"}}`}, 413},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,6 +108,9 @@ func TestTransparency(t *testing.T) {
 				}
 				if got.header.Get("Audit-Id") == "" {
 					t.Errorf("%s: no Audit-Id header", r.name)
+				}
+				if tc.name == "warning header" && !strings.Contains(got.header.Get("Warning"), "bogus") {
+					t.Errorf("%s: Warning header %q, want the unknown-field warning", r.name, got.header.Get("Warning"))
 				}
 				if i == 0 {
 					want = got

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"k8s.io/client-go/rest"
 
@@ -113,7 +114,9 @@ func TestUpgrades(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := make(chan http.Header, 1)
 			sink := &collect{}
-			addr, pool := startProxy(t, upgradeUpstream(t, seen), sink)
+			// A recording tracer provider, as kproxy serve always has: the
+			// upstream must see kproxy's traceparent.
+			addr, pool := startProxyWith(t, upgradeUpstream(t, seen), sink, sdktrace.NewTracerProvider())
 			conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, NextProtos: []string{"http/1.1"}})
 			if err != nil {
 				t.Fatal(err)
@@ -145,6 +148,9 @@ func TestUpgrades(t *testing.T) {
 			}
 			if h.Get("Audit-Id") == "" {
 				t.Error("upstream saw no Audit-Id")
+			}
+			if tp := h.Get("Traceparent"); len(tp) != 55 {
+				t.Errorf("upstream saw traceparent %q, want kproxy's upstream span", tp)
 			}
 			// Binary frames both ways, including bytes that are not text.
 			for _, msg := range []string{"\x00\x01stdin-frame\xff", strings.Repeat("x", 70000)} {
