@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace/noop"
 	"sigs.k8s.io/yaml"
 
@@ -69,7 +70,7 @@ The apiserver's configuration comes from the mirrored flags or
 		},
 	}
 	cmd.FParseErrWhitelist.UnknownFlags = true
-	f := cmd.Flags()
+	f := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
 	f.StringVar(&o.serve.UpstreamKubeconfig, "upstream-kubeconfig", "", "kubeconfig kproxy reads the cluster's state with (default: $KUBECONFIG, then ~/.kube/config)")
 	f.StringVar(&o.serve.UpstreamContext, "upstream-context", "", "context in --upstream-kubeconfig")
 	f.StringVar(&o.serve.Upstream, "upstream", "", "the apiserver's URL (default: the kubeconfig's server)")
@@ -84,7 +85,9 @@ The apiserver's configuration comes from the mirrored flags or
 	f.StringVarP(&o.output, "output", "o", "table", "table, json or yaml")
 	f.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	f.StringVar(&o.manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest to read the apiserver's flags from")
-	o.serve.APIServer.AddFlags(f)
+	apiserver := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
+	o.serve.APIServer.AddFlags(apiserver)
+	groupedFlags(cmd, f, apiserver)
 	return cmd
 }
 

@@ -69,11 +69,27 @@ exported.`,
 		},
 	}
 	cmd.FParseErrWhitelist.UnknownFlags = true
-	addServeFlags(cmd.Flags(), o)
-	cmd.Flags().StringVar(&manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): read the apiserver's flags from it; flags given here win")
-	o.APIServer.AddFlags(cmd.Flags())
-	cmd.Flags().StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	own := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
+	addServeFlags(own, o)
+	own.StringVar(&manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): read the apiserver's flags from it; flags given here win")
+	own.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	apiserver := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
+	o.APIServer.AddFlags(apiserver)
+	groupedFlags(cmd, own, apiserver)
 	return cmd
+}
+
+// groupedFlags adds kproxy's own flags and the mirrored kube-apiserver
+// flags to cmd, and lists them apart in --help.
+func groupedFlags(cmd *cobra.Command, own, apiserver *pflag.FlagSet) {
+	cmd.Flags().AddFlagSet(own)
+	cmd.Flags().AddFlagSet(apiserver)
+	cmd.SetUsageFunc(func(c *cobra.Command) error {
+		w := c.OutOrStderr()
+		fmt.Fprintf(w, "Usage:\n  %s\n\nkproxy flags:\n%s\n", c.UseLine(), own.FlagUsages())
+		fmt.Fprintf(w, "kube-apiserver flags kproxy mirrors (parsed by kube-apiserver's own options; give them as the apiserver has them, or use --apiserver-manifest):\n%s", apiserver.FlagUsages())
+		return nil
+	})
 }
 
 func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
