@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -68,4 +69,37 @@ func BenchmarkProxyGetTraced(b *testing.B) {
 	addr, pool := startProxyWith(b, up, &collect{}, tp)
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	benchGet(b, c, "https://"+addr)
+}
+
+// BenchmarkProxyBigList streams a 32 MiB chunked response (as the
+// apiserver streams a big LIST) through kproxy.
+func BenchmarkProxyBigList(b *testing.B) {
+	chunk := bytes.Repeat([]byte("x"), 32<<10)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		f := w.(http.Flusher)
+		for i := 0; i < 1024; i++ {
+			w.Write(chunk)
+			if i%4 == 0 {
+				f.Flush()
+			}
+		}
+	}))
+	up.EnableHTTP2 = false
+	up.StartTLS()
+	b.Cleanup(up.Close)
+	addr, pool := startProxy(b, up, &collect{})
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableCompression: true}}
+	b.SetBytes(32 << 20)
+	b.ReportAllocs()
+	for b.Loop() {
+		req, _ := http.NewRequest("GET", "https://"+addr+"/api/v1/configmaps", nil)
+		req.Header.Set("Authorization", "Bearer t")
+		resp, err := c.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
 }
