@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -233,12 +232,4 @@ func setImpersonation(h http.Header, u user.Info) {
 			h.Add(name, v)
 		}
 	}
-}
-
-// describe is a user for logs and explanations.
-func describe(u user.Info) string {
-	if u == nil {
-		return ""
-	}
-	return fmt.Sprintf("%s %v", u.GetName(), u.GetGroups())
 }

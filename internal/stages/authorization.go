@@ -60,21 +60,14 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	tr := &authzTrace{}
 	out := a.f.run(readOnlyRequestFor(context.WithValue(ctx, authzTraceKey{}, tr), req, req.User))
 	if out.passed {
-		return Pass(fmt.Sprintf("allowed for %s: %s%s", describeUser(req.User), orDefault(tr.reason, "an authorizer allowed it"),
+		return Pass(fmt.Sprintf("allowed for %s: %s%s", describeUser(req.User), firstNonEmpty(tr.reason, "an authorizer allowed it"),
 			rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs)))
 	}
 	st := out.status()
-	why := orDefault(tr.reason, "no authorizer in the chain allowed it")
+	why := firstNonEmpty(tr.reason, "no authorizer in the chain allowed it")
 	if tr.err != nil {
 		why += fmt.Sprintf(" (authorizer error: %v)", tr.err)
 	}
 	return Reject(st, fmt.Sprintf("denied for %s: %s%s", describeUser(req.User), why,
 		rbacExplainer{a.m.state}.explainDeny(req.User, tr.attrs)))
-}
-
-func orDefault(s, d string) string {
-	if s == "" {
-		return d
-	}
-	return s
 }
