@@ -154,6 +154,16 @@ func checkPrediction(t *testing.T, c corpusCase, rec *record.Record) {
 			t.Errorf("predicted %+v: past the replayed stages the prediction is unknown until decode is modelled", p)
 		}
 	}
+	// Each authorizer of the chain reports its own verdict, in order.
+	if az := stage["authorization"]; az.Outcome == record.Pass || az.Outcome == record.Reject {
+		var names []string
+		for _, ch := range az.Children {
+			names = append(names, ch.Name)
+		}
+		if want := []string{"kubernetes.io/system-privileged-group", "node", "rbac", "default" /* the flag-configured webhook */}; strings.Join(names, ",") != strings.Join(want, ",") {
+			t.Errorf("authorization children %v, want %v", names, want)
+		}
+	}
 	if c.Stage != "authentication" && c.Stage != "impersonation" && a.FlowSchema != "" {
 		if p.FlowSchema != a.FlowSchema || p.PriorityLevel != a.PriorityLevel {
 			t.Errorf("APF: predicted %s/%s, actual %s/%s", p.FlowSchema, p.PriorityLevel, a.FlowSchema, a.PriorityLevel)

@@ -26,9 +26,9 @@ func TestTracing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.Stop()
-	for _, proto := range []struct{ name, endpoint string }{
-		{"http/protobuf", j.OTLPHTTP},
-		{"grpc", j.OTLPGRPC},
+	for _, proto := range []struct{ name, endpoint, traceID string }{
+		{"http/protobuf", j.OTLPHTTP, "4bf92f3577b34da6a3ce929d0e0e4736"},
+		{"grpc", j.OTLPGRPC, "5bf92f3577b34da6a3ce929d0e0e4737"},
 	} {
 		t.Run(proto.name, func(t *testing.T) {
 			stream := record.NewStream()
@@ -38,8 +38,10 @@ func TestTracing(t *testing.T) {
 				Endpoint: proto.endpoint, Protocol: proto.name, ServiceName: "kproxy-e2e"}})
 			r := reverseRoute(k)
 			// An incoming traceparent is continued.
-			parent := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-			got := do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "admin",
+			parent := "00-" + proto.traceID + "-00f067aa0ba902b7-01"
+			// alice (group devs) is allowed by RBAC: the chain asks the
+			// masters authorizer, Node and RBAC, and stops there.
+			got := do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "alice",
 				header: http.Header{"Traceparent": {parent}}})
 			if got.status != 200 {
 				t.Fatalf("status %d", got.status)
@@ -50,12 +52,13 @@ func TestTracing(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatal("no record")
 			}
-			if rec.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
+			if rec.TraceID != proto.traceID {
 				t.Errorf("trace %s does not continue the incoming traceparent", rec.TraceID)
 			}
 			k.stop() // flushes spans
 			spans := jaegerSpans(t, j.QueryURL, rec.TraceID)
-			want := append([]string{"list configmaps", "replay", "upstream"}, contractStages...)
+			want := append([]string{"list configmaps", "replay", "upstream",
+				"authorizer kubernetes.io/system-privileged-group", "authorizer node", "authorizer rbac"}, contractStages...)
 			for _, w := range want {
 				if !slices.Contains(spans, w) {
 					t.Errorf("trace %s lacks span %q; has %v", rec.TraceID, w, spans)
@@ -82,7 +85,7 @@ func jaegerSpans(t *testing.T, queryURL, traceID string) []string {
 			}
 			err = json.NewDecoder(resp.Body).Decode(&body)
 			resp.Body.Close()
-			if err == nil && len(body.Data) > 0 && len(body.Data[0].Spans) >= 12 {
+			if err == nil && len(body.Data) > 0 && len(body.Data[0].Spans) >= 15 {
 				var names []string
 				for _, s := range body.Data[0].Spans {
 					names = append(names, s.OperationName)

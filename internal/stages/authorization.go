@@ -7,6 +7,8 @@ import (
 
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // authorization replays the authorizer chain (Node, RBAC, Webhook, ...,
@@ -58,16 +60,24 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 		return Unknown("the caller is not known (authentication was not replayed)")
 	}
 	tr := &authzTrace{}
+	var children []record.StageResult
+	ctx = context.WithValue(ctx, childrenKey{}, &children)
 	out := a.f.run(readOnlyRequestFor(context.WithValue(ctx, authzTraceKey{}, tr), req, req.User))
 	if out.passed {
-		return Pass(fmt.Sprintf("allowed for %s: %s%s", describeUser(req.User), firstNonEmpty(tr.reason, "an authorizer allowed it"),
-			rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs)))
+		return withChildren(children, Pass(fmt.Sprintf("allowed for %s: %s%s", describeUser(req.User), firstNonEmpty(tr.reason, "an authorizer allowed it"),
+			rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs))))
 	}
 	st := out.status()
 	why := firstNonEmpty(tr.reason, "no authorizer in the chain allowed it")
 	if tr.err != nil {
 		why += fmt.Sprintf(" (authorizer error: %v)", tr.err)
 	}
-	return Reject(st, fmt.Sprintf("denied for %s: %s%s", describeUser(req.User), why,
-		rbacExplainer{a.m.state}.explainDeny(req.User, tr.attrs)))
+	return withChildren(children, Reject(st, fmt.Sprintf("denied for %s: %s%s", describeUser(req.User), why,
+		rbacExplainer{a.m.state}.explainDeny(req.User, tr.attrs))))
+}
+
+// withChildren attaches each authorizer's verdict to the stage's result.
+func withChildren(children []record.StageResult, r Result) Result {
+	r.Children = children
+	return r
 }

@@ -14,6 +14,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	authzconfig "k8s.io/apiserver/pkg/apis/apiserver"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/server/mux"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
@@ -41,9 +44,8 @@ type machinery struct {
 	saIssuers     []string
 	requestHeader *authenticatorfactory.RequestHeaderConfig
 
-	authz        authorizer.Authorizer
-	ruleResolver authorizer.RuleResolver
-	authzErr     error // why authorization cannot be replayed
+	authz    authorizer.Authorizer
+	authzErr error // why authorization cannot be replayed
 
 	// apf is the apiserver's API Priority and Fairness controller, fed
 	// the cluster's flowcontrol objects; it only classifies here.
@@ -70,7 +72,11 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	case cfg.State == nil:
 		m.authzErr = fmt.Errorf("no cluster state to replay authorization against")
 	default:
-		m.authzErr = m.buildAuthorization(ctx, o, cfg.State)
+		tp := cfg.TracerProvider
+		if tp == nil {
+			tp = noop.NewTracerProvider()
+		}
+		m.authzErr = m.buildAuthorization(ctx, o, cfg.State, tp)
 	}
 	if cfg.State != nil {
 		m.buildFlowControl(ctx, cfg.State)
@@ -168,20 +174,30 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *APIServerOptions
 	return nil
 }
 
-// buildAuthorization follows kube-apiserver's BuildAuthorizer: the
-// authorizer chain of --authorization-mode or --authorization-config
-// (Node with its graph, RBAC, Webhook, ABAC, AlwaysAllow/Deny), with
-// system:masters in front as in the apiserver.
-func (m *machinery) buildAuthorization(ctx context.Context, o *APIServerOptions, s *ClusterState) error {
+// buildAuthorization builds the authorizer chain of --authorization-mode
+// or --authorization-config as kube-apiserver does, one member at a time:
+// authorizer.Config.New for each configured authorizer alone, so that the
+// chain (authorizerChain, system:masters first) can watch every member
+// decide. A changed --authorization-config file is read when kproxy
+// restarts (the apiserver reloads it every minute).
+func (m *machinery) buildAuthorization(ctx context.Context, o *APIServerOptions, s *ClusterState, tp trace.TracerProvider) error {
 	azc, err := o.Authorization.ToAuthorizationConfig(s.Informers)
 	if err != nil {
 		return fmt.Errorf("authorization flags: %w", err)
 	}
-	authz, rr, err := azc.New(ctx, replayServerID)
-	if err != nil {
-		return fmt.Errorf("build the apiserver's authorizer: %w", err)
+	chain := &authorizerChain{members: []chainMember{privilegedGroup()}, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages")}
+	for _, a := range azc.AuthorizationConfiguration.Authorizers {
+		one := *azc
+		one.AuthorizationConfiguration = azc.AuthorizationConfiguration.DeepCopy()
+		one.AuthorizationConfiguration.Authorizers = []authzconfig.AuthorizerConfiguration{a}
+		one.ReloadFile, one.InitialAuthorizationConfigurationData = "", ""
+		authz, _, err := one.New(ctx, replayServerID)
+		if err != nil {
+			return fmt.Errorf("build the apiserver's %s authorizer %q: %w", a.Type, a.Name, err)
+		}
+		chain.members = append(chain.members, chainMember{name: a.Name, kind: string(a.Type), authz: authz})
 	}
-	m.authz, m.ruleResolver = authz, rr
+	m.authz = chain
 	return nil
 }
 

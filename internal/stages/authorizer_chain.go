@@ -1,0 +1,98 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// authorizerChain is the apiserver's authorizer union, with each member
+// observable: every member is the real authorizer kube-apiserver builds
+// (Node with its graph, RBAC, Webhook, ABAC, AlwaysAllow/Deny, each made
+// by authorizer.Config.New for that one entry of the authorization
+// configuration), asked in the configured order behind the
+// system:masters authorizer, with union.Authorize's own semantics: the
+// first allow or deny decides; otherwise no opinion with every reason and
+// error. Each member runs in its own span and reports a child result.
+type authorizerChain struct {
+	members []chainMember
+	tracer  trace.Tracer
+}
+
+type chainMember struct {
+	name, kind string
+	authz      authorizer.Authorizer
+}
+
+// privilegedGroup is the member kube-apiserver puts first.
+func privilegedGroup() chainMember {
+	return chainMember{name: "kubernetes.io/system-privileged-group", kind: "SystemPrivilegedGroup",
+		authz: authorizerfactory.NewPrivilegedGroups(user.SystemPrivilegedGroup)}
+}
+
+// childrenKey carries a *[]record.StageResult for the members' verdicts.
+type childrenKey struct{}
+
+func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+	var errs []error
+	var reasons []string
+	children, _ := ctx.Value(childrenKey{}).(*[]record.StageResult)
+	for i, m := range c.members {
+		mctx, span := c.tracer.Start(ctx, "authorizer "+m.name, trace.WithAttributes(attribute.String("kproxy.authorizer.type", m.kind)))
+		d, reason, err := m.authz.Authorize(mctx, a)
+		verdict := map[authorizer.Decision]string{authorizer.DecisionAllow: "allow", authorizer.DecisionDeny: "deny", authorizer.DecisionNoOpinion: "no opinion"}[d]
+		span.SetAttributes(attribute.String("kproxy.authorizer.decision", verdict), attribute.String("kproxy.authorizer.reason", reason))
+		span.End()
+		if children != nil {
+			res := record.StageResult{Name: m.name, Outcome: record.Pass, Explanation: verdict}
+			switch d {
+			case authorizer.DecisionDeny:
+				res.Outcome = record.Reject
+			case authorizer.DecisionNoOpinion:
+				res.Outcome = record.Skip
+			}
+			if reason != "" {
+				res.Explanation += ": " + reason
+			}
+			if err != nil {
+				res.Explanation += fmt.Sprintf(" (error: %v)", err)
+			}
+			*children = append(*children, res)
+			if d != authorizer.DecisionNoOpinion {
+				for _, rest := range c.members[i+1:] {
+					*children = append(*children, record.StageResult{Name: rest.name, Outcome: record.Skip, Explanation: "not asked: " + m.name + " decided"})
+				}
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if reason != "" {
+			// Each member is itself the union Config.New builds, which
+			// already prefixes a no-opinion reason with the member's name,
+			// as the apiserver's single union does.
+			reasons = append(reasons, reason)
+		}
+		if d == authorizer.DecisionAllow || d == authorizer.DecisionDeny {
+			return d, reason, err
+		}
+	}
+	return authorizer.DecisionNoOpinion, strings.Join(reasons, "\n"), utilerrors.Flatten(utilerrors.NewAggregate(errs))
+}
+
+func (c *authorizerChain) ConditionsAwareAuthorize(ctx context.Context, a authorizer.Attributes) authorizer.ConditionsAwareDecision {
+	return authorizer.ConditionsAwareDecisionFromParts(c.Authorize(ctx, a))
+}
+
+func (c *authorizerChain) EvaluateConditions(context.Context, authorizer.ConditionsAwareDecision, authorizer.ConditionsData) (authorizer.Decision, string, error) {
+	return authorizer.DecisionDeny, "", authorizer.ErrorConditionEvaluationNotSupported
+}
