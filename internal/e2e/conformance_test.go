@@ -154,6 +154,27 @@ func checkPrediction(t *testing.T, c corpusCase, rec *record.Record) {
 			t.Errorf("predicted %+v: past the replayed stages the prediction is unknown until decode is modelled", p)
 		}
 	}
+	// Each authenticator kube-apiserver unions reports its own answer, in
+	// its order; anonymous comes last when nothing else decided.
+	if an := stage["authentication"]; an.Outcome == record.Pass || an.Outcome == record.Reject {
+		var names []string
+		decided := ""
+		for _, ch := range an.Children {
+			if ch.Name != "anonymous" {
+				names = append(names, ch.Name)
+			}
+			if ch.Outcome == record.Pass && decided == "" {
+				decided = ch.Name
+			}
+		}
+		want := []string{"front-proxy", "x509", "token-file", "service-account", "bootstrap-token", "jwt", "token-webhook"}
+		if strings.Join(names, ",") != strings.Join(want, ",") {
+			t.Errorf("authentication children %v, want %v", names, want)
+		}
+		if an.Outcome == record.Pass && decided == "" {
+			t.Errorf("authentication passed but no authenticator child accepted: %+v", an.Children)
+		}
+	}
 	// Each authorizer of the chain reports its own verdict, in order.
 	if az := stage["authorization"]; az.Outcome == record.Pass || az.Outcome == record.Reject {
 		var names []string

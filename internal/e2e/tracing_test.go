@@ -57,7 +57,7 @@ func TestTracing(t *testing.T) {
 			}
 			k.stop() // flushes spans
 			spans := jaegerSpans(t, j.QueryURL, rec.TraceID)
-			want := append([]string{"list configmaps", "replay", "upstream",
+			want := append([]string{"list configmaps", "replay", "upstream", "authenticator token-file",
 				"authorizer kubernetes.io/system-privileged-group", "authorizer node", "authorizer rbac"}, contractStages...)
 			for _, w := range want {
 				if !slices.Contains(spans, w) {
@@ -85,7 +85,7 @@ func jaegerSpans(t *testing.T, queryURL, traceID string) []string {
 			}
 			err = json.NewDecoder(resp.Body).Decode(&body)
 			resp.Body.Close()
-			if err == nil && len(body.Data) > 0 && len(body.Data[0].Spans) >= 15 {
+			if err == nil && len(body.Data) > 0 && len(body.Data[0].Spans) >= 18 {
 				var names []string
 				for _, s := range body.Data[0].Spans {
 					names = append(names, s.OperationName)

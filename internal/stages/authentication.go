@@ -11,6 +11,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/endpoints/filters"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // authentication replays the authentication stage: the apiserver's own
@@ -60,13 +62,18 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		return Unknown("the cluster state (service accounts, pods, nodes) has not synced yet")
 	}
 	tr := &authnTrace{}
+	ch := &authnChildren{tracer: a.m.tracer}
+	ctx = context.WithValue(ctx, authnChildrenKey{}, ch)
 	out := a.f.run(requestFor(context.WithValue(ctx, authnTraceKey{}, tr), req, nil))
+	children := a.notAsked(ch.results)
 	if out.passed {
 		u, _ := apirequest.UserFrom(out.req.Context())
 		req.User, req.Caller = u, u
 		// The front-proxy authenticator consumes its headers.
 		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
-		return Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy), credentialKind(req.HTTP), describeUser(u)))
+		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy), credentialKind(req.HTTP), describeUser(u)))
+		res.Children = children
+		return res
 	}
 	why := "no authenticator accepted the request's credentials"
 	if tr.err != nil {
@@ -77,7 +84,9 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	if t := a.m.describeToken(req.HTTP, req.Arrival); t != "" {
 		why += "\n" + t
 	}
-	return Reject(out.status(), fmt.Sprintf("%s rejected: %s", credentialKind(req.HTTP), why))
+	res := Reject(out.status(), fmt.Sprintf("%s rejected: %s", credentialKind(req.HTTP), why))
+	res.Children = children
+	return res
 }
 
 // credentialKind names what the request presented, never its value.
@@ -126,4 +135,19 @@ func describeUser(u user.Info) string {
 		s += " with extras " + strings.Join(parts, ", ")
 	}
 	return s
+}
+
+// notAsked completes the per-authenticator results with the members the
+// union did not ask, because an earlier one accepted the request.
+func (a *authentication) notAsked(results []record.StageResult) []record.StageResult {
+	asked := map[string]bool{}
+	for _, r := range results {
+		asked[r.Name] = true
+	}
+	for _, m := range a.m.authnMembers {
+		if !asked[m.name] {
+			results = append(results, record.StageResult{Name: m.name, Outcome: record.Skip, Explanation: "not asked: an earlier authenticator decided"})
+		}
+	}
+	return results
 }

@@ -40,6 +40,8 @@ const replayServerID = "kproxy-replay"
 type machinery struct {
 	authn         authenticator.Request
 	authnErr      error // why authentication cannot be replayed
+	authnMembers  []authenticatorMember
+	tracer        trace.Tracer
 	apiAudiences  authenticator.Audiences
 	saIssuers     []string
 	requestHeader *authenticatorfactory.RequestHeaderConfig
@@ -56,7 +58,11 @@ type machinery struct {
 }
 
 func buildMachinery(ctx context.Context, cfg Config) *machinery {
-	m := &machinery{state: cfg.State}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	m := &machinery{state: cfg.State, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages")}
 	o := cfg.APIServer
 	switch {
 	case o == nil || !o.AuthenticationGiven():
@@ -72,10 +78,6 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	case cfg.State == nil:
 		m.authzErr = fmt.Errorf("no cluster state to replay authorization against")
 	default:
-		tp := cfg.TracerProvider
-		if tp == nil {
-			tp = noop.NewTracerProvider()
-		}
 		m.authzErr = m.buildAuthorization(ctx, o, cfg.State, tp)
 	}
 	if cfg.State != nil {
@@ -158,11 +160,11 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *APIServerOptions
 		s.extra = append(s.extra, bf)
 	}
 	ac.APIServerID = replayServerID
-	authn, _, _, _, err := ac.New(ctx)
+	authn, members, err := buildAuthenticatorChain(ctx, ac)
 	if err != nil {
-		return fmt.Errorf("build the apiserver's authenticator: %w", err)
+		return err
 	}
-	m.authn = authn
+	m.authn, m.authnMembers = authn, members
 	m.requestHeader = ac.RequestHeaderConfig
 	m.apiAudiences = o.Authentication.APIAudiences
 	if sa := o.Authentication.ServiceAccounts; sa != nil {

@@ -1,0 +1,136 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"k8s.io/apiserver/pkg/apis/apiserver"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/request/anonymous"
+	"k8s.io/apiserver/pkg/authentication/request/union"
+	kubeauthenticator "k8s.io/kubernetes/pkg/kubeapiserver/authenticator"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// authenticatorMember is one kind of authenticator kube-apiserver unions,
+// built by kubeauthenticator.Config.New from a config holding only that
+// kind, so the replay can watch each one answer.
+type authenticatorMember struct {
+	name  string
+	authn authenticator.Request
+}
+
+// buildAuthenticatorChain assembles kube-apiserver's authenticator as a
+// union of per-kind members, in Config.New's order (front proxy, x509,
+// token file, service accounts, bootstrap tokens, JWT, token webhook),
+// with anonymous behind union.NewFailOnError as there. Config.New puts all
+// token authenticators behind one bearer-token reader; one per kind gives
+// the same verdict (the first authenticator that accepts wins; a credential
+// none accepts is an error, so 401; none at all is anonymous), and each
+// kind's own answer becomes visible.
+func buildAuthenticatorChain(ctx context.Context, ac kubeauthenticator.Config) (authenticator.Request, []authenticatorMember, error) {
+	shared := func() kubeauthenticator.Config {
+		return kubeauthenticator.Config{
+			APIAudiences:         ac.APIAudiences,
+			TokenSuccessCacheTTL: ac.TokenSuccessCacheTTL,
+			TokenFailureCacheTTL: ac.TokenFailureCacheTTL,
+			APIServerID:          ac.APIServerID,
+			CustomDial:           ac.CustomDial,
+			EgressLookup:         ac.EgressLookup,
+		}
+	}
+	kinds := []struct {
+		name    string
+		present bool
+		only    func(c *kubeauthenticator.Config)
+	}{
+		{"front-proxy", ac.RequestHeaderConfig != nil, func(c *kubeauthenticator.Config) { c.RequestHeaderConfig = ac.RequestHeaderConfig }},
+		{"x509", ac.ClientCAContentProvider != nil, func(c *kubeauthenticator.Config) { c.ClientCAContentProvider = ac.ClientCAContentProvider }},
+		{"token-file", ac.TokenAuthFile != "", func(c *kubeauthenticator.Config) { c.TokenAuthFile = ac.TokenAuthFile }},
+		{"service-account", ac.ServiceAccountPublicKeysGetter != nil, func(c *kubeauthenticator.Config) {
+			c.ServiceAccountPublicKeysGetter, c.ServiceAccountIssuers = ac.ServiceAccountPublicKeysGetter, ac.ServiceAccountIssuers
+			c.ServiceAccountLookup, c.ServiceAccountTokenGetter, c.SecretsWriter = ac.ServiceAccountLookup, ac.ServiceAccountTokenGetter, ac.SecretsWriter
+		}},
+		{"bootstrap-token", ac.BootstrapToken && ac.BootstrapTokenAuthenticator != nil, func(c *kubeauthenticator.Config) {
+			c.BootstrapToken, c.BootstrapTokenAuthenticator = true, ac.BootstrapTokenAuthenticator
+		}},
+		{"jwt", ac.AuthenticationConfig != nil && len(ac.AuthenticationConfig.JWT) > 0, func(c *kubeauthenticator.Config) {
+			jwtOnly := &apiserver.AuthenticationConfiguration{JWT: ac.AuthenticationConfig.JWT}
+			c.AuthenticationConfig, c.AuthenticationConfigData, c.OIDCSigningAlgs = jwtOnly, ac.AuthenticationConfigData, ac.OIDCSigningAlgs
+			// The JWT authenticator refuses the service-account issuers.
+			c.ServiceAccountIssuers = ac.ServiceAccountIssuers
+		}},
+		{"token-webhook", ac.WebhookTokenAuthnConfigFile != "", func(c *kubeauthenticator.Config) {
+			c.WebhookTokenAuthnConfigFile, c.WebhookTokenAuthnVersion = ac.WebhookTokenAuthnConfigFile, ac.WebhookTokenAuthnVersion
+			c.WebhookTokenAuthnCacheTTL, c.WebhookRetryBackoff = ac.WebhookTokenAuthnCacheTTL, ac.WebhookRetryBackoff
+		}},
+	}
+	var members []authenticatorMember
+	for _, k := range kinds {
+		if !k.present {
+			continue
+		}
+		c := shared()
+		k.only(&c)
+		a, _, _, _, err := c.New(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("build the apiserver's %s authenticator: %w", k.name, err)
+		}
+		if a != nil {
+			members = append(members, authenticatorMember{name: k.name, authn: a})
+		}
+	}
+	if len(members) == 0 {
+		if ac.Anonymous.Enabled {
+			return anonymous.NewAuthenticator(ac.Anonymous.Conditions), members, nil
+		}
+		return nil, nil, nil
+	}
+	reqs := make([]authenticator.Request, len(members))
+	for i := range members {
+		reqs[i] = tracedAuthenticator{members[i]}
+	}
+	a := union.New(reqs...)
+	if ac.Anonymous.Enabled {
+		a = union.NewFailOnError(a, tracedAuthenticator{authenticatorMember{name: "anonymous", authn: anonymous.NewAuthenticator(ac.Anonymous.Conditions)}})
+	}
+	return a, members, nil
+}
+
+// authnChildrenKey carries the per-authenticator results of one request.
+type authnChildrenKey struct{}
+
+type authnChildren struct {
+	tracer  trace.Tracer
+	results []record.StageResult
+}
+
+// tracedAuthenticator runs one member in its own span and records what it
+// said.
+type tracedAuthenticator struct{ m authenticatorMember }
+
+func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticator.Response, bool, error) {
+	ch, _ := r.Context().Value(authnChildrenKey{}).(*authnChildren)
+	if ch == nil {
+		return t.m.authn.AuthenticateRequest(r)
+	}
+	ctx, span := ch.tracer.Start(r.Context(), "authenticator "+t.m.name)
+	resp, ok, err := t.m.authn.AuthenticateRequest(r.WithContext(ctx))
+	res := record.StageResult{Name: t.m.name}
+	switch {
+	case ok && err == nil:
+		res.Outcome, res.Explanation = record.Pass, "accepted: "+describeUser(resp.User)
+	case err != nil:
+		res.Outcome, res.Explanation = record.Reject, "rejected: "+err.Error()
+	default:
+		res.Outcome, res.Explanation = record.Skip, "no opinion: the request carries no credential it reads"
+	}
+	span.SetAttributes(attribute.String("kproxy.authenticator.outcome", res.Outcome), attribute.String("kproxy.authenticator.explanation", res.Explanation))
+	span.End()
+	ch.results = append(ch.results, res)
+	return resp, ok, err
+}
