@@ -120,6 +120,16 @@ func setupFixtures(t *testing.T) *fixtures {
 			}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "gina-constrained"},
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "corpus-constrained"}, Subjects: []rbacv1.Subject{subject(rbacv1.UserKind, "gina")}},
+		// An aggregated ClusterRole: its rules are filled by the
+		// clusterrole-aggregation controller (kube-controller-manager),
+		// which does not run here, so it grants nothing, in the apiserver
+		// and in the replay alike.
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "corpus-aggregated"},
+			AggregationRule: &rbacv1.AggregationRule{ClusterRoleSelectors: []metav1.LabelSelector{{MatchLabels: map[string]string{"kproxy.test/aggregate-to-corpus": "true"}}}}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "corpus-aggregated-part", Labels: map[string]string{"kproxy.test/aggregate-to-corpus": "true"}},
+			Rules: []rbacv1.PolicyRule{rule(s(""), s("configmaps"), s("get"))}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "henry-aggregated"},
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "corpus-aggregated"}, Subjects: []rbacv1.Subject{subject(rbacv1.UserKind, "henry")}},
 		// erin can read configmaps, so impersonating her shows in results.
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "erin-cm", Namespace: corpusNS},
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "corpus-cm-editor"}, Subjects: []rbacv1.Subject{subject(rbacv1.UserKind, "erin")}},

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
+	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages"
@@ -77,8 +78,17 @@ func prepare(ctx context.Context) error {
 	return localcluster.GrantDevs(ctx, cs, testNS)
 }
 
-func adminClient() kubernetes.Interface {
-	return kubernetes.NewForConfigOrDie(cluster.UserConfig("admin"))
+func adminClient() kubernetes.Interface { return adminClientFor(cluster) }
+
+func adminClientFor(c *localcluster.Cluster) kubernetes.Interface {
+	return kubernetes.NewForConfigOrDie(c.UserConfig("admin"))
+}
+
+// tlsTrusting trusts kproxy's CA.
+func tlsTrusting(ca *pki.CA) *tls.Config {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Cert)
+	return &tls.Config{RootCAs: pool}
 }
 
 // kproxyOptions configure a kproxy in front of the shared cluster, the way
