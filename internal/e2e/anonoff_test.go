@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
@@ -13,13 +14,15 @@ import (
 	"github.com/kproxy/kproxy/internal/stages"
 )
 
-// TestAnonymousOff runs a second real apiserver with --anonymous-auth=false
-// (the shared one allows anonymous requests) and checks that kproxy,
-// handed that apiserver's flags, predicts its 401s for requests without
-// credentials.
-func TestAnonymousOff(t *testing.T) {
+// TestAnonymousOffAndMaxInFlight runs a second real apiserver with
+// --anonymous-auth=false and --enable-priority-and-fairness=false (the
+// shared one has both on) and checks that kproxy, handed that apiserver's
+// flags, predicts its 401s for requests without credentials and explains
+// max-in-flight instead of APF.
+func TestAnonymousOffAndMaxInFlight(t *testing.T) {
 	ctx := context.Background()
-	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, ExtraAPIServerFlags: []string{"--anonymous-auth=false"}})
+	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr,
+		ExtraAPIServerFlags: []string{"--anonymous-auth=false", "--enable-priority-and-fairness=false", "--max-requests-inflight=123"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,5 +68,13 @@ func TestAnonymousOff(t *testing.T) {
 		if an := stageNamed(rec, "authentication"); an.Explanation == "" {
 			t.Errorf("%s: no authentication explanation", path)
 		}
+	}
+	ex := do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces", user: "admin", header: http.Header{"Audit-Id": {"max-in-flight"}}})
+	if ex.status != 200 || ex.header.Get("X-Kubernetes-Pf-Flowschema-Uid") != "" {
+		t.Fatalf("with APF off: status %d, APF header %q", ex.status, ex.header.Get("X-Kubernetes-Pf-Flowschema-Uid"))
+	}
+	fc := stageNamed(waitRecord(t, recs, "max-in-flight"), "flowcontrol")
+	if fc.Outcome != record.Pass || !strings.Contains(fc.Explanation, "--max-requests-inflight=123") {
+		t.Errorf("flowcontrol with APF off: %s %q", fc.Outcome, fc.Explanation)
 	}
 }

@@ -20,6 +20,11 @@ import (
 type APIServerOptions struct {
 	Authentication *kubeoptions.BuiltInAuthenticationOptions
 	Authorization  *kubeoptions.BuiltInAuthorizationOptions
+	// Flow control: API Priority and Fairness, or max-in-flight limits
+	// when it is off (kube-apiserver's defaults).
+	EnablePriorityAndFairness   bool
+	MaxRequestsInFlight         int
+	MaxMutatingRequestsInFlight int
 
 	authnFlags, authzFlags *pflag.FlagSet
 	fs                     *pflag.FlagSet
@@ -30,6 +35,9 @@ func NewAPIServerOptions() *APIServerOptions {
 	return &APIServerOptions{
 		Authentication: kubeoptions.NewBuiltInAuthenticationOptions().WithAll(),
 		Authorization:  kubeoptions.NewBuiltInAuthorizationOptions(),
+		EnablePriorityAndFairness:   true,
+		MaxRequestsInFlight:         400,
+		MaxMutatingRequestsInFlight: 200,
 	}
 }
 
@@ -40,6 +48,10 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 	o.Authentication.AddFlags(o.authnFlags)
 	o.authzFlags = pflag.NewFlagSet("authorization", pflag.ContinueOnError)
 	o.Authorization.AddFlags(o.authzFlags)
+	o.authzFlags.BoolVar(&o.EnablePriorityAndFairness, "enable-priority-and-fairness", o.EnablePriorityAndFairness,
+		"kube-apiserver's --enable-priority-and-fairness: API Priority and Fairness, or max-in-flight limits when false")
+	o.authzFlags.IntVar(&o.MaxRequestsInFlight, "max-requests-inflight", o.MaxRequestsInFlight, "kube-apiserver's --max-requests-inflight")
+	o.authzFlags.IntVar(&o.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", o.MaxMutatingRequestsInFlight, "kube-apiserver's --max-mutating-requests-inflight")
 	fs.AddFlagSet(o.authnFlags)
 	fs.AddFlagSet(o.authzFlags)
 	if fs.Lookup("feature-gates") == nil {

@@ -20,8 +20,13 @@ import (
 // apiserver's load at that instant, which kproxy does not see: the stage
 // passes and says so.
 type flowControl struct {
-	m *machinery
+	m    *machinery
+	opts *APIServerOptions
 }
+
+// nonMutatingVerbs are the verbs max-in-flight counts as reads (the
+// apiserver's WithMaxInFlightLimit).
+var nonMutatingVerbs = sets.NewString("get", "list", "watch")
 
 // longRunning is kube-apiserver's own long-running check.
 var longRunning = genericfilters.BasicLongRunningRequestCheck(
@@ -29,11 +34,26 @@ var longRunning = genericfilters.BasicLongRunningRequestCheck(
 	sets.NewString("attach", "exec", "proxy", "log", "portforward"),
 )
 
-func newFlowControl(m *machinery) Stage { return &flowControl{m: m} }
+func newFlowControl(m *machinery) Stage { return &flowControl{m: m, opts: m.opts} }
 
 func (flowControl) Name() string { return "flowcontrol" }
 
 func (f *flowControl) Run(ctx context.Context, req *Request) Result {
+	if f.opts != nil && !f.opts.EnablePriorityAndFairness {
+		// kube-apiserver's WithMaxInFlightLimit: long-running requests
+		// (watches included) are not counted.
+		if req.Info != nil && longRunning(req.HTTP, req.Info) {
+			return Pass(fmt.Sprintf("--enable-priority-and-fairness=false: max-in-flight does not count %s, a long-running request", describeVerb(req)))
+		}
+		limit, kind := f.opts.MaxRequestsInFlight, "--max-requests-inflight"
+		if req.Info != nil && !nonMutatingVerbs.Has(req.Info.Verb) {
+			limit, kind = f.opts.MaxMutatingRequestsInFlight, "--max-mutating-requests-inflight"
+		}
+		if limit == 0 {
+			return Pass(fmt.Sprintf("--enable-priority-and-fairness=false and %s=0: no limit applies", kind))
+		}
+		return Pass(fmt.Sprintf("--enable-priority-and-fairness=false: the request counts against %s=%d; whether it would be rejected (429) depends on the apiserver's load at that instant, which kproxy does not predict", kind, limit))
+	}
 	if req.Info != nil && req.Info.Verb != "watch" && longRunning(req.HTTP, req.Info) {
 		return Pass(fmt.Sprintf("exempt from API Priority and Fairness: %s is a long-running request", describeVerb(req)))
 	}

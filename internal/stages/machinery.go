@@ -55,6 +55,7 @@ type machinery struct {
 	apfReady func() bool
 
 	state *ClusterState
+	opts  *APIServerOptions
 }
 
 func buildMachinery(ctx context.Context, cfg Config) *machinery {
@@ -62,7 +63,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	m := &machinery{state: cfg.State, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages")}
+	m := &machinery{state: cfg.State, opts: cfg.APIServer, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages")}
 	o := cfg.APIServer
 	switch {
 	case o == nil || !o.AuthenticationGiven():
@@ -80,7 +81,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	default:
 		m.authzErr = m.buildAuthorization(ctx, o, cfg.State, tp)
 	}
-	if cfg.State != nil {
+	if cfg.State != nil && (o == nil || o.EnablePriorityAndFairness) {
 		m.buildFlowControl(ctx, cfg.State)
 	}
 	return m
