@@ -33,8 +33,8 @@ type APIServerOptions struct {
 // NewAPIServerOptions returns the options with kube-apiserver's defaults.
 func NewAPIServerOptions() *APIServerOptions {
 	return &APIServerOptions{
-		Authentication: kubeoptions.NewBuiltInAuthenticationOptions().WithAll(),
-		Authorization:  kubeoptions.NewBuiltInAuthorizationOptions(),
+		Authentication:              kubeoptions.NewBuiltInAuthenticationOptions().WithAll(),
+		Authorization:               kubeoptions.NewBuiltInAuthorizationOptions(),
 		EnablePriorityAndFairness:   true,
 		MaxRequestsInFlight:         400,
 		MaxMutatingRequestsInFlight: 200,
