@@ -116,3 +116,16 @@ func TestSmallestGrant(t *testing.T) {
 		t.Errorf("never suggest granting anonymous access:\n%s", g)
 	}
 }
+
+func TestImpersonationForm(t *testing.T) {
+	for msg, want := range map[string]string{
+		`users "frank" is forbidden: User "dave" cannot impersonate resource "users" in API group "" at the cluster scope`:                         "classic impersonation",
+		`configmaps "c1" is forbidden: User "gina" cannot impersonate-on:user-info:get resource "configmaps" in API group "" in the namespace "x"`: "constrained impersonation, mode user-info: the impersonate-on check",
+		`users.authentication.k8s.io "erin" is forbidden: User "gina" cannot impersonate:user-info resource "users"`:                               "constrained impersonation, mode user-info: the check on the impersonated identity",
+		`requested &user.DefaultInfo{Name:""} without impersonating a user name`:                                                                   "malformed headers",
+	} {
+		if got := impersonationForm(msg); !strings.Contains(got, want) {
+			t.Errorf("%q: %q, want %q", msg, got, want)
+		}
+	}
+}

@@ -57,7 +57,26 @@ func (s *impersonationStage) Run(ctx context.Context, req *Request) Result {
 		return Pass(fmt.Sprintf("%s may impersonate; the request continues as %s", describeUser(caller), describeUser(u)))
 	}
 	st := out.status()
-	return Reject(st, fmt.Sprintf("%s may not impersonate what the headers ask for: %s", describeUser(caller), st.Message))
+	return Reject(st, fmt.Sprintf("%s may not impersonate what the headers ask for (%s): %s", describeUser(caller), impersonationForm(st.Message), st.Message))
+}
+
+// impersonationForm says which check refused, from the verb the
+// apiserver's message names: the classic "impersonate" on users, groups,
+// uids, userextras or serviceaccounts, or a constrained-impersonation mode.
+func impersonationForm(msg string) string {
+	switch {
+	case strings.Contains(msg, "cannot impersonate-on:"):
+		mode := strings.SplitN(strings.SplitN(msg, "cannot impersonate-on:", 2)[1], ":", 2)[0]
+		return "constrained impersonation, mode " + mode + ": the impersonate-on check for this request's verb and resource failed"
+	case strings.Contains(msg, "cannot impersonate:"):
+		mode := strings.Fields(strings.SplitN(msg, "cannot impersonate:", 2)[1])[0]
+		return "constrained impersonation, mode " + mode + ": the check on the impersonated identity failed"
+	case strings.Contains(msg, "cannot impersonate resource"):
+		return "classic impersonation: the impersonate verb on the named attribute failed"
+	case strings.Contains(msg, "without impersonating a user name"):
+		return "malformed headers: Impersonate-Group, -Uid or -Extra need Impersonate-User"
+	}
+	return "impersonation refused"
 }
 
 func hasImpersonateHeaders(h http.Header) bool {
