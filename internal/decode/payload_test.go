@@ -1,0 +1,138 @@
+package decode
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/client-go/kubernetes/scheme"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/decode")
+
+func configMap() *corev1.ConfigMap {
+	return &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: "settings", Namespace: "prod", UID: "0c9f2b3e-1f1a-4a8e-9b7e-3f8c2d1a0b9c", ResourceVersion: "42"},
+		Data:       map[string]string{"mode": "fast"}}
+}
+
+func encode(t *testing.T, f Format, obj runtime.Object) []byte {
+	t.Helper()
+	var b []byte
+	var err error
+	switch f {
+	case Protobuf:
+		b, err = runtime.Encode(protobuf.NewSerializer(scheme.Scheme, scheme.Scheme), obj)
+	case CBOR:
+		b, err = runtime.Encode(cbor.NewSerializer(scheme.Scheme, scheme.Scheme), obj)
+	case JSON:
+		b, err = runtime.Encode(payloadCodecs.LegacyCodec(corev1.SchemeGroupVersion), obj)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestPayloadFormats decodes the same object in every encoding the
+// apiserver speaks or stores, and checks each gives the same YAML: the
+// golden file testdata/decode/configmap.yaml (go test -update rewrites it).
+func TestPayloadFormats(t *testing.T) {
+	golden := filepath.Join("..", "..", "testdata", "decode", "configmap.yaml")
+	yamlIn := []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n  namespace: prod\n  uid: 0c9f2b3e-1f1a-4a8e-9b7e-3f8c2d1a0b9c\n  resourceVersion: \"42\"\ndata:\n  mode: fast\n")
+	cases := []struct {
+		format Format
+		in     []byte
+	}{
+		{Protobuf, encode(t, Protobuf, configMap())},
+		{CBOR, encode(t, CBOR, configMap())},
+		{JSON, encode(t, JSON, configMap())},
+		{YAML, yamlIn},
+	}
+	if *update {
+		d, err := Payload(cases[0].in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := d.YAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(golden, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test ./internal/decode -update)", err)
+	}
+	for _, tc := range cases {
+		t.Run(string(tc.format), func(t *testing.T) {
+			d, err := Payload(tc.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Format != tc.format || d.GVK.Kind != "ConfigMap" {
+				t.Fatalf("format %s kind %s, want %s ConfigMap", d.Format, d.GVK.Kind, tc.format)
+			}
+			if _, typed := d.Object.(*corev1.ConfigMap); !typed {
+				t.Errorf("object is %T, want *v1.ConfigMap", d.Object)
+			}
+			got, err := d.YAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want) {
+				t.Errorf("YAML differs from %s:\n%s", golden, got)
+			}
+		})
+	}
+}
+
+func TestPayloadOthers(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		format   Format
+		want     string // in the JSON rendering, or the error
+		err      bool
+	}{
+		{name: "custom resource stays unstructured", in: `{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w"},"spec":{"size":3}}`, format: JSON, want: `"size": 3`},
+		{name: "aescbc at rest", in: "k8s:enc:aescbc:v1:key1:\x01\x02\x03", format: Encrypted, want: `"keyName": "key1"`},
+		{name: "kms v2 at rest", in: "k8s:enc:kms:v2:vault:\x0a\x01", format: Encrypted, want: `"provider": "kms"`},
+		{name: "broken encryption prefix", in: "k8s:enc:aescbc", err: true, want: "no provider:version:key"},
+		{name: "empty", in: "", err: true, want: "empty"},
+		{name: "binary garbage", in: "\xff\xfe\x00\x01", err: true, want: "not JSON, YAML, protobuf"},
+		{name: "JSON without kind", in: `{"a":1}`, err: true, want: "no kind"},
+		{name: "truncated protobuf", in: "k8s\x00\x0a\x05", err: true, want: "decode protobuf"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := Payload([]byte(tc.in))
+			if tc.err {
+				if err == nil || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("error %v, want %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Format != tc.format {
+				t.Errorf("format %s, want %s", d.Format, tc.format)
+			}
+			j, err := d.JSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(j), tc.want) {
+				t.Errorf("JSON lacks %q:\n%s", tc.want, j)
+			}
+		})
+	}
+}
