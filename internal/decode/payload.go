@@ -160,4 +160,3 @@ func (d *Decoded) JSON() ([]byte, error) {
 	obj.GetObjectKind().SetGroupVersionKind(d.GVK)
 	return json.MarshalIndent(obj, "", "  ")
 }
-
