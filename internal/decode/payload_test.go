@@ -136,3 +136,19 @@ func TestPayloadOthers(t *testing.T) {
 		})
 	}
 }
+
+func TestWatchStreamErrors(t *testing.T) {
+	noop := func(Event) error { return nil }
+	if err := WatchStream(strings.NewReader(""), "text/plain", noop); err == nil || !strings.Contains(err.Error(), "no stream framing") {
+		t.Errorf("text/plain: %v", err)
+	}
+	if err := WatchStream(strings.NewReader(`{"type":"ADDED","object":{"a":1}}`+"\n"), "application/json", noop); err == nil || !strings.Contains(err.Error(), "watch event ADDED") {
+		t.Errorf("event without kind: %v", err)
+	}
+	var n int
+	stream := `{"type":"ADDED","object":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}}` + "\n" +
+		`{"type":"DELETED","object":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}}` + "\n"
+	if err := WatchStream(strings.NewReader(stream), "application/json", func(e Event) error { n++; return nil }); err != nil || n != 2 {
+		t.Errorf("two events: n=%d err=%v", n, err)
+	}
+}
