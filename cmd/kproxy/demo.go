@@ -125,7 +125,7 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	kproxyCA := pki.CertPEM(s.CA.Cert)
 
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := localcluster.WriteKubeconfig(kubeconfig, kproxyURL, kproxyCA, tokenOf("admin")); err != nil {
+	if err := localcluster.WriteKubeconfig(kubeconfig, kproxyURL, kproxyCA, localcluster.TokenOf("admin")); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "kproxy %s listening on %s, in front of %s\n\n", version, kproxyURL, c.URL)
@@ -227,16 +227,16 @@ func demoSamples(daveCert tls.Certificate) []sample {
 	cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kproxy-demo"},"data":{"hello":"world"}}`
 	badPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[]}}`
 	return []sample{
-		{what: "version", method: "GET", path: "/version", token: tokenOf("admin")},
-		{what: "admin lists namespaces", method: "GET", path: "/api/v1/namespaces", token: tokenOf("admin")},
-		{what: "alice lists pods", method: "GET", path: "/api/v1/namespaces/default/pods", token: tokenOf("alice")},
-		{what: "alice reads secrets", method: "GET", path: "/api/v1/namespaces/kube-system/secrets", token: tokenOf("alice")},
+		{what: "version", method: "GET", path: "/version", token: localcluster.TokenOf("admin")},
+		{what: "admin lists namespaces", method: "GET", path: "/api/v1/namespaces", token: localcluster.TokenOf("admin")},
+		{what: "alice lists pods", method: "GET", path: "/api/v1/namespaces/default/pods", token: localcluster.TokenOf("alice")},
+		{what: "alice reads secrets", method: "GET", path: "/api/v1/namespaces/kube-system/secrets", token: localcluster.TokenOf("alice")},
 		{what: "bad token", method: "GET", path: "/api/v1/namespaces", token: "not-a-token"},
 		{what: "anonymous", method: "GET", path: "/api/v1/namespaces"},
-		{what: "create configmap", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: tokenOf("admin")},
-		{what: "create it again", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: tokenOf("admin")},
-		{what: "get missing", method: "GET", path: "/api/v1/namespaces/default/configmaps/nope", token: tokenOf("admin")},
-		{what: "invalid pod", method: "POST", path: "/api/v1/namespaces/default/pods", body: badPod, token: tokenOf("admin")},
+		{what: "create configmap", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: localcluster.TokenOf("admin")},
+		{what: "create it again", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: localcluster.TokenOf("admin")},
+		{what: "get missing", method: "GET", path: "/api/v1/namespaces/default/configmaps/nope", token: localcluster.TokenOf("admin")},
+		{what: "invalid pod", method: "POST", path: "/api/v1/namespaces/default/pods", body: badPod, token: localcluster.TokenOf("admin")},
 		{what: "dave's certificate", method: "GET", path: "/api/v1/namespaces/default/configmaps", cert: &daveCert},
 		{what: "dave deletes", method: "DELETE", path: "/api/v1/namespaces/default/configmaps/kproxy-demo", cert: &daveCert},
 	}
@@ -259,14 +259,6 @@ func actualString(a record.Actual) string {
 	return fmt.Sprint(a.Status)
 }
 
-func tokenOf(name string) string {
-	for _, u := range localcluster.Users {
-		if u.Name == name {
-			return u.Token
-		}
-	}
-	return ""
-}
 
 func kubectlPath() string {
 	if d, err := localcluster.FindBinDir(); err == nil {

@@ -23,6 +23,11 @@ var (
 	statusCodecs = serializer.NewCodecFactory(statusScheme)
 )
 
+// StatusCodecs encode and decode metav1.Status in every media type the
+// apiserver serves: what kproxy answers with itself (through the
+// apiserver's own response writers) and what the replay predicts.
+func StatusCodecs() serializer.CodecFactory { return statusCodecs }
+
 // protobufPrefix starts every Kubernetes protobuf payload.
 var protobufPrefix = []byte("k8s\x00")
 

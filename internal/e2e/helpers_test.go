@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/localcluster"
 )
 
 var createOpts = metav1.CreateOptions{}
@@ -28,7 +30,7 @@ func tokenOf(name string) string {
 	case "bad":
 		return "not-a-valid-token"
 	}
-	return name + "-token"
+	return localcluster.TokenOf(name)
 }
 
 // exchange is what a client saw for one request.

@@ -520,10 +520,11 @@ func WriteKubeconfig(path, server string, caPEM []byte, token string) error {
 // this cluster (the "kproxy" token user) and returns its path.
 func (c *Cluster) UpstreamKubeconfig(dir string) (string, error) {
 	path := filepath.Join(dir, "kproxy-upstream.kubeconfig")
-	return path, WriteKubeconfig(path, c.URL, pki.CertPEM(c.CA.Cert), tokenOf("kproxy"))
+	return path, WriteKubeconfig(path, c.URL, pki.CertPEM(c.CA.Cert), TokenOf("kproxy"))
 }
 
-func tokenOf(name string) string {
+// TokenOf is the static token of a user in Users ("" if none).
+func TokenOf(name string) string {
 	for _, u := range Users {
 		if u.Name == name {
 			return u.Token

@@ -11,10 +11,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/request/headerrequest"
@@ -30,6 +27,8 @@ import (
 	"k8s.io/apiserver/plugin/pkg/authorizer/webhook"
 	webhookmetrics "k8s.io/apiserver/plugin/pkg/authorizer/webhook/metrics"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
+
+	"github.com/kproxy/kproxy/internal/decode"
 )
 
 // How kproxy forwards a caller (record.Identity).
@@ -47,13 +46,8 @@ type identity struct {
 	err  error     // why a rejected caller was rejected
 }
 
-// statusCodecs encode the metav1.Status bodies kproxy answers with itself,
-// through the apiserver's own response writers.
-var statusCodecs = func() serializer.CodecFactory {
-	s := runtime.NewScheme()
-	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
-	return serializer.NewCodecFactory(s)
-}()
+// statusCodecs encode the Status bodies kproxy answers with itself.
+var statusCodecs = decode.StatusCodecs()
 
 // RequestHeaderOptions mirror kube-apiserver's --requestheader-* flags.
 type RequestHeaderOptions struct {

@@ -7,9 +7,6 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apiserver/pkg/authentication/user"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 
@@ -17,11 +14,7 @@ import (
 )
 
 // statusCodecs encode metav1.Status the way the apiserver's filters do.
-var statusCodecs = func() serializer.CodecFactory {
-	s := runtime.NewScheme()
-	metav1.AddToGroupVersion(s, schema.GroupVersion{Version: "v1"})
-	return serializer.NewCodecFactory(s)
-}()
+var statusCodecs = kdecode.StatusCodecs()
 
 // filter runs one of the apiserver's own filters (WithAuthentication,
 // WithImpersonation, WithAuthorization, ...) on a copy of a request. It is
