@@ -259,7 +259,6 @@ func actualString(a record.Actual) string {
 	return fmt.Sprint(a.Status)
 }
 
-
 func kubectlPath() string {
 	if d, err := localcluster.FindBinDir(); err == nil {
 		if p, err := localcluster.Binary(d, "kubectl"); err == nil {
