@@ -53,6 +53,7 @@ type machinery struct {
 	// the cluster's flowcontrol objects; it only classifies here.
 	apf      utilflowcontrol.Interface
 	apfReady func() bool
+	apfName  func(flowSchemaUID, priorityLevelUID string) (string, string)
 
 	state *ClusterState
 	opts  *APIServerOptions
@@ -92,6 +93,21 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 // queues or rejects: kproxy classifies, the real apiserver admits.
 func (m *machinery) buildFlowControl(ctx context.Context, s *ClusterState) {
 	m.apf = utilflowcontrol.New(s.Informers, s.Client.FlowcontrolV1(), 1<<20)
+	// Every record resolves the apiserver's X-Kubernetes-PF-* UIDs to
+	// names: index the objects by UID rather than list them each time.
+	fsInf := s.Informers.Flowcontrol().V1().FlowSchemas().Informer()
+	plInf := s.Informers.Flowcontrol().V1().PriorityLevelConfigurations().Informer()
+	for _, inf := range []cache.SharedIndexInformer{fsInf, plInf} {
+		_ = inf.AddIndexers(cache.Indexers{uidIndex: func(obj any) ([]string, error) {
+			if o, ok := obj.(metav1.Object); ok {
+				return []string{string(o.GetUID())}, nil
+			}
+			return nil, nil
+		}})
+	}
+	m.apfName = func(fsUID, plUID string) (string, string) {
+		return nameByUID(fsInf, fsUID), nameByUID(plInf, plUID)
+	}
 	plLister := s.Informers.Flowcontrol().V1().PriorityLevelConfigurations().Lister()
 	debug := mux.NewPathRecorderMux("kproxy-apf")
 	m.apf.Install(debug)
@@ -214,4 +230,20 @@ type discardSecret struct{ typedv1core.SecretInterface }
 
 func (discardSecret) Patch(_ context.Context, name string, _ types.PatchType, _ []byte, _ metav1.PatchOptions, _ ...string) (*corev1.Secret, error) {
 	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}}, nil
+}
+
+const uidIndex = "uid"
+
+func nameByUID(inf cache.SharedIndexInformer, uid string) string {
+	if uid == "" {
+		return ""
+	}
+	objs, err := inf.GetIndexer().ByIndex(uidIndex, uid)
+	if err != nil || len(objs) == 0 {
+		return ""
+	}
+	if o, ok := objs[0].(metav1.Object); ok {
+		return o.GetName()
+	}
+	return ""
 }

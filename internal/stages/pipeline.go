@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
 
@@ -234,23 +233,8 @@ func (p *Pipeline) WaitReady(ctx context.Context, timeout time.Duration) bool {
 // headers to FlowSchema and PriorityLevelConfiguration names, from the
 // replay's informers; unknown UIDs resolve to "".
 func (p *Pipeline) APFNames(fsUID, plUID string) (flowSchema, priorityLevel string) {
-	if p.state == nil || (fsUID == "" && plUID == "") {
+	if p.m == nil || p.m.apfName == nil {
 		return "", ""
 	}
-	f := p.state.Informers.Flowcontrol().V1()
-	if fss, err := f.FlowSchemas().Lister().List(labels.Everything()); err == nil {
-		for _, fs := range fss {
-			if string(fs.UID) == fsUID {
-				flowSchema = fs.Name
-			}
-		}
-	}
-	if pls, err := f.PriorityLevelConfigurations().Lister().List(labels.Everything()); err == nil {
-		for _, pl := range pls {
-			if string(pl.UID) == plUID {
-				priorityLevel = pl.Name
-			}
-		}
-	}
-	return flowSchema, priorityLevel
+	return p.m.apfName(fsUID, plUID)
 }
