@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	kubeoptions "k8s.io/kubernetes/pkg/kubeapiserver/options"
 
@@ -26,7 +27,17 @@ type APIServerOptions struct {
 	MaxRequestsInFlight         int
 	MaxMutatingRequestsInFlight int
 
-	authnFlags, authzFlags *pflag.FlagSet
+	// The write path: the admission chain (--enable-admission-plugins,
+	// --disable-admission-plugins, --admission-control-config-file) and
+	// what the registry strategies read (--allow-privileged, the service
+	// ranges, --etcd-prefix).
+	Admission              *kubeoptions.AdmissionOptions
+	AllowPrivileged        bool
+	ServiceClusterIPRanges string
+	ServiceNodePortRange   utilnet.PortRange
+	EtcdPrefix             string
+
+	authnFlags, authzFlags, writeFlags *pflag.FlagSet
 	fs                     *pflag.FlagSet
 }
 
@@ -38,6 +49,9 @@ func NewAPIServerOptions() *APIServerOptions {
 		EnablePriorityAndFairness:   true,
 		MaxRequestsInFlight:         400,
 		MaxMutatingRequestsInFlight: 200,
+		Admission:                   kubeoptions.NewAdmissionOptions(),
+		ServiceNodePortRange:        kubeoptions.DefaultServiceNodePortRange,
+		EtcdPrefix:                  "/registry",
 	}
 }
 
@@ -52,8 +66,15 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 		"kube-apiserver's --enable-priority-and-fairness: API Priority and Fairness, or max-in-flight limits when false")
 	o.authzFlags.IntVar(&o.MaxRequestsInFlight, "max-requests-inflight", o.MaxRequestsInFlight, "kube-apiserver's --max-requests-inflight")
 	o.authzFlags.IntVar(&o.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", o.MaxMutatingRequestsInFlight, "kube-apiserver's --max-mutating-requests-inflight")
+	o.writeFlags = pflag.NewFlagSet("write path", pflag.ContinueOnError)
+	o.Admission.AddFlags(o.writeFlags)
+	o.writeFlags.BoolVar(&o.AllowPrivileged, "allow-privileged", o.AllowPrivileged, "kube-apiserver's --allow-privileged: privileged containers pass validation")
+	o.writeFlags.StringVar(&o.ServiceClusterIPRanges, "service-cluster-ip-range", o.ServiceClusterIPRanges, "kube-apiserver's --service-cluster-ip-range")
+	o.writeFlags.Var(&o.ServiceNodePortRange, "service-node-port-range", "kube-apiserver's --service-node-port-range")
+	o.writeFlags.StringVar(&o.EtcdPrefix, "etcd-prefix", o.EtcdPrefix, "kube-apiserver's --etcd-prefix: the prefix of every etcd key")
 	fs.AddFlagSet(o.authnFlags)
 	fs.AddFlagSet(o.authzFlags)
+	fs.AddFlagSet(o.writeFlags)
 	if fs.Lookup("feature-gates") == nil {
 		utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
 	}
@@ -88,6 +109,7 @@ func (o *APIServerOptions) Complete() error {
 	o.Authentication.ApplyAuthorization(o.Authorization)
 	errs = append(errs, o.Authentication.Validate()...)
 	errs = append(errs, o.Authorization.Validate()...)
+	errs = append(errs, o.Admission.Validate()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("the mirrored kube-apiserver flags are not valid: %w", utilerrors.NewAggregate(errs))
 	}
@@ -189,7 +211,8 @@ func (o *APIServerOptions) ParseAPIServerArgs(fs *pflag.FlagSet, args []string) 
 // mirrors reports whether name is one of the mirrored apiserver flags.
 func (o *APIServerOptions) mirrors(name string) bool {
 	return name == "feature-gates" || (o.authnFlags != nil && o.authnFlags.Lookup(name) != nil) ||
-		(o.authzFlags != nil && o.authzFlags.Lookup(name) != nil)
+		(o.authzFlags != nil && o.authzFlags.Lookup(name) != nil) ||
+		(o.writeFlags != nil && o.writeFlags.Lookup(name) != nil)
 }
 
 // APIServerOptionsFromArgs is NewAPIServerOptions with a kube-apiserver

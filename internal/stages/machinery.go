@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -55,8 +56,14 @@ type machinery struct {
 	apfReady func() bool
 	apfName  func(flowSchemaUID, priorityLevelUID string) (string, string)
 
+	// write is kube-apiserver's resource handler over read-only storage,
+	// with its admission chain (decode through storage).
+	write    *writePath
+	writeErr error
+
 	state *ClusterState
 	opts  *APIServerOptions
+	now   func() time.Time
 }
 
 func buildMachinery(ctx context.Context, cfg Config) *machinery {
@@ -65,6 +72,10 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 		tp = noop.NewTracerProvider()
 	}
 	m := &machinery{state: cfg.State, opts: cfg.APIServer, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages")}
+	m.now = time.Now
+	if cfg.Clock != nil {
+		m.now = cfg.Clock.Now
+	}
 	o := cfg.APIServer
 	switch {
 	case o == nil || !o.AuthenticationGiven():
@@ -81,6 +92,14 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 		m.authzErr = fmt.Errorf("no cluster state to replay authorization against")
 	default:
 		m.authzErr = m.buildAuthorization(ctx, o, cfg.State, tp)
+	}
+	switch {
+	case m.authzErr != nil:
+		m.writeErr = fmt.Errorf("it needs the authorizer (RBAC's escalation check, admission): %w", m.authzErr)
+	case m.authnErr != nil:
+		m.writeErr = fmt.Errorf("it needs the authenticator: %w", m.authnErr)
+	default:
+		m.write, m.writeErr = buildWritePath(ctx, o, cfg.State, m.authn, m.authz, tp)
 	}
 	if cfg.State != nil && (o == nil || o.EnablePriorityAndFairness) {
 		m.buildFlowControl(ctx, cfg.State)

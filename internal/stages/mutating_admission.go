@@ -1,12 +1,84 @@
 package stages
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"strings"
 
-// mutatingAdmission replays the mutating-admission stage: mutating admission plugins, MutatingAdmissionPolicy, mutating webhooks.
-type mutatingAdmission struct{}
+	"github.com/kproxy/kproxy/internal/record"
+)
 
-func newMutatingAdmission(*machinery) Stage { return mutatingAdmission{} }
+// mutatingAdmission reports the admission chain's mutating phase of the
+// write path's run: each plugin with its time, verdict and what it
+// changed in the object (a JSON patch).
+type mutatingAdmission struct{ m *machinery }
+
+func newMutatingAdmission(m *machinery) Stage { return mutatingAdmission{m} }
 
 func (mutatingAdmission) Name() string { return "mutating-admission" }
 
-func (mutatingAdmission) Run(context.Context, *Request) Result { return notModelled() }
+func (mutatingAdmission) recorded() {}
+
+func (s mutatingAdmission) Run(_ context.Context, req *Request) Result {
+	return admissionPhase(req, phaseMutating, false)
+}
+
+// admissionPhase reports one admission phase of the run.
+func admissionPhase(req *Request, phase int, validating bool) Result {
+	run := req.write
+	if run == nil {
+		if !isWrite(req.Info) {
+			return Skip(notWriteReason(req))
+		}
+		return Skip("not replayed (see decode)")
+	}
+	if run.unknown != "" {
+		return Skip("not replayed (see decode)")
+	}
+	var children []record.StageResult
+	var spans []childSpan
+	var changed []string
+	for _, c := range run.plugins {
+		if c.Validating != validating {
+			continue
+		}
+		ch := childFor(c)
+		children = append(children, ch)
+		sp := childSpan{Name: c.Name, Start: c.Start, End: c.End, Outcome: ch.Outcome}
+		if c.Err != nil {
+			sp.Err = c.Err.Error()
+		}
+		spans = append(spans, sp)
+		if c.Patch != "" {
+			changed = append(changed, c.Name)
+		}
+	}
+	start, end, reached := run.phaseTimes(phase)
+	var res Result
+	switch {
+	case !reached:
+		res = Skip(notReached(run))
+	case run.decided == phaseStage[phase]:
+		who := "the admission chain"
+		if run.pluginErrName != "" {
+			who = "admission plugin " + run.pluginErrName
+		}
+		res = Reject(run.status, who+" refuses: "+statusMessage(run.status))
+	default:
+		msg := fmt.Sprintf("%d plugins admitted the request", len(children))
+		if len(changed) > 0 {
+			msg += "; changed by " + strings.Join(changed, ", ")
+		}
+		res = Pass(msg)
+	}
+	res.Children, res.Spans, res.Began, res.Ended = children, spans, start, end
+	return res
+}
+
+// notReached explains a write-path stage the run never got to.
+func notReached(run *writeRun) string {
+	if run.decided == "" {
+		return "not reached"
+	}
+	return "not reached: " + run.decided + " refuses first (" + statusMessage(run.status) + ")"
+}

@@ -183,6 +183,9 @@ func predict(req *Request, decided *Result, decidedBy string, unknown []string) 
 // successStatus is the status the apiserver answers a successful request
 // with: 201 for a create that stores a new object, 200 otherwise.
 func successStatus(req *Request) int {
+	if req.write != nil && req.write.code >= 200 && req.write.code < 300 {
+		return req.write.code
+	}
 	if req.Info != nil && req.Info.Verb == "create" && req.HTTP.Method == http.MethodPost {
 		return http.StatusCreated
 	}
@@ -192,25 +195,61 @@ func successStatus(req *Request) int {
 // runStage runs one stage in its own span, turning a panic into an error
 // result.
 func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Result, d time.Duration) {
+	if _, ok := s.(recordedStage); ok {
+		return p.runRecordedStage(ctx, s, req)
+	}
 	ctx, span := p.tracer.Start(ctx, s.Name())
 	start := p.clock.Now()
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				res = Failed(fmt.Sprintf("panic: %v\n%s", v, debug.Stack()))
-			}
-		}()
-		res = s.Run(ctx, req)
-	}()
+	res = p.protect(ctx, s, req)
 	d = p.clock.Since(start)
+	endStageSpan(span, res)
+	span.End()
+	return res, d
+}
+
+// recordedStage is a stage whose work happened before it is asked (the
+// write path runs once for decode through storage): its span is made
+// after the fact, with the times the work really took.
+type recordedStage interface{ recorded() }
+
+func (p *Pipeline) runRecordedStage(ctx context.Context, s Stage, req *Request) (Result, time.Duration) {
+	now := p.clock.Now()
+	res := p.protect(ctx, s, req)
+	began, ended := res.Began, res.Ended
+	if began.IsZero() {
+		began, ended = now, p.clock.Now()
+	}
+	sctx, span := p.tracer.Start(ctx, s.Name(), trace.WithTimestamp(began))
+	for _, c := range res.Spans {
+		_, cs := p.tracer.Start(sctx, c.Name, trace.WithTimestamp(c.Start))
+		cs.SetAttributes(attribute.String("kproxy.stage.outcome", c.Outcome))
+		if c.Err != "" {
+			cs.SetStatus(codes.Error, c.Err)
+		}
+		cs.End(trace.WithTimestamp(c.End))
+	}
+	endStageSpan(span, res)
+	span.End(trace.WithTimestamp(ended))
+	return res, ended.Sub(began)
+}
+
+// protect runs the stage, turning a panic into an error result.
+func (p *Pipeline) protect(ctx context.Context, s Stage, req *Request) (res Result) {
+	defer func() {
+		if v := recover(); v != nil {
+			res = Failed(fmt.Sprintf("panic: %v\n%s", v, debug.Stack()))
+		}
+	}()
+	return s.Run(ctx, req)
+}
+
+func endStageSpan(span trace.Span, res Result) {
 	span.SetAttributes(
 		attribute.String("kproxy.stage.outcome", res.Outcome),
 		attribute.String("kproxy.stage.explanation", res.Explanation))
 	if res.Outcome == record.Error {
 		span.SetStatus(codes.Error, res.Explanation)
 	}
-	span.End()
-	return res, d
 }
 
 // WaitReady waits, at most timeout, until the machinery that digests the

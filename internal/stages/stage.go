@@ -46,6 +46,10 @@ type Request struct {
 	Caller user.Info
 	// FlowSchema and PriorityLevel are APF's classification (flowcontrol).
 	FlowSchema, PriorityLevel string
+
+	// write is the write path's run (decode through storage), set by
+	// decode for the stages after it.
+	write *writeRun
 }
 
 // MaxBodyBytes is the apiserver's own request body limit (3 MiB): a longer
@@ -63,6 +67,19 @@ type Result struct {
 	// Unknown marks a stage that cannot say (not modelled yet, or lacking
 	// configuration or state): the prediction cannot be known past it.
 	Unknown bool
+	// Began and Ended are set by stages whose work happened earlier (the
+	// write path runs once for decode through storage): the stage's span
+	// and duration take these times, and Spans its children's.
+	Began, Ended time.Time
+	Spans        []childSpan
+}
+
+// childSpan is a span recorded after the fact: an admission plugin's call.
+type childSpan struct {
+	Name       string
+	Start, End time.Time
+	Outcome    string
+	Err        string
 }
 
 // Pass, Skip, Reject and Errorf build results.

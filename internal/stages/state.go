@@ -17,6 +17,9 @@ import (
 // informers on the upstream (one list, then watch), and a client that can
 // only read, so that nothing the replay runs can write to the cluster.
 type ClusterState struct {
+	// Config is the read-only client configuration (the write path's
+	// "loopback" clients use it).
+	Config    *rest.Config
 	Client    kubernetes.Interface
 	Informers informers.SharedInformerFactory
 	// extra are narrower factories (bootstrap-token secrets in
@@ -36,7 +39,7 @@ func NewClusterState(cfg *rest.Config) (*ClusterState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replay client: %w", err)
 	}
-	return &ClusterState{Client: cs, Informers: informers.NewSharedInformerFactory(cs, 0)}, nil
+	return &ClusterState{Config: cfg, Client: cs, Informers: informers.NewSharedInformerFactory(cs, 0)}, nil
 }
 
 // Start runs the informers and waits, at most timeout, for their caches.

@@ -1,12 +1,64 @@
 package stages
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"strings"
+)
 
-// storage replays the storage stage: etcd key, encoding, size limit, existence and resourceVersion preconditions.
-type storage struct{}
+// storage reports the storage part of the write path's run: existence and
+// resourceVersion/uid preconditions checked against the object as it was
+// read from the cluster (the registry runs in dry run and never writes).
+// Reads (get, list, watch) are not modelled yet.
+type storageStage struct{ m *machinery }
 
-func newStorage(*machinery) Stage { return storage{} }
+func newStorage(m *machinery) Stage { return storageStage{m} }
 
-func (storage) Name() string { return "storage" }
+func (storageStage) Name() string { return "storage" }
 
-func (storage) Run(context.Context, *Request) Result { return notModelled() }
+func (storageStage) recorded() {}
+
+func (storageStage) Run(_ context.Context, req *Request) Result {
+	run := req.write
+	if run == nil {
+		if isWrite(req.Info) {
+			return Skip("not replayed (see decode)")
+		}
+		return notModelled()
+	}
+	if run.unknown != "" {
+		return Skip("not replayed (see decode)")
+	}
+	var reads []string
+	for _, r := range run.reads {
+		s := r.Key + ": "
+		if r.Found {
+			s += "found at resourceVersion " + r.ResourceVersion
+		} else {
+			s += "not found"
+		}
+		reads = append(reads, fmt.Sprintf("%s (read through the apiserver in %v)", s, r.Duration.Round(10_000)))
+	}
+	start, end, reached := run.phaseTimes(phaseStorage)
+	if !reached {
+		start, end = run.end, run.end
+	}
+	var res Result
+	switch {
+	case run.decided == "storage":
+		res = Reject(run.status, "storage refuses: "+statusMessage(run.status)+explainReads(reads))
+	case run.decided != "":
+		res = Skip(notReached(run))
+	default:
+		res = Pass("dry run: the registry accepts the write" + explainReads(reads))
+	}
+	res.Began, res.Ended = start, end
+	return res
+}
+
+func explainReads(reads []string) string {
+	if len(reads) == 0 {
+		return ""
+	}
+	return "; read " + strings.Join(reads, "; ")
+}

@@ -2,11 +2,18 @@ package stages
 
 import "context"
 
-// validatingAdmission replays the validating-admission stage: validating admission plugins, ValidatingAdmissionPolicy, validating webhooks.
-type validatingAdmission struct{}
+// validatingAdmission reports the admission chain's validating phase of
+// the write path's run (ResourceQuota, PodSecurity, LimitRanger's checks,
+// ValidatingAdmissionPolicy, validating webhooks): each plugin with its
+// time and verdict.
+type validatingAdmission struct{ m *machinery }
 
-func newValidatingAdmission(*machinery) Stage { return validatingAdmission{} }
+func newValidatingAdmission(m *machinery) Stage { return validatingAdmission{m} }
 
 func (validatingAdmission) Name() string { return "validating-admission" }
 
-func (validatingAdmission) Run(context.Context, *Request) Result { return notModelled() }
+func (validatingAdmission) recorded() {}
+
+func (validatingAdmission) Run(_ context.Context, req *Request) Result {
+	return admissionPhase(req, phaseValidating, true)
+}

@@ -1,12 +1,56 @@
 package stages
 
-import "context"
+import (
+	"context"
+	"strings"
 
-// validation replays the validation stage: the registry strategy: PrepareForCreate/Update and Validate.
-type validation struct{}
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
 
-func newValidation(*machinery) Stage { return validation{} }
+// validation reports the registry strategy's part of the write path's
+// run: PrepareForCreate/Update, Validate/ValidateUpdate, the object's own
+// rules, with the apiserver's field error list when it refuses.
+type validation struct{ m *machinery }
+
+func newValidation(m *machinery) Stage { return validation{m} }
 
 func (validation) Name() string { return "validation" }
 
-func (validation) Run(context.Context, *Request) Result { return notModelled() }
+func (validation) recorded() {}
+
+func (validation) Run(_ context.Context, req *Request) Result {
+	run := req.write
+	if run == nil {
+		if !isWrite(req.Info) {
+			return Skip(notWriteReason(req))
+		}
+		return Skip("not replayed (see decode)")
+	}
+	if run.unknown != "" {
+		return Skip("not replayed (see decode)")
+	}
+	start, end, reached := run.phaseTimes(phaseValidation)
+	var res Result
+	switch {
+	case run.decided == "validation":
+		res = Reject(run.status, "the "+req.Info.Resource+" strategy refuses the object: "+fieldErrors(run.status))
+	case !reached:
+		res = Skip(notReached(run))
+	default:
+		res = Pass("the " + req.Info.Resource + " strategy accepts the object")
+	}
+	res.Began, res.Ended = start, end
+	return res
+}
+
+// fieldErrors lists a 422's causes, one per field.
+func fieldErrors(st *metav1.Status) string {
+	if st.Details == nil || len(st.Details.Causes) == 0 {
+		return st.Message
+	}
+	var b []string
+	for _, c := range st.Details.Causes {
+		b = append(b, c.Field+": "+c.Message+" ("+string(c.Type)+")")
+	}
+	return strings.Join(b, "; ")
+}

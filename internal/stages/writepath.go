@@ -1,0 +1,293 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	genericoptions "k8s.io/apiserver/pkg/server/options"
+	serverstorage "k8s.io/apiserver/pkg/server/storage"
+	"k8s.io/apiserver/pkg/registry/generic"
+	"k8s.io/apiserver/pkg/storage/storagebackend"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/apiserver/pkg/util/openapi"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	basecompatibility "k8s.io/component-base/compatibility"
+	aggregatorapiserver "k8s.io/kube-aggregator/pkg/apiserver"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
+	"k8s.io/kubernetes/pkg/capabilities"
+	"k8s.io/kubernetes/pkg/controlplane"
+	controlplaneapiserver "k8s.io/kubernetes/pkg/controlplane/apiserver"
+	controlplaneadmission "k8s.io/kubernetes/pkg/controlplane/apiserver/admission"
+	cpoptions "k8s.io/kubernetes/pkg/controlplane/apiserver/options"
+	"k8s.io/kubernetes/pkg/controlplane/reconcilers"
+	generatedopenapi "k8s.io/kubernetes/pkg/generated/openapi"
+	"k8s.io/kubernetes/pkg/kubeapiserver"
+	kubeapiserveradmission "k8s.io/kubernetes/pkg/kubeapiserver/admission"
+	kubeletclient "k8s.io/kubernetes/pkg/kubelet/client"
+	netutils "k8s.io/utils/net"
+)
+
+// writePath is kube-apiserver's resource handler for the built-in
+// resources, assembled the way kube-apiserver assembles it: the REST
+// storage of every API group (controlplane.StorageProviders), the
+// registry strategies, the admission chain of the mirrored flags with its
+// initializers, installed in a GenericAPIServer that never listens. Its
+// storage only reads the cluster (snapshotStorage), and the replay sends
+// every write through it in dry run, so nothing is ever written.
+//
+// The handler runs decode, mutating admission, validation, validating
+// admission and the storage preconditions in the apiserver's own order; a
+// writeRun in the request context watches it go by (which plugin ran, where
+// it stopped), so that each stage reports its own part.
+type writePath struct {
+	handler http.Handler
+	// plugins are the enabled admission plugins, in the chain's order.
+	plugins []string
+}
+
+// buildWritePath follows kube-apiserver's CreateKubeAPIServerConfig and
+// BuildGenericConfig with the parts that touch the outside world replaced:
+// the loopback client is kproxy's read-only client, the storage is
+// snapshotStorage.
+func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, authn authenticator.Request, authz authorizer.Authorizer, tp trace.TracerProvider) (*writePath, error) {
+	// Process-global, as in kube-apiserver: privileged containers pass
+	// validation only with --allow-privileged.
+	capabilities.Setup(o.AllowPrivileged, 0)
+
+	ev := basecompatibility.NewEffectiveVersionFromString(strings.TrimPrefix(KubernetesVersion, "v"), "", "")
+	gc := genericapiserver.NewConfig(legacyscheme.Codecs)
+	gc.EffectiveVersion = ev
+	gc.ExternalAddress = "kproxy-replay:443"
+	gc.MergedResourceConfig = controlplane.DefaultAPIResourceConfigSource()
+	gc.LoopbackClientConfig = loopbackConfig(s.Config)
+	gc.Authentication.Authenticator = authn
+	gc.Authorization.Authorizer = authz
+	defs := openapi.GetOpenAPIDefinitionsWithoutDisabledFeatures(generatedopenapi.GetOpenAPIDefinitions)
+	namer := openapinamer.NewDefinitionNamer(legacyscheme.Scheme)
+	gc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(defs, namer)
+	gc.OpenAPIConfig.Info.Title = "Kubernetes"
+	gc.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(defs, namer)
+	gc.OpenAPIV3Config.Info.Title = "Kubernetes"
+
+	// The apiserver's storage factory: etcd keys, storage versions and
+	// encodings per resource, exactly as kube-apiserver computes them.
+	etcd := genericoptions.NewEtcdOptions(storagebackend.NewDefaultConfig(o.EtcdPrefix, nil))
+	etcd.EnableWatchCache = false
+	// The service IP and node-port allocators open raw etcd storage of
+	// their own, used only to persist allocations, which dry run never
+	// does. Their client waits for a ready gRPC connection: it gets a
+	// gRPC server that serves nothing, and no compaction or polling.
+	nowhere, err := emptyGRPCServer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	etcd.StorageConfig.Transport.ServerList = []string{nowhere}
+	etcd.StorageConfig.CompactionInterval = 0
+	etcd.StorageConfig.DBMetricPollInterval = 0
+	sfc := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
+	sfc.APIResourceConfig = gc.MergedResourceConfig
+	sfc.DefaultResourceEncoding.SetEffectiveVersion(ev)
+	sf, err := sfc.Complete(etcd).New()
+	if err != nil {
+		return nil, fmt.Errorf("storage factory: %w", err)
+	}
+	gc.RESTOptionsGetter = &snapshotOptions{
+		inner: &genericoptions.StorageFactoryRestOptionsFactory{Options: *etcd, StorageFactory: sf},
+		state: s, resources: gc.MergedResourceConfig,
+	}
+
+	// Admission, with the initializers kube-apiserver gives its plugins.
+	loop := gc.LoopbackClientConfig
+	svcResolver := aggregatorapiserver.NewClusterIPServiceResolver(s.Informers.Core().V1().Services().Lister())
+	if u, err := url.Parse(loop.Host); err == nil {
+		svcResolver = aggregatorapiserver.NewLoopbackServiceResolver(svcResolver, u)
+	}
+	kubeInit, err := (&kubeapiserveradmission.Config{}).New()
+	if err != nil {
+		return nil, fmt.Errorf("admission initializers: %w", err)
+	}
+	genericInit, err := (&controlplaneadmission.Config{ExternalInformers: s.Informers, LoopbackClientConfig: loop,
+		APIResourceConfig: sf.APIResourceConfigSource}).New(controlplaneapiserver.CreateProxyTransport(), nil, svcResolver, gc.TracerProvider)
+	if err != nil {
+		return nil, fmt.Errorf("admission initializers: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(loop)
+	if err != nil {
+		return nil, err
+	}
+	adm := *o.Admission.GenericAdmission
+	var plugins []string
+	adm.Decorators = append(append(admission.Decorators{}, adm.Decorators...), admission.DecoratorFunc(func(h admission.Interface, name string) admission.Interface {
+		plugins = append(plugins, name)
+		return &observedPlugin{inner: h, name: name}
+	}))
+	ao := *o.Admission
+	ao.GenericAdmission = &adm
+	if err := ao.ApplyTo(gc, s.Informers, s.Client, dyn, utilfeature.DefaultFeatureGate, ev, append(genericInit, kubeInit...)...); err != nil {
+		return nil, fmt.Errorf("admission chain (--enable-admission-plugins, --admission-control-config-file): %w", err)
+	}
+	gc.AdmissionControl = &phaseMarker{inner: gc.AdmissionControl}
+
+	primary, secondary, apiIP, err := serviceRanges(o.ServiceClusterIPRanges)
+	if err != nil {
+		return nil, err
+	}
+	cpc := &controlplane.Config{
+		ControlPlane: controlplaneapiserver.Config{
+			Generic: gc,
+			Extra: controlplaneapiserver.Extra{
+				APIResourceConfigSource: sf.APIResourceConfigSource,
+				StorageFactory:          sf,
+				EventTTL:                time.Hour,
+				ProxyTransport:          controlplaneapiserver.CreateProxyTransport(),
+				VersionedInformers:      s.Informers,
+			},
+		},
+		Extra: controlplane.Extra{
+			KubeletClientConfig:     kubeletclient.KubeletClientConfig{Port: 10250, ReadOnlyPort: 10255, HTTPTimeout: 5 * time.Second},
+			ServiceIPRange:          primary,
+			SecondaryServiceIPRange: secondary,
+			APIServerServiceIP:      apiIP,
+			APIServerServicePort:    443,
+			ServiceNodePortRange:    o.ServiceNodePortRange,
+			EndpointReconcilerType:  reconcilers.NoneEndpointReconcilerType,
+			MasterCount:             1,
+		},
+	}
+	completed := cpc.Complete()
+	srv, err := completed.ControlPlane.Generic.New("kproxy-replay", genericapiserver.NewEmptyDelegate())
+	if err != nil {
+		return nil, fmt.Errorf("replay apiserver: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(loop)
+	if err != nil {
+		return nil, err
+	}
+	providers, err := completed.StorageProviders(client)
+	if err != nil {
+		return nil, fmt.Errorf("REST storage: %w", err)
+	}
+	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers); err != nil {
+		return nil, err
+	}
+	return &writePath{handler: srv.Handler.Director, plugins: plugins}, nil
+}
+
+// emptyGRPCServer serves gRPC with no services on a loopback port until
+// ctx ends, and returns its URL.
+func emptyGRPCServer(ctx context.Context) (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("write path: %w", err)
+	}
+	g := grpc.NewServer()
+	go func() { _ = g.Serve(l) }()
+	context.AfterFunc(ctx, g.Stop)
+	return "http://" + l.Addr().String(), nil
+}
+
+// installAPIs is controlplaneapiserver.Server.InstallAPIs without the
+// post-start hooks (controllers that would write to the cluster).
+func installAPIs(srv *genericapiserver.GenericAPIServer, rc serverstorage.APIResourceConfigSource, getter generic.RESTOptionsGetter, providers []controlplaneapiserver.RESTStorageProvider) error {
+	eval, err := genericapiserver.NewResourceExpirationEvaluatorFromOptions(genericapiserver.ResourceExpirationEvaluatorOptions{
+		CurrentVersion:                          srv.EffectiveVersion.EmulationVersion(),
+		Prerelease:                              srv.EffectiveVersion.BinaryVersion().PreRelease(),
+		EmulationForwardCompatible:              srv.EmulationForwardCompatible,
+		RuntimeConfigEmulationForwardCompatible: srv.RuntimeConfigEmulationForwardCompatible,
+	})
+	if err != nil {
+		return err
+	}
+	var groups []*genericapiserver.APIGroupInfo
+	for _, p := range providers {
+		info, err := p.NewRESTStorage(rc, getter)
+		if err != nil {
+			return fmt.Errorf("API group %q: %w", p.GroupName(), err)
+		}
+		if len(info.VersionedResourcesStorageMap) == 0 {
+			continue
+		}
+		if err := eval.RemoveUnavailableKinds(p.GroupName(), info.Scheme, info.VersionedResourcesStorageMap, rc); err != nil {
+			return err
+		}
+		if len(info.VersionedResourcesStorageMap) == 0 {
+			continue
+		}
+		if p.GroupName() == "" {
+			if err := srv.InstallLegacyAPIGroup(genericapiserver.DefaultLegacyAPIPrefix, &info); err != nil {
+				return fmt.Errorf("core API: %w", err)
+			}
+			continue
+		}
+		groups = append(groups, &info)
+	}
+	return srv.InstallAPIGroups(groups...)
+}
+
+// loopbackConfig is the read-only client configuration for the write
+// path's own clients. A bearer token moves into the transport: the
+// apiserver's config completion would otherwise trust it as the loopback
+// identity (system:masters) in the authorizer.
+func loopbackConfig(c *rest.Config) *rest.Config {
+	c = rest.CopyConfig(c)
+	c.ContentConfig.ContentType = "application/vnd.kubernetes.protobuf"
+	if tok := c.BearerToken; tok != "" {
+		c.BearerToken = ""
+		c.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+				r = r.Clone(r.Context())
+				r.Header.Set("Authorization", "Bearer "+tok)
+				return rt.RoundTrip(r)
+			})
+		})
+	}
+	return c
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// serviceRanges is kube-apiserver's getServiceIPAndRanges for
+// --service-cluster-ip-range.
+func serviceRanges(flag string) (primary, secondary net.IPNet, apiServerIP net.IP, err error) {
+	var parts []string
+	if flag != "" {
+		parts = strings.Split(flag, ",")
+	}
+	var first net.IPNet
+	if len(parts) > 0 {
+		_, cidr, err := netutils.ParseCIDRSloppy(parts[0])
+		if err != nil {
+			return primary, secondary, nil, fmt.Errorf("--service-cluster-ip-range[0] %q is not a valid CIDR", parts[0])
+		}
+		first = *cidr
+	}
+	primary, apiServerIP, err = cpoptions.ServiceIPRange(first)
+	if err != nil {
+		return primary, secondary, nil, fmt.Errorf("--service-cluster-ip-range: %w", err)
+	}
+	if len(parts) > 1 {
+		_, cidr, err := netutils.ParseCIDRSloppy(parts[1])
+		if err != nil {
+			return primary, secondary, nil, fmt.Errorf("--service-cluster-ip-range[1] %q is not a valid CIDR", parts[1])
+		}
+		secondary = *cidr
+	}
+	return primary, secondary, apiServerIP, nil
+}
+

@@ -1,0 +1,375 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/admission"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/warning"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
+
+	kdecode "github.com/kproxy/kproxy/internal/decode"
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// Phases of one write through the apiserver's handler, in the order they
+// begin. An update reads the stored object before admission; the phase
+// marks only move forward.
+const (
+	phaseDecode     = iota // handler: content type, body, options
+	phaseMutating          // mutating admission
+	phaseValidation        // the registry strategy (and preconditions)
+	phaseValidating        // validating admission
+	phaseStorage           // the dry-run store
+)
+
+var phaseStage = [...]string{"decode", "mutating-admission", "validation", "validating-admission", "storage"}
+
+// writeRun is what one replay of a write saw go by in the apiserver's
+// handler: the phases with their times, every admission plugin's call and
+// verdict, the storage reads, and the answer.
+type writeRun struct {
+	mu      sync.Mutex
+	now     func() time.Time
+	start   time.Time
+	end     time.Time
+	phase   int
+	marks   [len(phaseStage)]time.Time // when each phase began
+	plugins []pluginCall
+	reads   []storageRead
+	// pluginErr is the last error an admission plugin returned, with the
+	// phase it returned it in.
+	pluginErr      error
+	pluginErrPhase int
+	pluginErrName  string
+
+	status   *metav1.Status // the handler's answer when it refused
+	code     int
+	object   []byte // the handler's answer when it accepted (the object)
+	warnings []string
+	// unknown says why the run cannot be trusted (a read failed, a
+	// webhook cannot be called in dry run).
+	unknown string
+	// decided is the stage that produced the refusal.
+	decided string
+}
+
+type pluginCall struct {
+	Name       string
+	Validating bool
+	Start, End time.Time
+	Err        error
+	Patch      string // what a mutating plugin changed, as a JSON patch
+}
+
+type storageRead struct {
+	Key, Path       string
+	Found           bool
+	ResourceVersion string
+	Duration        time.Duration
+	Err             error
+}
+
+type runKey struct{}
+
+func withRun(ctx context.Context, r *writeRun) context.Context {
+	return context.WithValue(ctx, runKey{}, r)
+}
+
+func runFrom(ctx context.Context) *writeRun {
+	r, _ := ctx.Value(runKey{}).(*writeRun)
+	return r
+}
+
+func (r *writeRun) enter(phase int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if phase > r.phase {
+		r.phase = phase
+		r.marks[phase] = r.now()
+	}
+}
+
+func (r *writeRun) addRead(read storageRead) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reads = append(r.reads, read)
+	if read.Err != nil && r.unknown == "" {
+		r.unknown = fmt.Sprintf("could not read %s: %v", read.Path, read.Err)
+	}
+}
+
+func (r *writeRun) addPlugin(c pluginCall) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.plugins = append(r.plugins, c)
+	if c.Err != nil {
+		r.pluginErr, r.pluginErrName = c.Err, c.Name
+		r.pluginErrPhase = phaseMutating
+		if c.Validating {
+			r.pluginErrPhase = phaseValidating
+		}
+	}
+}
+
+// phaseMarker wraps the admission chain to mark where the handler is:
+// mutating admission begins with Admit, the strategy's validation follows
+// it, validating admission is Validate, and storage comes after.
+type phaseMarker struct{ inner admission.Interface }
+
+func (p *phaseMarker) Handles(op admission.Operation) bool { return p.inner.Handles(op) }
+
+func (p *phaseMarker) Admit(ctx context.Context, a admission.Attributes, o admission.ObjectInterfaces) error {
+	r := runFrom(ctx)
+	if r != nil {
+		r.enter(phaseMutating)
+	}
+	var err error
+	if m, ok := p.inner.(admission.MutationInterface); ok {
+		err = m.Admit(ctx, a, o)
+	}
+	if r != nil && err == nil {
+		r.enter(phaseValidation)
+	}
+	return err
+}
+
+func (p *phaseMarker) Validate(ctx context.Context, a admission.Attributes, o admission.ObjectInterfaces) error {
+	r := runFrom(ctx)
+	if r != nil {
+		r.enter(phaseValidating)
+	}
+	var err error
+	if v, ok := p.inner.(admission.ValidationInterface); ok {
+		err = v.Validate(ctx, a, o)
+	}
+	if r != nil && err == nil {
+		r.enter(phaseStorage)
+	}
+	return err
+}
+
+// observedPlugin is the decorator around each admission plugin: it times
+// the plugin's call, keeps its verdict and, for a mutating plugin, what it
+// changed in the object.
+type observedPlugin struct {
+	inner admission.Interface
+	name  string
+}
+
+func (p *observedPlugin) Handles(op admission.Operation) bool { return p.inner.Handles(op) }
+
+func (p *observedPlugin) Admit(ctx context.Context, a admission.Attributes, o admission.ObjectInterfaces) error {
+	m, ok := p.inner.(admission.MutationInterface)
+	if !ok {
+		return nil
+	}
+	r := runFrom(ctx)
+	if r == nil {
+		return m.Admit(ctx, a, o)
+	}
+	before := objectJSON(a.GetObject())
+	c := pluginCall{Name: p.name, Start: r.now()}
+	c.Err = m.Admit(ctx, a, o)
+	c.End = r.now()
+	if after := objectJSON(a.GetObject()); before != nil && after != nil && !bytes.Equal(before, after) {
+		c.Patch = jsonPatch(before, after)
+	}
+	r.addPlugin(c)
+	return c.Err
+}
+
+func (p *observedPlugin) Validate(ctx context.Context, a admission.Attributes, o admission.ObjectInterfaces) error {
+	v, ok := p.inner.(admission.ValidationInterface)
+	if !ok {
+		return nil
+	}
+	r := runFrom(ctx)
+	if r == nil {
+		return v.Validate(ctx, a, o)
+	}
+	c := pluginCall{Name: p.name, Validating: true, Start: r.now()}
+	c.Err = v.Validate(ctx, a, o)
+	c.End = r.now()
+	r.addPlugin(c)
+	return c.Err
+}
+
+// objectJSON is the object as JSON in its external version, for diffs.
+func objectJSON(obj runtime.Object) []byte {
+	if obj == nil {
+		return nil
+	}
+	gvks, _, err := legacyscheme.Scheme.ObjectKinds(obj)
+	if err != nil || len(gvks) == 0 {
+		return nil
+	}
+	gv := gvks[0].GroupVersion()
+	if gv.Version == runtime.APIVersionInternal {
+		if vs := legacyscheme.Scheme.PrioritizedVersionsForGroup(gv.Group); len(vs) > 0 {
+			gv = vs[0]
+		}
+	}
+	b, err := runtime.Encode(legacyscheme.Codecs.LegacyCodec(gv), obj)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// isWrite reports whether the request goes through the resource handler's
+// write path (decode, admission, validation, storage).
+func isWrite(info *apirequest.RequestInfo) bool {
+	if info == nil || !info.IsResourceRequest {
+		return false
+	}
+	switch info.Verb {
+	case "create", "update", "patch", "delete", "deletecollection":
+		return true
+	}
+	return false
+}
+
+// writeRunFor runs the request through the write path once and keeps the
+// run on the request for the stages after decode.
+func (w *writePath) runRequest(ctx context.Context, req *Request, now func() time.Time) *writeRun {
+	run := &writeRun{now: now, start: now()}
+	run.marks[phaseDecode] = run.start
+	if req.BodyTruncated {
+		run.unknown = "the request body is larger than the apiserver accepts"
+		run.end = now()
+		return run
+	}
+	rec := &warningRecorder{}
+	hctx := withRun(ctx, run)
+	hctx = apirequest.WithRequestInfo(hctx, req.Info)
+	hctx = apirequest.WithUser(hctx, req.User)
+	hctx = apirequest.WithNamespace(hctx, req.Info.Namespace)
+	hctx = apirequest.WithReceivedTimestamp(hctx, req.Arrival)
+	hctx = warning.WithWarningRecorder(hctx, rec)
+	r := req.HTTP.Clone(hctx)
+	r.Body = io.NopCloser(bytes.NewReader(req.Body))
+	r.ContentLength = int64(len(req.Body))
+	// Dry run: the registry only reads, admission plugins persist nothing,
+	// and webhooks are called only if they declare no side effects.
+	q := r.URL.Query()
+	if _, ok := q["dryRun"]; !ok {
+		q.Set("dryRun", metav1.DryRunAll)
+		r.URL.RawQuery = q.Encode()
+	}
+	resp := httptest.NewRecorder()
+	w.handler.ServeHTTP(resp, r)
+	run.end = now()
+	run.code = resp.Code
+	run.warnings = rec.list()
+	if resp.Code >= 300 {
+		if st, ok := kdecode.Status(resp.Header().Get("Content-Type"), resp.Body.Bytes()); ok {
+			run.status = st
+		} else {
+			run.status = &metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.Code), Message: strings.TrimSpace(resp.Body.String())}
+		}
+		run.decided = run.attribute(run.status)
+	} else {
+		run.object = resp.Body.Bytes()
+	}
+	return run
+}
+
+// attribute names the stage whose code produced st, following the
+// contract's labelling rules.
+func (r *writeRun) attribute(st *metav1.Status) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pluginErr != nil {
+		if ps, ok := r.pluginErr.(apierrors.APIStatus); ok && ps.Status().Message == st.Message {
+			return phaseStage[r.pluginErrPhase]
+		}
+		if strings.Contains(st.Message, r.pluginErr.Error()) {
+			return phaseStage[r.pluginErrPhase]
+		}
+	}
+	switch st.Reason {
+	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:
+		return "storage"
+	case metav1.StatusReasonForbidden:
+		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") {
+			return "authorization"
+		}
+	case metav1.StatusReasonRequestEntityTooLarge:
+		if r.phase < phaseValidation {
+			return "decode"
+		}
+		return "storage"
+	}
+	return phaseStage[r.phase]
+}
+
+// warningRecorder collects the warnings the handler adds.
+type warningRecorder struct {
+	mu sync.Mutex
+	w  []string
+}
+
+func (w *warningRecorder) AddWarning(agent, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.w = append(w.w, text)
+}
+
+func (w *warningRecorder) list() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.w...)
+}
+
+// phaseTimes returns when a stage's phase began and ended in the run.
+func (r *writeRun) phaseTimes(phase int) (start, end time.Time, reached bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if phase != phaseDecode && r.marks[phase].IsZero() {
+		return time.Time{}, time.Time{}, false
+	}
+	start = r.marks[phase]
+	end = r.end
+	for p := phase + 1; p < len(r.marks); p++ {
+		if !r.marks[p].IsZero() {
+			end = r.marks[p]
+			break
+		}
+	}
+	return start, end, true
+}
+
+// statusMessage describes a refusal for an explanation.
+func statusMessage(st *metav1.Status) string {
+	return fmt.Sprintf("%d %s: %s", st.Code, st.Reason, st.Message)
+}
+
+// childFor is a plugin call as a stage child.
+func childFor(c pluginCall) record.StageResult {
+	ch := record.StageResult{Name: c.Name, Outcome: record.Pass, DurationNs: c.End.Sub(c.Start).Nanoseconds()}
+	switch {
+	case c.Err != nil:
+		ch.Outcome, ch.Explanation = record.Reject, c.Err.Error()
+	case c.Patch != "":
+		ch.Explanation = "changed the object: " + c.Patch
+	default:
+		ch.Explanation = "admitted, no change"
+	}
+	return ch
+}
+
+var _ = json.Marshal
+var _ = http.StatusOK
