@@ -38,7 +38,7 @@ type APIServerOptions struct {
 	EtcdPrefix             string
 
 	authnFlags, authzFlags, writeFlags *pflag.FlagSet
-	fs                     *pflag.FlagSet
+	fs                                 *pflag.FlagSet
 }
 
 // NewAPIServerOptions returns the options with kube-apiserver's defaults.

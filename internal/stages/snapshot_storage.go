@@ -182,10 +182,10 @@ func (s *snapshotStorage) Watch(context.Context, string, storage.ListOptions) (w
 }
 
 func (s *snapshotStorage) Stats(context.Context) (storage.Stats, error) { return storage.Stats{}, nil }
-func (s *snapshotStorage) ReadinessCheck() error                         { return nil }
-func (s *snapshotStorage) RequestWatchProgress(context.Context) error    { return nil }
+func (s *snapshotStorage) ReadinessCheck() error                        { return nil }
+func (s *snapshotStorage) RequestWatchProgress(context.Context) error   { return nil }
 func (s *snapshotStorage) GetCurrentResourceVersion(context.Context) (uint64, error) {
 	return 0, errors.New("not known to the kproxy replay")
 }
 func (s *snapshotStorage) EnableResourceSizeEstimation(storage.KeysFunc) error { return nil }
-func (s *snapshotStorage) CompactRevision() int64                            { return 0 }
+func (s *snapshotStorage) CompactRevision() int64                              { return 0 }
