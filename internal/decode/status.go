@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"mime"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -55,4 +56,18 @@ func Status(contentType string, body []byte) (st *metav1.Status, ok bool) {
 	}
 	s, isStatus := obj.(*metav1.Status)
 	return s, isStatus
+}
+
+// ResourceVersion is metadata.resourceVersion of the object in an
+// apiserver answer (JSON, YAML or protobuf), or "" if there is none.
+func ResourceVersion(body []byte) string {
+	d, err := Payload(body)
+	if err != nil || d.Object == nil {
+		return ""
+	}
+	m, err := meta.Accessor(d.Object)
+	if err != nil {
+		return ""
+	}
+	return m.GetResourceVersion()
 }

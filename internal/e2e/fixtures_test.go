@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,7 +50,25 @@ func subject(kind, name string) rbacv1.Subject {
 	return rbacv1.Subject{Kind: kind, APIGroup: rbacv1.GroupName, Name: name}
 }
 
+// setupFixtures builds the fixtures once per test binary: the tokens it
+// mints (legacy service-account tokens included) must match the objects
+// it created the first time.
 func setupFixtures(t *testing.T) *fixtures {
+	t.Helper()
+	fixtureCache.Lock()
+	defer fixtureCache.Unlock()
+	if fixtureCache.f == nil {
+		fixtureCache.f = buildFixtures(t)
+	}
+	return fixtureCache.f
+}
+
+var fixtureCache struct {
+	sync.Mutex
+	f *fixtures
+}
+
+func buildFixtures(t *testing.T) *fixtures {
 	t.Helper()
 	ctx := context.Background()
 	cs := adminClient()

@@ -168,7 +168,9 @@ type exchange struct {
 	// client received it, whoever wrote it: the upstream, or kproxy.
 	errBody []byte
 	errCT   string
-	upStart time.Time
+	// actualWrite is a write's answer as its replay needs it.
+	actualWrite stages.ActualWrite
+	upStart     time.Time
 	upEnd   time.Time
 	start   time.Time
 	end     time.Time
@@ -214,13 +216,26 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ex.auditID == "" {
 		ex.auditID = id
 	}
-	rw := &responseRecorder{ResponseWriter: w}
+	rw := &responseRecorder{ResponseWriter: w, keepBody: isWriteVerb(info)}
 
 	// The replay sees a copy taken before anything here touches r. It
 	// runs in one goroutine per request, which then waits for the response
 	// to be relayed and writes the record: the client never waits for it.
 	replayReq := &stages.Request{ID: id, Arrival: start, HTTP: r.Clone(context.WithoutCancel(ctx)), Info: info}
 	replayReq.HTTP.Body = nil
+	if rw.keepBody {
+		// A write's replay reads the cluster as it was on arrival: it
+		// tells its own write apart by the resourceVersion the apiserver
+		// answered with (stages.Request.Actual).
+		replayReq.Actual = func(ctx context.Context) (stages.ActualWrite, bool) {
+			select {
+			case <-ex.done:
+				return ex.actualWrite, true
+			case <-ctx.Done():
+				return stages.ActualWrite{}, false
+			}
+		}
+	}
 	p.pending.Add(1)
 	startReplay := func(body []byte, truncated bool) {
 		replayReq.Body, replayReq.BodyTruncated = body, truncated
@@ -252,6 +267,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.rec.Actual.Status = rw.status
 		ex.rec.Actual.ResponseBytes = rw.bytes
 		ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
+		ex.actualWrite = stages.ActualWrite{Status: rw.status}
+		if rw.status < 300 && len(rw.okBody) > 0 {
+			ex.actualWrite.ResourceVersion = decode.ResourceVersion(rw.okBody)
+		}
 		span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
 		span.End()
 		ex.end = p.clock.Now()
@@ -394,6 +413,18 @@ func (p *Proxy) replayAndRecord(ctx context.Context, req *stages.Request, ex *ex
 	p.writeRecord(ex, o)
 }
 
+// isWriteVerb reports a request that goes through the write path.
+func isWriteVerb(info *apirequest.RequestInfo) bool {
+	if info == nil || !info.IsResourceRequest {
+		return false
+	}
+	switch info.Verb {
+	case "create", "update", "patch", "delete", "deletecollection":
+		return true
+	}
+	return false
+}
+
 // shortRead reports a get, list or non-resource GET: reads that complete
 // with their response.
 func shortRead(req *stages.Request) bool {
@@ -501,6 +532,11 @@ type responseRecorder struct {
 	bytes       int64
 	wroteHeader bool
 	errBody     []byte // the first maxStatusBody bytes of an error response
+	// keepBody keeps the start of a write's successful answer (one
+	// object) too: its resourceVersion tells the replay which state
+	// was the request's own.
+	keepBody bool
+	okBody   []byte
 }
 
 func (w *responseRecorder) WriteHeader(code int) {
@@ -521,6 +557,8 @@ func (w *responseRecorder) Write(b []byte) (int, error) {
 	w.bytes += int64(n)
 	if w.status >= 400 && len(w.errBody) < maxStatusBody {
 		w.errBody = append(w.errBody, b[:min(n, maxStatusBody-len(w.errBody))]...)
+	} else if w.keepBody && w.status < 300 && len(w.okBody) < maxStatusBody {
+		w.okBody = append(w.okBody, b[:min(n, maxStatusBody-len(w.okBody))]...)
 	}
 	return n, err
 }

@@ -2,10 +2,12 @@ package stages
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -106,28 +108,52 @@ func (s *snapshotStorage) apiPath(key string, list bool) (p, ns, name string, er
 }
 
 func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetOptions, out runtime.Object) error {
-	p, _, _, err := s.apiPath(key, false)
+	p, ns, name, err := s.apiPath(key, false)
 	if err != nil {
 		return err
 	}
 	run := runFrom(ctx)
 	start := time.Now()
-	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).SetHeader("Accept", "application/json").Do(ctx).Raw()
-	read := storageRead{Key: key, Path: p, Duration: time.Since(start)}
+	read := storageRead{Key: key, Path: p}
 	defer func() {
+		read.Duration = time.Since(start)
 		if run != nil {
 			run.addRead(read)
 		}
 	}()
-	if apierrors.IsNotFound(err) {
+	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).SetHeader("Accept", "application/json").Do(ctx).Raw()
+	found := err == nil
+	if err != nil && !apierrors.IsNotFound(err) {
+		read.Err = err
+		return fmt.Errorf("kproxy could not read %s from the apiserver: %w", p, err)
+	}
+	if run != nil {
+		// The request's own write may already be visible: read the object
+		// as it was just before it.
+		at, why := run.snapshotRevision(ctx, found, resourceVersionOf(raw))
+		switch {
+		case why != "":
+			read.Err = errors.New(why)
+			return errors.New(why)
+		case at == lastExisting:
+			if raw, at, err = s.findLastExisting(ctx, ns, name); err != nil {
+				read.Err = err
+				return err
+			}
+			read.Snapshot, found = at, true
+		case at != "":
+			read.Snapshot = at
+			if raw, found, err = s.getAt(ctx, ns, name, at); err != nil {
+				read.Err = err
+				return err
+			}
+		}
+	}
+	if !found {
 		if opts.IgnoreNotFound {
 			return runtime.SetZeroValue(out)
 		}
 		return storage.NewKeyNotFoundError(key, 0)
-	}
-	if err != nil {
-		read.Err = err
-		return fmt.Errorf("kproxy could not read %s from the apiserver: %w", p, err)
 	}
 	if err := runtime.DecodeInto(legacyscheme.Codecs.UniversalDecoder(), raw, out); err != nil {
 		read.Err = err
@@ -138,6 +164,116 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		read.ResourceVersion = m.GetResourceVersion()
 	}
 	return nil
+}
+
+// getAt reads one object as it was at resourceVersion rv: a list with an
+// exact resourceVersion, selecting the name.
+func (s *snapshotStorage) getAt(ctx context.Context, ns, name, rv string) ([]byte, bool, error) {
+	p, _, _, err := s.apiPath(s.prefix+"/"+ns, true)
+	if ns == "" {
+		p, _, _, err = s.apiPath(s.prefix, true)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).
+		Param("fieldSelector", "metadata.name="+name).Param("resourceVersion", rv).Param("resourceVersionMatch", "Exact").
+		SetHeader("Accept", "application/json").Do(ctx).Raw()
+	if err != nil {
+		return nil, false, fmt.Errorf("kproxy could not read %s/%s as of resourceVersion %s (before the request's own write): %w", p, name, rv, err)
+	}
+	var list struct {
+		Items []json.RawMessage `json:"items"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, false, fmt.Errorf("reading %s at %s: %w", p, rv, err)
+	}
+	if len(list.Items) == 0 {
+		return nil, false, nil
+	}
+	// List items carry no kind: give the item its list's.
+	var head struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	_ = json.Unmarshal(raw, &head)
+	var item map[string]any
+	if err := json.Unmarshal(list.Items[0], &item); err != nil {
+		return nil, false, err
+	}
+	item["apiVersion"], item["kind"] = head.APIVersion, strings.TrimSuffix(head.Kind, "List")
+	b, err := json.Marshal(item)
+	return b, true, err
+}
+
+// findLastExisting finds the object as it was last stored before it was
+// deleted, when the delete's answer (a Status) did not say its
+// resourceVersion: exact-resourceVersion reads, going back from the
+// current revision until the object appears, then bisecting.
+func (s *snapshotStorage) findLastExisting(ctx context.Context, ns, name string) ([]byte, string, error) {
+	p, _, _, err := s.apiPath(strings.TrimSuffix(s.prefix+"/"+ns, "/"), true)
+	if err != nil {
+		return nil, "", err
+	}
+	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).Param("limit", "1").
+		SetHeader("Accept", "application/json").Do(ctx).Raw()
+	if err != nil {
+		return nil, "", fmt.Errorf("kproxy could not read the current resourceVersion of %s: %w", p, err)
+	}
+	var list struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	_ = json.Unmarshal(raw, &list)
+	cur, err := strconv.ParseInt(list.Metadata.ResourceVersion, 10, 64)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: no current resourceVersion", p)
+	}
+	probe := func(rv int64) ([]byte, bool, error) { return s.getAt(ctx, ns, name, strconv.FormatInt(rv, 10)) }
+	hi, step := cur, int64(1) // hi: not there
+	var lo int64
+	var obj []byte
+	for {
+		lo = cur - step
+		if lo < 1 {
+			return nil, "", fmt.Errorf("%s/%s: deleted by the request, and no earlier version was found", p, name)
+		}
+		b, ok, err := probe(lo)
+		if err != nil {
+			return nil, "", err
+		}
+		if ok {
+			obj = b
+			break
+		}
+		hi, step = lo, step*2
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		b, ok, err := probe(mid)
+		if err != nil {
+			return nil, "", err
+		}
+		if ok {
+			lo, obj = mid, b
+		} else {
+			hi = mid
+		}
+	}
+	return obj, strconv.FormatInt(lo, 10), nil
+}
+
+func resourceVersionOf(raw []byte) string {
+	var m struct {
+		Metadata struct {
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
+	}
+	if json.Unmarshal(raw, &m) != nil {
+		return ""
+	}
+	return m.Metadata.ResourceVersion
 }
 
 func (s *snapshotStorage) GetList(ctx context.Context, key string, opts storage.ListOptions, listObj runtime.Object) error {

@@ -47,9 +47,21 @@ type Request struct {
 	// FlowSchema and PriorityLevel are APF's classification (flowcontrol).
 	FlowSchema, PriorityLevel string
 
+	// Actual, for a write, waits for the apiserver's answer (false if ctx
+	// ends first). The replay uses it only to tell the request's own
+	// write from the state at arrival, never to predict.
+	Actual func(ctx context.Context) (ActualWrite, bool)
+
 	// write is the write path's run (decode through storage), set by
 	// decode for the stages after it.
 	write *writeRun
+}
+
+// ActualWrite is what the apiserver answered a write: the status, and the
+// resourceVersion of the object it returned ("" if none).
+type ActualWrite struct {
+	Status          int
+	ResourceVersion string
 }
 
 // MaxBodyBytes is the apiserver's own request body limit (3 MiB): a longer

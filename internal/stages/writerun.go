@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -64,7 +65,55 @@ type writeRun struct {
 	unknown string
 	// decided is the stage that produced the refusal.
 	decided string
+
+	// actual waits for the apiserver's answer to the request (nil for a
+	// replay with no live request, such as kproxy explain); bodyRV is
+	// the resourceVersion the request's body carries.
+	actual func(context.Context) (ActualWrite, bool)
+	bodyRV string
+	verb   string
 }
+
+// snapshotRevision decides which state of an object the replay reads: the
+// latest ("") unless the request's own write is already visible. A write
+// that succeeded answers with the object's new resourceVersion R; an
+// object found at R is the request's own doing (unless the write was a
+// no-op, which keeps the resourceVersion the body named), so the replay
+// reads it at R-1. A delete that succeeded removed the object: it is read
+// at R, its last stored version. why is set when the answer never came.
+func (r *writeRun) snapshotRevision(ctx context.Context, found bool, rv string) (at, why string) {
+	if r.actual == nil {
+		return "", ""
+	}
+	aw, ok := r.actual(ctx)
+	if !ok {
+		return "", "the apiserver's answer did not come within the replay budget, so the state on arrival is not known"
+	}
+	if aw.Status >= 300 {
+		return "", "" // nothing was written
+	}
+	if aw.ResourceVersion == "" {
+		if !found && r.verb == "delete" {
+			return lastExisting, "" // the answer was a Status
+		}
+		return "", ""
+	}
+	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
+	if err != nil || n < 2 {
+		return "", ""
+	}
+	switch {
+	case found && rv == aw.ResourceVersion && r.bodyRV != aw.ResourceVersion:
+		return strconv.FormatUint(n-1, 10), ""
+	case !found && r.verb == "delete" && aw.ResourceVersion != "":
+		return aw.ResourceVersion, ""
+	}
+	return "", ""
+}
+
+// lastExisting asks for the object's last stored version before a
+// delete whose answer did not name it.
+const lastExisting = "last-existing"
 
 type pluginCall struct {
 	Name       string
@@ -76,6 +125,7 @@ type pluginCall struct {
 
 type storageRead struct {
 	Key, Path       string
+	Snapshot        string // the resourceVersion read at, if not the latest
 	Found           bool
 	ResourceVersion string
 	Duration        time.Duration
@@ -245,7 +295,7 @@ func isWrite(info *apirequest.RequestInfo) bool {
 // writeRunFor runs the request through the write path once and keeps the
 // run on the request for the stages after decode.
 func (w *writePath) runRequest(ctx context.Context, req *Request, now func() time.Time) *writeRun {
-	run := &writeRun{now: now, start: now()}
+	run := &writeRun{now: now, start: now(), actual: req.Actual, verb: req.Info.Verb, bodyRV: resourceVersionOf(req.Body)}
 	run.marks[phaseDecode] = run.start
 	if req.BodyTruncated {
 		run.unknown = "the request body is larger than the apiserver accepts"
