@@ -30,6 +30,10 @@ type corpusCase struct {
 	// Stage decides the request: one of the replayed stages, or "" when
 	// the request passes all of them (a later stage, or success, decides).
 	Stage string `json:"stage"`
+	// Unknown, when set, is what kproxy must say instead of predicting
+	// (part of its "cannot predict" message): a case it cannot replay
+	// faithfully, and says so.
+	Unknown string `json:"unknown"`
 }
 
 // replayed are the stages this corpus checks; later stages are not

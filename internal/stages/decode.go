@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
+	"sigs.k8s.io/yaml"
 )
 
 // decode replays the resource handler up to admission: content type,
@@ -61,6 +62,10 @@ func notReplayable(req *Request) string {
 	if !legacyscheme.Scheme.IsGroupRegistered(i.APIGroup) {
 		return fmt.Sprintf("writes to %q (a custom resource or an aggregated API) are not modelled yet", i.APIGroup+"/"+i.Resource)
 	}
+	if i.Resource == "services" && i.Subresource == "" && len(req.HTTP.URL.Query()["dryRun"]) == 0 && explicitAllocation(req.Body) {
+		return "the Service names its own clusterIP or nodePort: the apiserver checks those only when it really allocates them, " +
+			"and kproxy can replay a write only in dry run, where the checks differ"
+	}
 	switch i.Subresource {
 	case "exec", "attach", "portforward", "proxy":
 		return "the " + i.Subresource + " subresource connects to a kubelet: not modelled"
@@ -70,6 +75,33 @@ func notReplayable(req *Request) string {
 		}
 	}
 	return ""
+}
+
+// explicitAllocation reports a Service body that asks for a specific
+// cluster IP or node port.
+func explicitAllocation(body []byte) bool {
+	var obj struct {
+		Spec struct {
+			ClusterIP  string   `json:"clusterIP"`
+			ClusterIPs []string `json:"clusterIPs"`
+			Ports      []struct {
+				NodePort int `json:"nodePort"`
+			} `json:"ports"`
+		} `json:"spec"`
+	}
+	if yaml.Unmarshal(body, &obj) != nil {
+		return false
+	}
+	sp := obj.Spec
+	if (sp.ClusterIP != "" && sp.ClusterIP != "None") || len(sp.ClusterIPs) > 0 {
+		return true
+	}
+	for _, p := range sp.Ports {
+		if p.NodePort != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func decodedWhat(req *Request) string {

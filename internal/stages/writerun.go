@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/audit"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/warning"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
@@ -72,6 +73,7 @@ type writeRun struct {
 	actual func(context.Context) (ActualWrite, bool)
 	bodyRV string
 	verb   string
+	dryRun bool // the request itself is a dry run
 }
 
 // snapshotRevision decides which state of an object the replay reads: the
@@ -82,8 +84,8 @@ type writeRun struct {
 // reads it at R-1. A delete that succeeded removed the object: it is read
 // at R, its last stored version. why is set when the answer never came.
 func (r *writeRun) snapshotRevision(ctx context.Context, found bool, rv string) (at, why string) {
-	if r.actual == nil {
-		return "", ""
+	if r.actual == nil || r.dryRun {
+		return "", "" // a dry run writes nothing
 	}
 	aw, ok := r.actual(ctx)
 	if !ok {
@@ -295,7 +297,8 @@ func isWrite(info *apirequest.RequestInfo) bool {
 // writeRunFor runs the request through the write path once and keeps the
 // run on the request for the stages after decode.
 func (w *writePath) runRequest(ctx context.Context, req *Request, now func() time.Time) *writeRun {
-	run := &writeRun{now: now, start: now(), actual: req.Actual, verb: req.Info.Verb, bodyRV: resourceVersionOf(req.Body)}
+	run := &writeRun{now: now, start: now(), actual: req.Actual, verb: req.Info.Verb, bodyRV: resourceVersionOf(req.Body),
+		dryRun: len(req.HTTP.URL.Query()["dryRun"]) > 0}
 	run.marks[phaseDecode] = run.start
 	if req.BodyTruncated {
 		run.unknown = "the request body is larger than the apiserver accepts"
@@ -309,6 +312,7 @@ func (w *writePath) runRequest(ctx context.Context, req *Request, now func() tim
 	hctx = apirequest.WithNamespace(hctx, req.Info.Namespace)
 	hctx = apirequest.WithReceivedTimestamp(hctx, req.Arrival)
 	hctx = warning.WithWarningRecorder(hctx, rec)
+	hctx = audit.WithAuditContext(hctx)
 	r := req.HTTP.Clone(hctx)
 	r.Body = io.NopCloser(bytes.NewReader(req.Body))
 	r.ContentLength = int64(len(req.Body))
@@ -356,6 +360,12 @@ func (r *writeRun) attribute(st *metav1.Status) string {
 	case metav1.StatusReasonForbidden:
 		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") {
 			return "authorization"
+		}
+	case metav1.StatusReasonInvalid:
+		// A patch that parses but cannot be applied to the stored object
+		// (a failing JSON-patch test) is refused after the read.
+		if r.verb == "patch" && r.phase == phaseDecode && len(r.reads) > 0 {
+			return "storage"
 		}
 	case metav1.StatusReasonRequestEntityTooLarge:
 		if r.phase < phaseValidation {
