@@ -35,6 +35,10 @@ func TestExplainCommand(t *testing.T) {
 	if err := os.WriteFile(certFile, pki.CertPEM(f.certs["cert:dave"].Leaf), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	cmFile := filepath.Join(dir, "cm.json")
+	if err := os.WriteFile(cmFile, []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name      string
 		args      []string
@@ -47,7 +51,8 @@ func TestExplainCommand(t *testing.T) {
 		{"as another user", []string{"GET", "/api/v1/namespaces/corpus/secrets/s2", "--as", "carol"}, 403, "authorization", `User "carol" cannot get resource "secrets"`},
 		{"impersonation refused", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token", "--as", "erin"}, 403, "impersonation", `User "alice" cannot impersonate`},
 		{"certificate", []string{"GET", "/api/v1/namespaces/corpus/pods", "--client-cert", certFile}, 403, "authorization", `User "dave" cannot list resource "pods"`},
-		{"allowed, later stages unknown", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token"}, 0, "unknown", "decode"},
+		{"allowed read, storage reads not modelled yet", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token"}, 0, "unknown", "storage"},
+		{"write refused by admission", []string{"POST", "/api/v1/namespaces/nowhere/configmaps", "--token", "admin-token", "-f", cmFile}, 404, "mutating-admission", `namespaces "nowhere" not found`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -171,9 +171,9 @@ type exchange struct {
 	// actualWrite is a write's answer as its replay needs it.
 	actualWrite stages.ActualWrite
 	upStart     time.Time
-	upEnd   time.Time
-	start   time.Time
-	end     time.Time
+	upEnd       time.Time
+	start       time.Time
+	end         time.Time
 	// done is closed when the response has been relayed and rec's actual
 	// side is final.
 	done chan struct{}
