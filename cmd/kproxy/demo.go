@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
@@ -77,6 +80,15 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	}
 	if err := localcluster.GrantDevs(ctx, admin, "default"); err != nil {
 		return fmt.Errorf("grant the devs Role: %w", err)
+	}
+	// A namespace where PodSecurity enforces "restricted": the demo's
+	// admission rejection.
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted",
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create the demo's restricted namespace: %w", err)
+	}
+	if err := localcluster.EnsureDefaultServiceAccount(ctx, admin, "restricted"); err != nil {
+		return err
 	}
 
 	// kproxy's own identity: the "kproxy" token user.
@@ -188,12 +200,31 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 			predictedString(r.Predicted), actualString(r.Actual), time.Duration(r.Latency.TotalNs).Round(10*time.Microsecond))
 	}
 	tw.Flush()
+	// The explanation of each write the replay predicts refused, from
+	// the stage that decides it.
+	for i := range samples {
+		r := got[fmt.Sprintf("demo-%02d", i)]
+		if r.Request.Method == http.MethodGet || r.Predicted.Stage == "" || r.Predicted.Stage == record.StageUnknown {
+			continue
+		}
+		for _, st := range r.Stages {
+			if st.Name == r.Predicted.Stage {
+				fmt.Fprintf(out, "\nwhy %q: %s says:\n  %s\n", samples[i].what, st.Name, st.Explanation)
+				for _, ch := range st.Children {
+					if ch.Outcome == record.Reject {
+						fmt.Fprintf(out, "  plugin %s (%v): %s\n", ch.Name, time.Duration(ch.DurationNs).Round(time.Microsecond), ch.Explanation)
+					}
+				}
+			}
+		}
+	}
 	fmt.Fprintf(out, `
-kproxy replays authentication, impersonation, flowcontrol and
-authorization with the apiserver's own code: what they reject is predicted
-exactly. The later stages are not modelled yet, so what those stages
-decide is predicted "unknown", honestly. Every request above went through
-kproxy, and each stage's explanation is in the capture:
+kproxy replays every request with the apiserver's own code: authentication,
+impersonation, flowcontrol and authorization, and for writes decode,
+admission (each plugin), validation and the storage preconditions, in dry
+run. Reads past authorization are predicted "unknown" until the storage
+stage models them. Every request above went through kproxy, and each
+stage's explanation is in the capture:
   capture:    %s
   kubeconfig: %s   (admin through kproxy)
   kproxy log: %s
@@ -226,6 +257,7 @@ type sample struct {
 func demoSamples(daveCert tls.Certificate) []sample {
 	cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kproxy-demo"},"data":{"hello":"world"}}`
 	badPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[]}}`
+	rootPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"root"},"spec":{"containers":[{"name":"c","image":"busybox"}]}}`
 	return []sample{
 		{what: "version", method: "GET", path: "/version", token: localcluster.TokenOf("admin")},
 		{what: "admin lists namespaces", method: "GET", path: "/api/v1/namespaces", token: localcluster.TokenOf("admin")},
@@ -237,6 +269,8 @@ func demoSamples(daveCert tls.Certificate) []sample {
 		{what: "create it again", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: localcluster.TokenOf("admin")},
 		{what: "get missing", method: "GET", path: "/api/v1/namespaces/default/configmaps/nope", token: localcluster.TokenOf("admin")},
 		{what: "invalid pod", method: "POST", path: "/api/v1/namespaces/default/pods", body: badPod, token: localcluster.TokenOf("admin")},
+		{what: "pod vs PodSecurity", method: "POST", path: "/api/v1/namespaces/restricted/pods", body: rootPod, token: localcluster.TokenOf("admin")},
+		{what: "configmap, no namespace", method: "POST", path: "/api/v1/namespaces/nowhere/configmaps", body: cm, token: localcluster.TokenOf("admin")},
 		{what: "dave's certificate", method: "GET", path: "/api/v1/namespaces/default/configmaps", cert: &daveCert},
 		{what: "dave deletes", method: "DELETE", path: "/api/v1/namespaces/default/configmaps/kproxy-demo", cert: &daveCert},
 	}

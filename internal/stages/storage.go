@@ -30,12 +30,21 @@ func (storageStage) Run(_ context.Context, req *Request) Result {
 		return Skip("not replayed (see decode)")
 	}
 	var reads []string
-	for _, r := range run.reads {
+	seen := map[string]bool{}
+	for i := len(run.reads) - 1; i >= 0; i-- {
+		r := run.reads[i]
+		if seen[r.Key] {
+			continue // the registry may read an object twice; say the last
+		}
+		seen[r.Key] = true
 		s := r.Key + ": "
 		if r.Found {
 			s += "found at resourceVersion " + r.ResourceVersion
 		} else {
 			s += "not found"
+		}
+		if r.Snapshot != "" {
+			s += fmt.Sprintf(" as of resourceVersion %s, before the request's own write", r.Snapshot)
 		}
 		reads = append(reads, fmt.Sprintf("%s (read through the apiserver in %v)", s, r.Duration.Round(10_000)))
 	}

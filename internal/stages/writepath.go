@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -195,9 +196,20 @@ func emptyGRPCServer(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("write path: %w", err)
 	}
 	g := grpc.NewServer()
+	etcdserverpb.RegisterMaintenanceServer(g, etcdVersionOnly{})
 	go func() { _ = g.Serve(l) }()
 	context.AfterFunc(ctx, g.Stop)
 	return "http://" + l.Addr().String(), nil
+}
+
+// etcdVersionOnly answers the etcd client's version check (its feature
+// detection asks each endpoint's Status once) and nothing else.
+type etcdVersionOnly struct {
+	etcdserverpb.UnimplementedMaintenanceServer
+}
+
+func (etcdVersionOnly) Status(context.Context, *etcdserverpb.StatusRequest) (*etcdserverpb.StatusResponse, error) {
+	return &etcdserverpb.StatusResponse{Version: "3.6.0"}, nil
 }
 
 // installAPIs is controlplaneapiserver.Server.InstallAPIs without the
