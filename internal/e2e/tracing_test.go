@@ -55,7 +55,27 @@ func TestTracing(t *testing.T) {
 			if rec.TraceID != proto.traceID {
 				t.Errorf("trace %s does not continue the incoming traceparent", rec.TraceID)
 			}
+			// A write: the write path's stages, each admission plugin its
+			// own span under its phase.
+			cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"traced"}}`
+			got = do(t, r.client(nil), r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin",
+				body: cm, contentType: "application/json"})
+			if got.status != 201 {
+				t.Fatalf("write: status %d: %s", got.status, got.body)
+			}
+			var wrec *record.Record
+			select {
+			case wrec = <-recs:
+			case <-time.After(30 * time.Second):
+				t.Fatal("no record for the write")
+			}
 			k.stop() // flushes spans
+			wspans := jaegerSpans(t, j.QueryURL, wrec.TraceID)
+			for _, w := range append([]string{"admission NamespaceLifecycle", "admission ResourceQuota", "admission ValidatingAdmissionPolicy"}, contractStages...) {
+				if !slices.Contains(wspans, w) {
+					t.Errorf("write trace %s lacks span %q; has %v", wrec.TraceID, w, wspans)
+				}
+			}
 			spans := jaegerSpans(t, j.QueryURL, rec.TraceID)
 			want := append([]string{"list configmaps", "replay", "upstream", "authenticator token-file",
 				"authorizer kubernetes.io/system-privileged-group", "authorizer node", "authorizer rbac"}, contractStages...)

@@ -44,7 +44,7 @@ func admissionPhase(req *Request, phase int, validating bool) Result {
 		}
 		ch := childFor(c)
 		children = append(children, ch)
-		sp := childSpan{Name: c.Name, Start: c.Start, End: c.End, Outcome: ch.Outcome}
+		sp := childSpan{Name: "admission " + c.Name, Start: c.Start, End: c.End, Outcome: ch.Outcome}
 		if c.Err != nil {
 			sp.Err = c.Err.Error()
 		}
