@@ -30,6 +30,23 @@
 // The replay never writes to the cluster and never changes what is
 // forwarded: it sees a copy of the request.
 //
+// # The write path
+//
+// Decode, mutating-admission, validation, validating-admission and storage
+// are one piece of code in the apiserver: the resource handler calling the
+// registry, which calls admission around the strategy and the store. Taking
+// them apart would mean re-implementing their order, so kproxy does not:
+// writepath.go assembles kube-apiserver's handler for the built-in resources
+// (its REST storage providers, strategies, admission chain and initializers,
+// from the mirrored flags) in a GenericAPIServer that never listens, with a
+// storage.Interface underneath that only reads the cluster (through the
+// apiserver, as the object was before the request's own write). Every write
+// is replayed in dry run; a decorator on each admission plugin and marks
+// around the chain's two phases record what happened (writerun.go), and the
+// five stages then report their part of that one run, each with the times
+// the work really took. Where dry run changes what upstream checks
+// (explicit cluster IPs and node ports), the replay says unknown.
+//
 // # Collaborators
 //
 // Clocks and tracer providers are injected through [Config]; no stage keeps

@@ -3,10 +3,8 @@ package stages
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -294,8 +292,8 @@ func isWrite(info *apirequest.RequestInfo) bool {
 	return false
 }
 
-// writeRunFor runs the request through the write path once and keeps the
-// run on the request for the stages after decode.
+// runRequest runs the request through the write path once, in dry run;
+// decode keeps the run on the request for the stages after it.
 func (w *writePath) runRequest(ctx context.Context, req *Request, now func() time.Time) *writeRun {
 	run := &writeRun{now: now, start: now(), actual: req.Actual, verb: req.Info.Verb, bodyRV: resourceVersionOf(req.Body),
 		dryRun: len(req.HTTP.URL.Query()["dryRun"]) > 0}
@@ -430,6 +428,3 @@ func childFor(c pluginCall) record.StageResult {
 	}
 	return ch
 }
-
-var _ = json.Marshal
-var _ = http.StatusOK
