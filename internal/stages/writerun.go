@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -230,12 +231,19 @@ func (p *observedPlugin) Admit(ctx context.Context, a admission.Attributes, o ad
 	if r == nil {
 		return m.Admit(ctx, a, o)
 	}
-	before := objectJSON(a.GetObject())
+	// Most plugins change nothing: compare copies, and encode for the
+	// patch only when something changed.
+	var before runtime.Object
+	if obj := a.GetObject(); obj != nil {
+		before = obj.DeepCopyObject()
+	}
 	c := pluginCall{Name: p.name, Start: r.now()}
 	c.Err = m.Admit(ctx, a, o)
 	c.End = r.now()
-	if after := objectJSON(a.GetObject()); before != nil && after != nil && !bytes.Equal(before, after) {
-		c.Patch = jsonPatch(before, after)
+	if after := a.GetObject(); before != nil && after != nil && !equality.Semantic.DeepEqual(before, after) {
+		if b, a := objectJSON(before), objectJSON(after); b != nil && a != nil && !bytes.Equal(b, a) {
+			c.Patch = jsonPatch(b, a)
+		}
 	}
 	r.addPlugin(c)
 	return c.Err
