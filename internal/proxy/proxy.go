@@ -216,7 +216,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ex.auditID == "" {
 		ex.auditID = id
 	}
-	rw := &responseRecorder{ResponseWriter: w, keepBody: isWriteVerb(info)}
+	rw := &responseRecorder{ResponseWriter: w, keepBody: stages.IsWrite(info)}
 
 	// The replay sees a copy taken before anything here touches r. It
 	// runs in one goroutine per request, which then waits for the response
@@ -411,18 +411,6 @@ func (p *Proxy) replayAndRecord(ctx context.Context, req *stages.Request, ex *ex
 	o := p.replay(ctx, req)
 	<-ex.done
 	p.writeRecord(ex, o)
-}
-
-// isWriteVerb reports a request that goes through the write path.
-func isWriteVerb(info *apirequest.RequestInfo) bool {
-	if info == nil || !info.IsResourceRequest {
-		return false
-	}
-	switch info.Verb {
-	case "create", "update", "patch", "delete", "deletecollection":
-		return true
-	}
-	return false
 }
 
 // shortRead reports a get, list or non-resource GET: reads that complete

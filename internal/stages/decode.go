@@ -23,7 +23,7 @@ func (decode) Name() string { return "decode" }
 func (decode) recorded() {}
 
 func (d decode) Run(ctx context.Context, req *Request) Result {
-	if !isWrite(req.Info) {
+	if !IsWrite(req.Info) {
 		return Skip(notWriteReason(req))
 	}
 	if why := notReplayable(req); why != "" {

@@ -27,7 +27,7 @@ func (s mutatingAdmission) Run(_ context.Context, req *Request) Result {
 func admissionPhase(req *Request, phase int, validating bool) Result {
 	run := req.write
 	if run == nil {
-		if !isWrite(req.Info) {
+		if !IsWrite(req.Info) {
 			return Skip(notWriteReason(req))
 		}
 		return Skip("not replayed (see decode)")

@@ -21,7 +21,7 @@ func (storageStage) recorded() {}
 func (storageStage) Run(_ context.Context, req *Request) Result {
 	run := req.write
 	if run == nil {
-		if isWrite(req.Info) {
+		if IsWrite(req.Info) {
 			return Skip("not replayed (see decode)")
 		}
 		return notModelled()

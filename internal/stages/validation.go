@@ -21,7 +21,7 @@ func (validation) recorded() {}
 func (validation) Run(_ context.Context, req *Request) Result {
 	run := req.write
 	if run == nil {
-		if !isWrite(req.Info) {
+		if !IsWrite(req.Info) {
 			return Skip(notWriteReason(req))
 		}
 		return Skip("not replayed (see decode)")

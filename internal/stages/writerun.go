@@ -287,9 +287,9 @@ func objectJSON(obj runtime.Object) []byte {
 	return b
 }
 
-// isWrite reports whether the request goes through the resource handler's
+// IsWrite reports whether the request goes through the resource handler's
 // write path (decode, admission, validation, storage).
-func isWrite(info *apirequest.RequestInfo) bool {
+func IsWrite(info *apirequest.RequestInfo) bool {
 	if info == nil || !info.IsResourceRequest {
 		return false
 	}
