@@ -1,12 +1,9 @@
 package e2e
 
 import (
-	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -32,59 +29,7 @@ func TestAdmissionConformance(t *testing.T) {
 	applyManifest(t, "create", "namespace", "adm-terminating")
 	applyManifest(t, "delete", "namespace", "adm-terminating", "--wait=false")
 	waitPolicies(t)
-	corpus := loadCorpus(t, dir)
-	f, recs, r := corpusHarness(t)
-	got := map[string]*record.Record{}
-	next := func(id string) *record.Record {
-		deadline := time.After(60 * time.Second)
-		for got[id] == nil {
-			select {
-			case rec := <-recs:
-				got[rec.Actual.AuditID] = rec
-			case <-deadline:
-				t.Fatalf("no record for %s", id)
-			}
-		}
-		return got[id]
-	}
-	files := make([]string, 0, len(corpus))
-	for name := range corpus {
-		files = append(files, name)
-	}
-	sort.Strings(files)
-	total := 0
-	for _, file := range files {
-		t.Run(file, func(t *testing.T) {
-			for i, c := range corpus[file] {
-				total++
-				t.Run(c.Name, func(t *testing.T) {
-					id := fmt.Sprintf("adm-%s-%03d", file, i)
-					as := c.As
-					if as == "" {
-						as = "admin"
-					}
-					token, cert := f.credentials(t, as)
-					h := http.Header{"Audit-Id": {id}}
-					for k, v := range c.Headers {
-						h[http.CanonicalHeaderKey(k)] = v
-					}
-					if token != "" {
-						h.Set("Authorization", "Bearer "+token)
-					}
-					ct := c.ContentType
-					if ct == "" && c.Body != "" {
-						ct = "application/json"
-					}
-					ex := do(t, r.client(cert), r.base, request{method: c.Method, path: c.Path, body: c.Body, contentType: ct, header: h})
-					if ex.status != c.Status {
-						t.Fatalf("the apiserver answered %d, the corpus says %d: update the case (body %s)", ex.status, c.Status, ex.body)
-					}
-					rec := next(id)
-					checkWritePrediction(t, c, rec)
-				})
-			}
-		})
-	}
+	total := runCorpus(t, dir, "adm", checkWritePrediction)
 	t.Logf("admission corpus: %d cases", total)
 }
 

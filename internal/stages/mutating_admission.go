@@ -25,15 +25,9 @@ func (s mutatingAdmission) Run(_ context.Context, req *Request) Result {
 
 // admissionPhase reports one admission phase of the run.
 func admissionPhase(req *Request, phase int, validating bool) Result {
-	run := req.write
+	run, none := writeRunOf(req)
 	if run == nil {
-		if !IsWrite(req.Info) {
-			return Skip(notWriteReason(req))
-		}
-		return Skip("not replayed (see decode)")
-	}
-	if run.unknown != "" {
-		return Skip("not replayed (see decode)")
+		return none
 	}
 	var children []record.StageResult
 	var spans []childSpan

@@ -19,15 +19,12 @@ func (storageStage) Name() string { return "storage" }
 func (storageStage) recorded() {}
 
 func (storageStage) Run(_ context.Context, req *Request) Result {
-	run := req.write
-	if run == nil {
-		if IsWrite(req.Info) {
-			return Skip("not replayed (see decode)")
-		}
-		return notModelled()
+	if !IsWrite(req.Info) {
+		return notModelled() // reads
 	}
-	if run.unknown != "" {
-		return Skip("not replayed (see decode)")
+	run, none := writeRunOf(req)
+	if run == nil {
+		return none
 	}
 	var reads []string
 	seen := map[string]bool{}

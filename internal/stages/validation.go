@@ -19,15 +19,9 @@ func (validation) Name() string { return "validation" }
 func (validation) recorded() {}
 
 func (validation) Run(_ context.Context, req *Request) Result {
-	run := req.write
+	run, none := writeRunOf(req)
 	if run == nil {
-		if !IsWrite(req.Info) {
-			return Skip(notWriteReason(req))
-		}
-		return Skip("not replayed (see decode)")
-	}
-	if run.unknown != "" {
-		return Skip("not replayed (see decode)")
+		return none
 	}
 	start, end, reached := run.phaseTimes(phaseValidation)
 	var res Result

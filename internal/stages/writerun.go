@@ -400,6 +400,20 @@ func (w *warningRecorder) list() []string {
 	return append([]string(nil), w.w...)
 }
 
+// writeRunOf is the run a write-path stage reports on, or, when there is
+// none to report on (not a write, or decode could not replay it), the
+// stage's result.
+func writeRunOf(req *Request) (*writeRun, Result) {
+	switch run := req.write; {
+	case !IsWrite(req.Info):
+		return nil, Skip(notWriteReason(req))
+	case run == nil || run.unknown != "":
+		return nil, Skip("not replayed (see decode)")
+	default:
+		return run, Result{}
+	}
+}
+
 // phaseTimes returns when a stage's phase began and ended in the run.
 func (r *writeRun) phaseTimes(phase int) (start, end time.Time, reached bool) {
 	r.mu.Lock()
