@@ -29,6 +29,8 @@ func TestAdmissionConformance(t *testing.T) {
 	applyManifest(t, "create", "namespace", "adm-terminating")
 	applyManifest(t, "delete", "namespace", "adm-terminating", "--wait=false")
 	waitPolicies(t)
+	startAdmissionWebhooks(t)
+	waitWebhooks(t)
 	total := runCorpus(t, dir, "adm", checkWritePrediction)
 	t.Logf("admission corpus: %d cases", total)
 }
@@ -79,6 +81,25 @@ func applyManifest(t *testing.T, args ...string) {
 	out, err := exec.Command(bin, append([]string{"--kubeconfig", kc}, args...)...).CombinedOutput()
 	if err != nil && !strings.Contains(string(out), "AlreadyExists") && !strings.Contains(string(out), "already exists") {
 		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// waitWebhooks waits until the apiserver calls the corpus's webhooks.
+func waitWebhooks(t *testing.T) {
+	t.Helper()
+	cs := adminClient()
+	body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe","labels":{"wh":"deny"}}}`
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/" + webhookNS + "/configmaps").Param("dryRun", "All").
+			SetHeader("Content-Type", "application/json").Body([]byte(body)).Do(t.Context()).Error()
+		if err != nil && strings.Contains(err.Error(), "the corpus webhook says no") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the corpus's webhooks are not called after 30s (last answer: %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

@@ -28,7 +28,7 @@ type Config struct {
 	// Clock times the stages; nil means the real clock.
 	Clock clock.PassiveClock
 	// Budget bounds one replay; past it the prediction is unknown. Zero
-	// means 5s.
+	// means DefaultBudget.
 	Budget time.Duration
 	// APIServer are the mirrored kube-apiserver flags; a stage whose flags
 	// were not given reports unknown rather than guess.
@@ -37,6 +37,11 @@ type Config struct {
 	// the stages that need it unknown.
 	State *ClusterState
 }
+
+// DefaultBudget bounds one replay. A write's replay calls the cluster's
+// admission webhooks (up to 30s each, as in the apiserver) and waits for
+// the real answer, so the budget is longer than any webhook timeout.
+const DefaultBudget = 40 * time.Second
 
 // Pipeline runs the stages in the apiserver's order.
 type Pipeline struct {
@@ -84,7 +89,7 @@ func newPipeline(cfg Config, stages ...Stage) *Pipeline {
 		p.clock = clock.RealClock{}
 	}
 	if p.budget == 0 {
-		p.budget = 5 * time.Second
+		p.budget = DefaultBudget
 	}
 	return p
 }

@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.opentelemetry.io/otel/trace"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"google.golang.org/grpc"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -130,11 +132,16 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, err
 	}
+	describeWebhook := webhookDescriber(s)
 	adm := *o.Admission.GenericAdmission
 	var plugins []string
 	adm.Decorators = append(append(admission.Decorators{}, adm.Decorators...), admission.DecoratorFunc(func(h admission.Interface, name string) admission.Interface {
 		plugins = append(plugins, name)
-		return &observedPlugin{inner: h, name: name}
+		op := &observedPlugin{inner: h, name: name}
+		if name == "MutatingAdmissionWebhook" || name == "ValidatingAdmissionWebhook" {
+			op.webhook = describeWebhook
+		}
+		return op
 	}))
 	ao := *o.Admission
 	ao.GenericAdmission = &adm
@@ -186,6 +193,52 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 		return nil, err
 	}
 	return &writePath{handler: srv.Handler.Director, plugins: plugins}, nil
+}
+
+// webhookDescriber names an admission webhook with what decides how the
+// apiserver treats it: its configuration, sideEffects, failurePolicy and
+// timeout.
+func webhookDescriber(s *ClusterState) func(name string) string {
+	mw := s.Informers.Admissionregistration().V1().MutatingWebhookConfigurations().Lister()
+	vw := s.Informers.Admissionregistration().V1().ValidatingWebhookConfigurations().Lister()
+	describe := func(kind, config, name string, side *admissionregistrationv1.SideEffectClass, fp *admissionregistrationv1.FailurePolicyType, timeout *int32) string {
+		d := fmt.Sprintf("admission webhook %q of %s %q", name, kind, config)
+		var attrs []string
+		if side != nil {
+			attrs = append(attrs, "sideEffects "+string(*side))
+		}
+		if fp != nil {
+			attrs = append(attrs, "failurePolicy "+string(*fp))
+		}
+		if timeout != nil {
+			attrs = append(attrs, fmt.Sprintf("timeout %ds", *timeout))
+		}
+		if len(attrs) > 0 {
+			d += " (" + strings.Join(attrs, ", ") + ")"
+		}
+		return d
+	}
+	return func(name string) string {
+		if cs, err := mw.List(labels.Everything()); err == nil {
+			for _, c := range cs {
+				for _, w := range c.Webhooks {
+					if w.Name == name {
+						return describe("MutatingWebhookConfiguration", c.Name, name, w.SideEffects, w.FailurePolicy, w.TimeoutSeconds)
+					}
+				}
+			}
+		}
+		if cs, err := vw.List(labels.Everything()); err == nil {
+			for _, c := range cs {
+				for _, w := range c.Webhooks {
+					if w.Name == name {
+						return describe("ValidatingWebhookConfiguration", c.Name, name, w.SideEffects, w.FailurePolicy, w.TimeoutSeconds)
+					}
+				}
+			}
+		}
+		return fmt.Sprintf("admission webhook %q", name)
+	}
 }
 
 // emptyGRPCServer serves gRPC with no services on a loopback port until

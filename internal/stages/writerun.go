@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -218,6 +219,9 @@ func (p *phaseMarker) Validate(ctx context.Context, a admission.Attributes, o ad
 type observedPlugin struct {
 	inner admission.Interface
 	name  string
+	// webhook describes an admission webhook by name (its configuration,
+	// sideEffects, failurePolicy, timeout); nil for other plugins.
+	webhook func(name string) string
 }
 
 func (p *observedPlugin) Handles(op admission.Operation) bool { return p.inner.Handles(op) }
@@ -240,6 +244,7 @@ func (p *observedPlugin) Admit(ctx context.Context, a admission.Attributes, o ad
 	c := pluginCall{Name: p.name, Start: r.now()}
 	c.Err = m.Admit(ctx, a, o)
 	c.End = r.now()
+	p.noticeSideEffects(r, c.Err)
 	if after := a.GetObject(); before != nil && after != nil && !equality.Semantic.DeepEqual(before, after) {
 		if b, a := objectJSON(before), objectJSON(after); b != nil && a != nil && !bytes.Equal(b, a) {
 			c.Patch = jsonPatch(b, a)
@@ -261,8 +266,31 @@ func (p *observedPlugin) Validate(ctx context.Context, a admission.Attributes, o
 	c := pluginCall{Name: p.name, Validating: true, Start: r.now()}
 	c.Err = v.Validate(ctx, a, o)
 	c.End = r.now()
+	p.noticeSideEffects(r, c.Err)
 	r.addPlugin(c)
 	return c.Err
+}
+
+// dryRunUnsupported is the webhook dispatchers' refusal to call a webhook
+// with side effects in dry run.
+var dryRunUnsupported = regexp.MustCompile(`admission webhook "([^"]+)" does not support dry run`)
+
+// noticeSideEffects makes the run unknown when the replay (always a dry
+// run) could not call a webhook that the real, non-dry-run request does
+// call: kproxy never calls a webhook that declares side effects.
+func (p *observedPlugin) noticeSideEffects(r *writeRun, err error) {
+	if err == nil || r.dryRun || p.webhook == nil {
+		return
+	}
+	m := dryRunUnsupported.FindStringSubmatch(err.Error())
+	if m == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unknown == "" {
+		r.unknown = "depends on " + p.webhook(m[1]) + ": it declares side effects, and kproxy calls webhooks only in dry run"
+	}
 }
 
 // objectJSON is the object as JSON in its external version, for diffs.

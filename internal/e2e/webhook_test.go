@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/pki"
+)
+
+// webhookNS is where the corpus's admission webhooks apply: each webhook
+// also selects objects by their "wh" label, so a case picks its webhook.
+const webhookNS = "adm-webhook"
+
+// startAdmissionWebhooks serves the corpus's admission webhooks over TLS
+// and registers them with the apiserver: allow, deny, warn, mutate, a
+// patch that breaks the object, slow past its timeout, unreachable, side
+// effects, a CEL match condition and a missing service, with failurePolicy
+// Fail and Ignore. The configurations are removed when the test ends.
+func startAdmissionWebhooks(t *testing.T) {
+	t.Helper()
+	ca, err := pki.NewCA("e2e-webhook-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.Leaf{CommonName: "e2e-webhook", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	review := func(w http.ResponseWriter, r *http.Request, answer func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse)) {
+		var ar admissionv1.AdmissionReview
+		b, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(b, &ar); err != nil || ar.Request == nil {
+			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
+			return
+		}
+		resp := &admissionv1.AdmissionResponse{UID: ar.Request.UID, Allowed: true}
+		answer(ar.Request, resp)
+		ar.Response, ar.Request = resp, nil
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(ar)
+	}
+	mux.HandleFunc("/allow", func(w http.ResponseWriter, r *http.Request) {
+		review(w, r, func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse) {})
+	})
+	mux.HandleFunc("/deny", func(w http.ResponseWriter, r *http.Request) {
+		review(w, r, func(_ *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
+			resp.Allowed = false
+			resp.Result = &metav1.Status{Code: http.StatusForbidden, Message: "the corpus webhook says no"}
+		})
+	})
+	mux.HandleFunc("/warn", func(w http.ResponseWriter, r *http.Request) {
+		review(w, r, func(_ *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
+			resp.Warnings = []string{"the corpus webhook has a warning"}
+		})
+	})
+	jsonPatch := admissionv1.PatchTypeJSONPatch
+	mux.HandleFunc("/mutate", func(w http.ResponseWriter, r *http.Request) {
+		review(w, r, func(_ *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
+			resp.PatchType, resp.Patch = &jsonPatch, []byte(`[{"op":"add","path":"/metadata/labels/mutated","value":"yes"}]`)
+		})
+	})
+	mux.HandleFunc("/badpatch", func(w http.ResponseWriter, r *http.Request) {
+		review(w, r, func(_ *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
+			resp.PatchType, resp.Patch = &jsonPatch, []byte(`[{"op":"add","path":"/data","value":{"bad key":"x"}}]`)
+		})
+	})
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(3 * time.Second):
+		case <-r.Context().Done():
+			return
+		}
+		review(w, r, func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse) {})
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}}}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+	base := "https://" + ln.Addr().String()
+	// An address nothing listens on: the "unreachable" webhooks.
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadURL := "https://" + dead.Addr().String() + "/allow"
+	dead.Close()
+
+	caPEM := pki.CertPEM(ca.Cert)
+	// admissionregistration/v1 allows only None and NoneOnDryRun.
+	none, onDryRun := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.SideEffectClassNoneOnDryRun
+	fail, ignore := admissionregistrationv1.Fail, admissionregistrationv1.Ignore
+	one, ten := int32(1), int32(10)
+	rules := []admissionregistrationv1.RuleWithOperations{{
+		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+	}}
+	nsSel := &metav1.LabelSelector{MatchLabels: map[string]string{"adm-webhook": "on"}}
+	type hook struct {
+		name, label, url string
+		service          bool
+		side             *admissionregistrationv1.SideEffectClass
+		policy           *admissionregistrationv1.FailurePolicyType
+		timeout          *int32
+		conditions       []admissionregistrationv1.MatchCondition
+	}
+	clientConfig := func(h hook) admissionregistrationv1.WebhookClientConfig {
+		if h.service {
+			path := "/allow"
+			return admissionregistrationv1.WebhookClientConfig{CABundle: caPEM,
+				Service: &admissionregistrationv1.ServiceReference{Namespace: webhookNS, Name: "no-such-service", Path: &path}}
+		}
+		return admissionregistrationv1.WebhookClientConfig{CABundle: caPEM, URL: &h.url}
+	}
+	validating := []hook{
+		{name: "allow", label: "allow", url: base + "/allow", side: &none, policy: &fail, timeout: &ten},
+		{name: "deny", label: "deny", url: base + "/deny", side: &none, policy: &fail, timeout: &ten},
+		{name: "warn", label: "warn", url: base + "/warn", side: &none, policy: &fail, timeout: &ten},
+		{name: "slow-fail", label: "slow-fail", url: base + "/slow", side: &none, policy: &fail, timeout: &one},
+		{name: "slow-ignore", label: "slow-ignore", url: base + "/slow", side: &none, policy: &ignore, timeout: &one},
+		{name: "down-fail", label: "down-fail", url: deadURL, side: &none, policy: &fail, timeout: &ten},
+		{name: "down-ignore", label: "down-ignore", url: deadURL, side: &none, policy: &ignore, timeout: &ten},
+		{name: "side-effects", label: "side-effects", url: base + "/allow", side: &onDryRun, policy: &fail, timeout: &ten},
+		{name: "svc-missing", label: "svc-missing", service: true, side: &none, policy: &fail, timeout: &ten},
+		{name: "matchcond", label: "matchcond", url: base + "/deny", side: &none, policy: &fail, timeout: &ten,
+			conditions: []admissionregistrationv1.MatchCondition{{Name: "not-skipped",
+				Expression: "!('skip' in object.metadata.?annotations.orValue({}))"}}},
+	}
+	mutating := []hook{
+		{name: "mutate", label: "mutate", url: base + "/mutate", side: &none, policy: &fail, timeout: &ten},
+		{name: "mdeny", label: "mdeny", url: base + "/deny", side: &none, policy: &fail, timeout: &ten},
+		{name: "badpatch", label: "badpatch", url: base + "/badpatch", side: &none, policy: &fail, timeout: &ten},
+		{name: "mdown-ignore", label: "mdown-ignore", url: deadURL, side: &none, policy: &ignore, timeout: &ten},
+	}
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-corpus"}}
+	for _, h := range validating {
+		vwc.Webhooks = append(vwc.Webhooks, admissionregistrationv1.ValidatingWebhook{
+			Name: h.name + ".corpus.kproxy.test", ClientConfig: clientConfig(h), Rules: rules,
+			FailurePolicy: h.policy, SideEffects: h.side, TimeoutSeconds: h.timeout, AdmissionReviewVersions: []string{"v1"},
+			NamespaceSelector: nsSel, ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"wh": h.label}},
+			MatchConditions: h.conditions,
+		})
+	}
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-corpus"}}
+	for _, h := range mutating {
+		mwc.Webhooks = append(mwc.Webhooks, admissionregistrationv1.MutatingWebhook{
+			Name: h.name + ".corpus.kproxy.test", ClientConfig: clientConfig(h), Rules: rules,
+			FailurePolicy: h.policy, SideEffects: h.side, TimeoutSeconds: h.timeout, AdmissionReviewVersions: []string{"v1"},
+			NamespaceSelector: nsSel, ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"wh": h.label}},
+		})
+	}
+	ctx := context.Background()
+	ar := adminClient().AdmissionregistrationV1()
+	_ = ar.ValidatingWebhookConfigurations().Delete(ctx, vwc.Name, metav1.DeleteOptions{})
+	_ = ar.MutatingWebhookConfigurations().Delete(ctx, mwc.Name, metav1.DeleteOptions{})
+	if _, err := ar.ValidatingWebhookConfigurations().Create(ctx, vwc, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ar.MutatingWebhookConfigurations().Create(ctx, mwc, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ar.ValidatingWebhookConfigurations().Delete(ctx, vwc.Name, metav1.DeleteOptions{})
+		_ = ar.MutatingWebhookConfigurations().Delete(ctx, mwc.Name, metav1.DeleteOptions{})
+	})
+}
