@@ -91,7 +91,7 @@ func waitWebhooks(t *testing.T) {
 	body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe","labels":{"wh":"deny"}}}`
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/" + webhookNS + "/configmaps").Param("dryRun", "All").
+		err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/"+webhookNS+"/configmaps").Param("dryRun", "All").
 			SetHeader("Content-Type", "application/json").Body([]byte(body)).Do(t.Context()).Error()
 		if err != nil && strings.Contains(err.Error(), "the corpus webhook says no") {
 			return
