@@ -51,8 +51,18 @@ func checkWritePrediction(t *testing.T, c corpusCase, rec *record.Record) {
 		return
 	}
 	stage := map[string]record.StageResult{}
+	var all strings.Builder
 	for _, s := range rec.Stages {
 		stage[s.Name] = s
+		all.WriteString(s.Explanation + "\n")
+		for _, ch := range s.Children {
+			all.WriteString(ch.Name + ": " + ch.Explanation + "\n")
+		}
+	}
+	for _, e := range c.Explains {
+		if !strings.Contains(all.String(), e) {
+			t.Errorf("the explanations lack %q:%s", e, stageSummary(rec))
+		}
 	}
 	if c.Stage != "" {
 		if s := stage[c.Stage]; s.Outcome != record.Reject || s.Explanation == "" {

@@ -34,6 +34,9 @@ type corpusCase struct {
 	// (part of its "cannot predict" message): a case it cannot replay
 	// faithfully, and says so.
 	Unknown string `json:"unknown"`
+	// Explains are texts the record's stage explanations (children
+	// included) must contain: the explanation, not just the verdict.
+	Explains []string `json:"explains"`
 }
 
 // replayed are the stages this corpus checks; later stages are not

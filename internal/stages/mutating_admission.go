@@ -57,7 +57,11 @@ func admissionPhase(req *Request, phase int, validating bool) Result {
 		if run.pluginErrName != "" {
 			who = "admission plugin " + run.pluginErrName
 		}
-		res = Reject(run.status, who+" refuses: "+statusMessage(run.status))
+		msg := who + " refuses: " + statusMessage(run.status)
+		if run.pluginErrDetail != "" {
+			msg += " [" + run.pluginErrDetail + "]"
+		}
+		res = Reject(run.status, msg)
 	default:
 		msg := fmt.Sprintf("%d plugins admitted the request", len(children))
 		if len(changed) > 0 {

@@ -132,14 +132,14 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, err
 	}
-	describeWebhook := webhookDescriber(s)
+	explainer := newAdmissionExplainer(s)
 	adm := *o.Admission.GenericAdmission
 	var plugins []string
 	adm.Decorators = append(append(admission.Decorators{}, adm.Decorators...), admission.DecoratorFunc(func(h admission.Interface, name string) admission.Interface {
 		plugins = append(plugins, name)
-		op := &observedPlugin{inner: h, name: name}
+		op := &observedPlugin{inner: h, name: name, explain: explainer}
 		if name == "MutatingAdmissionWebhook" || name == "ValidatingAdmissionWebhook" {
-			op.webhook = describeWebhook
+			op.webhook = explainer.webhook
 		}
 		return op
 	}))

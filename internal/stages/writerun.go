@@ -53,9 +53,10 @@ type writeRun struct {
 	reads   []storageRead
 	// pluginErr is the last error an admission plugin returned, with the
 	// phase it returned it in.
-	pluginErr      error
-	pluginErrPhase int
-	pluginErrName  string
+	pluginErr       error
+	pluginErrPhase  int
+	pluginErrName   string
+	pluginErrDetail string
 
 	status   *metav1.Status // the handler's answer when it refused
 	code     int
@@ -123,6 +124,7 @@ type pluginCall struct {
 	Start, End time.Time
 	Err        error
 	Patch      string // what a mutating plugin changed, as a JSON patch
+	Detail     string // what the refusal's message leaves out
 }
 
 type storageRead struct {
@@ -168,7 +170,7 @@ func (r *writeRun) addPlugin(c pluginCall) {
 	defer r.mu.Unlock()
 	r.plugins = append(r.plugins, c)
 	if c.Err != nil {
-		r.pluginErr, r.pluginErrName = c.Err, c.Name
+		r.pluginErr, r.pluginErrName, r.pluginErrDetail = c.Err, c.Name, c.Detail
 		r.pluginErrPhase = phaseMutating
 		if c.Validating {
 			r.pluginErrPhase = phaseValidating
@@ -222,6 +224,8 @@ type observedPlugin struct {
 	// webhook describes an admission webhook by name (its configuration,
 	// sideEffects, failurePolicy, timeout); nil for other plugins.
 	webhook func(name string) string
+	// explain adds what the plugin's refusal leaves out.
+	explain *admissionExplainer
 }
 
 func (p *observedPlugin) Handles(op admission.Operation) bool { return p.inner.Handles(op) }
@@ -245,6 +249,7 @@ func (p *observedPlugin) Admit(ctx context.Context, a admission.Attributes, o ad
 	c.Err = m.Admit(ctx, a, o)
 	c.End = r.now()
 	p.noticeSideEffects(r, c.Err)
+	c.Detail = p.explain.explain(p.name, a, c.Err)
 	if after := a.GetObject(); before != nil && after != nil && !equality.Semantic.DeepEqual(before, after) {
 		if b, a := objectJSON(before), objectJSON(after); b != nil && a != nil && !bytes.Equal(b, a) {
 			c.Patch = jsonPatch(b, a)
@@ -267,6 +272,7 @@ func (p *observedPlugin) Validate(ctx context.Context, a admission.Attributes, o
 	c.Err = v.Validate(ctx, a, o)
 	c.End = r.now()
 	p.noticeSideEffects(r, c.Err)
+	c.Detail = p.explain.explain(p.name, a, c.Err)
 	r.addPlugin(c)
 	return c.Err
 }
@@ -471,6 +477,9 @@ func childFor(c pluginCall) record.StageResult {
 	switch {
 	case c.Err != nil:
 		ch.Outcome, ch.Explanation = record.Reject, c.Err.Error()
+		if c.Detail != "" {
+			ch.Explanation += " [" + c.Detail + "]"
+		}
 	case c.Patch != "":
 		ch.Explanation = "changed the object: " + c.Patch
 	default:

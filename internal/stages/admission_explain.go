@@ -1,0 +1,102 @@
+package stages
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"k8s.io/apiserver/pkg/admission"
+	admissionregistrationlisters "k8s.io/client-go/listers/admissionregistration/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+)
+
+// admissionExplainer adds to an admission plugin's refusal what the
+// apiserver's message leaves out: the webhook's configuration, the
+// policy's expressions and binding, the namespace's PodSecurity labels.
+// Quota and LimitRange messages already carry their numbers.
+type admissionExplainer struct {
+	webhook    func(name string) string
+	policies   admissionregistrationlisters.ValidatingAdmissionPolicyLister
+	bindings   admissionregistrationlisters.ValidatingAdmissionPolicyBindingLister
+	namespaces corelisters.NamespaceLister
+}
+
+func newAdmissionExplainer(s *ClusterState) *admissionExplainer {
+	ar := s.Informers.Admissionregistration().V1()
+	return &admissionExplainer{
+		webhook:    webhookDescriber(s),
+		policies:   ar.ValidatingAdmissionPolicies().Lister(),
+		bindings:   ar.ValidatingAdmissionPolicyBindings().Lister(),
+		namespaces: s.Informers.Core().V1().Namespaces().Lister(),
+	}
+}
+
+var (
+	webhookNamed = regexp.MustCompile(`(?:admission webhook|failed calling webhook) "([^"]+)"`)
+	policyNamed  = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']+)' with binding '([^']+)'`)
+)
+
+func (e *admissionExplainer) explain(plugin string, a admission.Attributes, err error) string {
+	if e == nil || err == nil {
+		return ""
+	}
+	msg := err.Error()
+	switch {
+	case plugin == "MutatingAdmissionWebhook" || plugin == "ValidatingAdmissionWebhook":
+		if m := webhookNamed.FindStringSubmatch(msg); m != nil {
+			return "the " + e.webhook(m[1])
+		}
+	case plugin == "ValidatingAdmissionPolicy":
+		if m := policyNamed.FindStringSubmatch(msg); m != nil {
+			return e.describePolicy(m[1], m[2])
+		}
+	case plugin == "PodSecurity":
+		return e.describePodSecurity(a.GetNamespace())
+	}
+	return ""
+}
+
+func (e *admissionExplainer) describePolicy(policy, binding string) string {
+	var parts []string
+	if p, err := e.policies.Get(policy); err == nil {
+		var exprs []string
+		for _, v := range p.Spec.Validations {
+			exprs = append(exprs, fmt.Sprintf("%q", v.Expression))
+		}
+		parts = append(parts, fmt.Sprintf("policy %q validates %s", policy, strings.Join(exprs, ", ")))
+		if p.Spec.FailurePolicy != nil {
+			parts = append(parts, "failurePolicy "+string(*p.Spec.FailurePolicy))
+		}
+	}
+	if b, err := e.bindings.Get(binding); err == nil {
+		actions := make([]string, len(b.Spec.ValidationActions))
+		for i, a := range b.Spec.ValidationActions {
+			actions[i] = string(a)
+		}
+		s := fmt.Sprintf("binding %q with validationActions %v", binding, actions)
+		if pr := b.Spec.ParamRef; pr != nil {
+			s += fmt.Sprintf(", params %s/%s", pr.Namespace, pr.Name)
+		}
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (e *admissionExplainer) describePodSecurity(ns string) string {
+	n, err := e.namespaces.Get(ns)
+	if err != nil {
+		return ""
+	}
+	var ls []string
+	for k, v := range n.Labels {
+		if strings.HasPrefix(k, "pod-security.kubernetes.io/") {
+			ls = append(ls, k+"="+v)
+		}
+	}
+	sort.Strings(ls)
+	if len(ls) == 0 {
+		return fmt.Sprintf("namespace %q has no pod-security.kubernetes.io labels: the apiserver's defaults apply (--admission-control-config-file)", ns)
+	}
+	return fmt.Sprintf("namespace %q: %s (exemptions come from --admission-control-config-file)", ns, strings.Join(ls, ", "))
+}
