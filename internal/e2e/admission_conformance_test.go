@@ -29,6 +29,7 @@ func TestAdmissionConformance(t *testing.T) {
 	applyManifest(t, "create", "namespace", "adm-terminating")
 	applyManifest(t, "delete", "namespace", "adm-terminating", "--wait=false")
 	waitPolicies(t)
+	waitMutatingPolicies(t)
 	startAdmissionWebhooks(t)
 	waitWebhooks(t)
 	total := runCorpus(t, dir, "adm", checkWritePrediction)
@@ -108,6 +109,26 @@ func waitWebhooks(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the corpus's webhooks are not called after 30s (last answer: %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitMutatingPolicies waits until the apiserver applies the corpus's
+// MutatingAdmissionPolicies (with their params).
+func waitMutatingPolicies(t *testing.T) {
+	t.Helper()
+	cs := adminClient()
+	body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe","labels":{"wants-team":"yes"}}}`
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		raw, err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/adm-map/configmaps").Param("dryRun", "All").
+			SetHeader("Content-Type", "application/json").Body([]byte(body)).Do(t.Context()).Raw()
+		if err == nil && strings.Contains(string(raw), `"map-mutated":"yes"`) && strings.Contains(string(raw), `"team":"storage"`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the corpus's mutating admission policies are not applied after 30s (last answer: %v %s)", err, raw)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
