@@ -90,6 +90,9 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	// encodings per resource, exactly as kube-apiserver computes them.
 	etcd := genericoptions.NewEtcdOptions(storagebackend.NewDefaultConfig(o.EtcdPrefix, nil))
 	etcd.EnableWatchCache = false
+	// As kube-apiserver: built-in objects are stored as protobuf, so the
+	// dry-run store's encode/decode round trip is the real one.
+	etcd.DefaultStorageMediaType = "application/vnd.kubernetes.protobuf"
 	// The service IP and node-port allocators open raw etcd storage of
 	// their own, used only to persist allocations, which dry run never
 	// does. Their client waits for a ready gRPC connection: it gets a
