@@ -22,7 +22,10 @@ var writeStages = []string{"decode", "mutating-admission", "validation", "valida
 // answer: status, deciding stage, reason and message.
 func TestAdmissionConformance(t *testing.T) {
 	dir := "../../testdata/conformance/admission"
+	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "crds.yaml"))
+	applyManifest(t, "wait", "--for=condition=Established", "--timeout=60s", "crd/widgets.corpus.kproxy.test")
 	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "objects.yaml"))
+	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "crs.yaml"))
 	applyManifest(t, "apply", "--server-side", "--subresource=status", "-f", filepath.Join(dir, "fixtures", "status.yaml"))
 	// No namespace controller runs here: a deleted namespace stays
 	// Terminating.

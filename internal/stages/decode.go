@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"sigs.k8s.io/yaml"
 )
@@ -31,6 +32,9 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 	}
 	if d.m.write == nil {
 		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error())
+	}
+	if i := req.Info; !builtIn(i.APIGroup) && !d.m.write.servesCustom(i.APIGroup, i.Resource) {
+		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition (an aggregated API): not modelled", i.Resource+"."+i.APIGroup))
 	}
 	run := d.m.write.runRequest(ctx, req, d.m.now)
 	req.write = run
@@ -59,9 +63,6 @@ func notWriteReason(req *Request) string {
 // notReplayable says why the write path cannot replay a write, or "".
 func notReplayable(req *Request) string {
 	i := req.Info
-	if !legacyscheme.Scheme.IsGroupRegistered(i.APIGroup) {
-		return fmt.Sprintf("writes to %q (a custom resource or an aggregated API) are not modelled yet", i.APIGroup+"/"+i.Resource)
-	}
 	if i.Resource == "services" && i.Subresource == "" && len(req.HTTP.URL.Query()["dryRun"]) == 0 && explicitAllocation(req.Body) {
 		return "the Service names its own clusterIP or nodePort: the apiserver checks those only when it really allocates them, " +
 			"and kproxy can replay a write only in dry run, where the checks differ"
@@ -102,6 +103,12 @@ func explicitAllocation(body []byte) bool {
 		}
 	}
 	return false
+}
+
+// builtIn reports an API group kube-apiserver serves itself (custom
+// resources and aggregated APIs are the others).
+func builtIn(group string) bool {
+	return legacyscheme.Scheme.IsGroupRegistered(group) || group == apiextensionsv1.GroupName
 }
 
 func decodedWhat(req *Request) string {

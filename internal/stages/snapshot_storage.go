@@ -13,6 +13,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
@@ -22,7 +23,6 @@ import (
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/kubernetes/pkg/api/legacyscheme"
 )
 
 // snapshotOptions gives every registry store of the write path the
@@ -32,6 +32,10 @@ type snapshotOptions struct {
 	inner     generic.RESTOptionsGetter
 	state     *ClusterState
 	resources serverstorage.APIResourceConfigSource
+	// scheme and decoder are the group's (kube's legacyscheme, the
+	// apiextensions scheme); custom resources need neither.
+	scheme  *runtime.Scheme
+	decoder runtime.Decoder
 }
 
 func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {
@@ -42,8 +46,13 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 	opts.CountMetricPollPeriod = 0 // no background polling of the storage
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, _ func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, _ storage.AttrFunc, _ storage.IndexerFuncs, _ *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
-		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/")}
-		s.gv, err = servedVersion(config.GroupResource, newFunc(), o.resources)
+		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder}
+		if u, ok := newFunc().(*unstructured.Unstructured); ok {
+			// A custom resource's store serves one version of it.
+			s.gv, s.decoder = u.GroupVersionKind().GroupVersion(), unstructured.UnstructuredJSONScheme
+			return s, func() {}, nil
+		}
+		s.gv, err = servedVersion(config.GroupResource, newFunc(), o.scheme, o.resources)
 		return s, func() {}, err
 	}
 	return opts, nil
@@ -51,13 +60,13 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 
 // servedVersion is the version the replay reads a resource in: the
 // group's preferred version that serves the resource's kind.
-func servedVersion(gr schema.GroupResource, example runtime.Object, rc serverstorage.APIResourceConfigSource) (schema.GroupVersion, error) {
-	kinds, _, err := legacyscheme.Scheme.ObjectKinds(example)
+func servedVersion(gr schema.GroupResource, example runtime.Object, scheme *runtime.Scheme, rc serverstorage.APIResourceConfigSource) (schema.GroupVersion, error) {
+	kinds, _, err := scheme.ObjectKinds(example)
 	if err != nil || len(kinds) == 0 {
 		return schema.GroupVersion{}, fmt.Errorf("%s: no kind for %T", gr, example)
 	}
-	for _, gv := range legacyscheme.Scheme.PrioritizedVersionsForGroup(gr.Group) {
-		if rc.ResourceEnabled(gv.WithResource(gr.Resource)) && legacyscheme.Scheme.Recognizes(gv.WithKind(kinds[0].Kind)) {
+	for _, gv := range scheme.PrioritizedVersionsForGroup(gr.Group) {
+		if rc.ResourceEnabled(gv.WithResource(gr.Resource)) && scheme.Recognizes(gv.WithKind(kinds[0].Kind)) {
 			return gv, nil
 		}
 	}
@@ -70,7 +79,8 @@ func servedVersion(gr schema.GroupResource, example runtime.Object, rc serversto
 // writeRun.snapshot), and refuses to write: the replay runs every write in
 // dry run, where the registry only reads (DryRunnableStorage).
 type snapshotStorage struct {
-	state  *ClusterState
+	state   *ClusterState
+	decoder runtime.Decoder
 	gr     schema.GroupResource
 	gv     schema.GroupVersion
 	prefix string
@@ -155,7 +165,7 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		}
 		return storage.NewKeyNotFoundError(key, 0)
 	}
-	if err := runtime.DecodeInto(legacyscheme.Codecs.UniversalDecoder(), raw, out); err != nil {
+	if err := runtime.DecodeInto(s.decoder, raw, out); err != nil {
 		read.Err = err
 		return fmt.Errorf("decoding %s: %w", p, err)
 	}
@@ -296,7 +306,7 @@ func (s *snapshotStorage) GetList(ctx context.Context, key string, opts storage.
 	if err != nil {
 		return fmt.Errorf("kproxy could not list %s from the apiserver: %w", p, err)
 	}
-	return runtime.DecodeInto(legacyscheme.Codecs.UniversalDecoder(), raw, listObj)
+	return runtime.DecodeInto(s.decoder, raw, listObj)
 }
 
 func (s *snapshotStorage) Versioner() storage.Versioner { return storage.APIObjectVersioner{} }

@@ -11,6 +11,11 @@ import (
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.opentelemetry.io/otel/trace"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
+	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
+	apiextensionslisters "k8s.io/apiextensions-apiserver/pkg/client/listers/apiextensions/v1"
+	apiextensionsoptions "k8s.io/apiextensions-apiserver/pkg/cmd/server/options"
 	"google.golang.org/grpc"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -25,6 +30,9 @@ import (
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/apiserver/pkg/util/openapi"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -60,6 +68,23 @@ type writePath struct {
 	handler http.Handler
 	// plugins are the enabled admission plugins, in the chain's order.
 	plugins []string
+	// crds lists the cluster's CustomResourceDefinitions.
+	crds apiextensionslisters.CustomResourceDefinitionLister
+}
+
+// servesCustom reports whether an established CustomResourceDefinition
+// serves group/resource.
+func (w *writePath) servesCustom(group, resource string) bool {
+	crd, err := w.crds.Get(resource + "." + group)
+	if err != nil {
+		return false
+	}
+	for _, c := range crd.Status.Conditions {
+		if c.Type == apiextensionsv1.Established {
+			return c.Status == apiextensionsv1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // buildWritePath follows kube-apiserver's CreateKubeAPIServerConfig and
@@ -113,7 +138,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	}
 	gc.RESTOptionsGetter = &snapshotOptions{
 		inner: &genericoptions.StorageFactoryRestOptionsFactory{Options: *etcd, StorageFactory: sf},
-		state: s, resources: gc.MergedResourceConfig,
+		state: s, resources: gc.MergedResourceConfig, scheme: legacyscheme.Scheme, decoder: legacyscheme.Codecs.UniversalDecoder(),
 	}
 
 	// Admission, with the initializers kube-apiserver gives its plugins.
@@ -153,6 +178,14 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	}
 	gc.AdmissionControl = &phaseMarker{inner: gc.AdmissionControl}
 
+	// CustomResourceDefinitions and custom resources: the apiextensions
+	// server kube-apiserver delegates to, built from a copy of the same
+	// config (admission chain included), before it is completed.
+	ext, err := buildAPIExtensions(ctx, *gc, *etcd, s, svcResolver)
+	if err != nil {
+		return nil, fmt.Errorf("apiextensions (custom resources): %w", err)
+	}
+
 	primary, secondary, apiIP, err := serviceRanges(o.ServiceClusterIPRanges)
 	if err != nil {
 		return nil, err
@@ -180,7 +213,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 		},
 	}
 	completed := cpc.Complete()
-	srv, err := completed.ControlPlane.Generic.New("kproxy-replay", genericapiserver.NewEmptyDelegate())
+	srv, err := completed.ControlPlane.Generic.New("kproxy-replay", ext.GenericAPIServer)
 	if err != nil {
 		return nil, fmt.Errorf("replay apiserver: %w", err)
 	}
@@ -195,7 +228,49 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers); err != nil {
 		return nil, err
 	}
-	return &writePath{handler: srv.Handler.Director, plugins: plugins}, nil
+	return &writePath{handler: srv.Handler.Director, plugins: plugins,
+		crds: ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister()}, nil
+}
+
+// buildAPIExtensions is kube-apiserver's CreateAPIExtensionsConfig and
+// the apiextensions server's New over snapshot storage. Its CRD informers
+// are started here (kube-apiserver starts them in a post-start hook); its
+// controllers, which write CRD status, are never started.
+func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd genericoptions.EtcdOptions, s *ClusterState, svcResolver webhook.ServiceResolver) (*apiextensionsapiserver.CustomResourceDefinitions, error) {
+	gc.PostStartHooks = map[string]genericapiserver.PostStartHookConfigEntry{}
+	eetcd := etcd
+	eetcd.StorageConfig.Codec = apiextensionsapiserver.Codecs.LegacyCodec(apiextensionsv1beta1.SchemeGroupVersion, apiextensionsv1.SchemeGroupVersion)
+	eetcd.StorageConfig.EncodeVersioner = runtime.NewMultiGroupVersioner(apiextensionsv1beta1.SchemeGroupVersion, schema.GroupKind{Group: apiextensionsv1beta1.GroupName})
+	eetcd.SkipHealthEndpoints = true
+	gc.RESTOptionsGetter = nil
+	if err := eetcd.ApplyTo(&gc); err != nil {
+		return nil, err
+	}
+	gc.MergedResourceConfig = apiextensionsapiserver.DefaultAPIResourceConfigSource()
+	gc.RESTOptionsGetter = &snapshotOptions{inner: gc.RESTOptionsGetter, state: s, resources: gc.MergedResourceConfig,
+		scheme: apiextensionsapiserver.Scheme, decoder: apiextensionsapiserver.Codecs.UniversalDecoder()}
+	cfg := &apiextensionsapiserver.Config{
+		GenericConfig: &genericapiserver.RecommendedConfig{Config: gc, SharedInformerFactory: s.Informers},
+		ExtraConfig: apiextensionsapiserver.ExtraConfig{
+			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s},
+			MasterCount:          1,
+			AuthResolverWrapper:  webhook.NewDefaultAuthenticationInfoResolverWrapper(controlplaneapiserver.CreateProxyTransport(), nil, gc.LoopbackClientConfig, gc.TracerProvider),
+			ServiceResolver:      svcResolver,
+		},
+	}
+	ext, err := cfg.Complete().New(genericapiserver.NewEmptyDelegate())
+	if err != nil {
+		return nil, err
+	}
+	ext.Informers.Start(ctx.Done())
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for typ, ok := range ext.Informers.WaitForCacheSync(wctx.Done()) {
+		if !ok {
+			return nil, fmt.Errorf("%v not synced after 30s (kproxy's identity may lack list/watch on them)", typ)
+		}
+	}
+	return ext, nil
 }
 
 // webhookDescriber names an admission webhook with what decides how the
