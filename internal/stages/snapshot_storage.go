@@ -81,9 +81,9 @@ func servedVersion(gr schema.GroupResource, example runtime.Object, scheme *runt
 type snapshotStorage struct {
 	state   *ClusterState
 	decoder runtime.Decoder
-	gr     schema.GroupResource
-	gv     schema.GroupVersion
-	prefix string
+	gr      schema.GroupResource
+	gv      schema.GroupVersion
+	prefix  string
 }
 
 var errReplayWrite = errors.New("the kproxy replay never writes to the cluster")
