@@ -32,6 +32,21 @@ var (
 
 const testNS = "kproxy-e2e"
 
+// admissionConfiguration is the test apiserver's
+// --admission-control-config-file (kproxy reads the same file): PodSecurity
+// exempts one namespace, whatever its labels say.
+const admissionConfiguration = `apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: PodSecurity
+  configuration:
+    apiVersion: pod-security.admission.config.k8s.io/v1
+    kind: PodSecurityConfiguration
+    defaults: {enforce: privileged, enforce-version: latest, audit: privileged, audit-version: latest, warn: privileged, warn-version: latest}
+    exemptions:
+      namespaces: [adm-psa-exempt]
+`
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
@@ -51,7 +66,13 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer idp.close()
-	cluster, err = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, ExtraAPIServerFlags: idp.flags, AuthorizationMode: "Node,RBAC,Webhook"})
+	admissionConfig := filepath.Join(dir, "admission-config.yaml")
+	if err := os.WriteFile(admissionConfig, []byte(admissionConfiguration), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	flags := append(append([]string{}, idp.flags...), "--admission-control-config-file="+admissionConfig)
+	cluster, err = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, ExtraAPIServerFlags: flags, AuthorizationMode: "Node,RBAC,Webhook"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
 		return 1
