@@ -104,7 +104,7 @@ func startAdmissionWebhooks(t *testing.T) {
 	// admissionregistration/v1 allows only None and NoneOnDryRun.
 	none, onDryRun := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.SideEffectClassNoneOnDryRun
 	fail, ignore := admissionregistrationv1.Fail, admissionregistrationv1.Ignore
-	one, ten := int32(1), int32(10)
+	one, two, ten := int32(1), int32(2), int32(10)
 	rules := []admissionregistrationv1.RuleWithOperations{{
 		Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
 		Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
@@ -112,17 +112,18 @@ func startAdmissionWebhooks(t *testing.T) {
 	nsSel := &metav1.LabelSelector{MatchLabels: map[string]string{"adm-webhook": "on"}}
 	type hook struct {
 		name, label, url string
-		service          bool
-		side             *admissionregistrationv1.SideEffectClass
-		policy           *admissionregistrationv1.FailurePolicyType
-		timeout          *int32
-		conditions       []admissionregistrationv1.MatchCondition
+		service          string // a Service in webhookNS
+
+		side       *admissionregistrationv1.SideEffectClass
+		policy     *admissionregistrationv1.FailurePolicyType
+		timeout    *int32
+		conditions []admissionregistrationv1.MatchCondition
 	}
 	clientConfig := func(h hook) admissionregistrationv1.WebhookClientConfig {
-		if h.service {
+		if h.service != "" {
 			path := "/allow"
 			return admissionregistrationv1.WebhookClientConfig{CABundle: caPEM,
-				Service: &admissionregistrationv1.ServiceReference{Namespace: webhookNS, Name: "no-such-service", Path: &path}}
+				Service: &admissionregistrationv1.ServiceReference{Namespace: webhookNS, Name: h.service, Path: &path}}
 		}
 		return admissionregistrationv1.WebhookClientConfig{CABundle: caPEM, URL: &h.url}
 	}
@@ -135,7 +136,10 @@ func startAdmissionWebhooks(t *testing.T) {
 		{name: "down-fail", label: "down-fail", url: deadURL, side: &none, policy: &fail, timeout: &ten},
 		{name: "down-ignore", label: "down-ignore", url: deadURL, side: &none, policy: &ignore, timeout: &ten},
 		{name: "side-effects", label: "side-effects", url: base + "/allow", side: &onDryRun, policy: &fail, timeout: &ten},
-		{name: "svc-missing", label: "svc-missing", service: true, side: &none, policy: &fail, timeout: &ten},
+		{name: "svc-missing", label: "svc-missing", service: "no-such-service", side: &none, policy: &fail, timeout: &ten},
+		// A Service kproxy cannot dial (an ExternalName nothing resolves):
+		// what a webhook inside a real cluster looks like from outside it.
+		{name: "svc-exists", label: "svc-exists", service: "webhook-svc", side: &none, policy: &fail, timeout: &two},
 		{name: "matchcond", label: "matchcond", url: base + "/deny", side: &none, policy: &fail, timeout: &ten,
 			conditions: []admissionregistrationv1.MatchCondition{{Name: "not-skipped",
 				Expression: "!('skip' in object.metadata.?annotations.orValue({}))"}}},

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
+	webhookinit "k8s.io/apiserver/pkg/admission/plugin/webhook/initializer"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
@@ -48,7 +49,9 @@ import (
 	generatedopenapi "k8s.io/kubernetes/pkg/generated/openapi"
 	"k8s.io/kubernetes/pkg/kubeapiserver"
 	kubeapiserveradmission "k8s.io/kubernetes/pkg/kubeapiserver/admission"
+	"k8s.io/kubernetes/pkg/kubeapiserver/admission/exclusion"
 	kubeletclient "k8s.io/kubernetes/pkg/kubelet/client"
+	quotainstall "k8s.io/kubernetes/pkg/quota/v1/install"
 	netutils "k8s.io/utils/net"
 )
 
@@ -151,10 +154,17 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, fmt.Errorf("admission initializers: %w", err)
 	}
-	genericInit, err := (&controlplaneadmission.Config{ExternalInformers: s.Informers, LoopbackClientConfig: loop,
-		APIResourceConfig: sf.APIResourceConfigSource}).New(controlplaneapiserver.CreateProxyTransport(), nil, svcResolver, gc.TracerProvider)
+	// controlplaneadmission.Config.New, with the webhooks' service dialer
+	// watched: a webhook the apiserver reaches inside the cluster may be
+	// out of kproxy's reach, and then the replay says so.
+	authWrapper := watchServiceDials(webhook.NewDefaultAuthenticationInfoResolverWrapper(controlplaneapiserver.CreateProxyTransport(), nil, loop, gc.TracerProvider))
+	quotaConfig, err := quotainstall.NewQuotaConfigurationForAdmission(s.Informers, sf.APIResourceConfigSource)
 	if err != nil {
 		return nil, fmt.Errorf("admission initializers: %w", err)
+	}
+	genericInit := []admission.PluginInitializer{
+		webhookinit.NewPluginInitializer(authWrapper, svcResolver),
+		controlplaneadmission.NewPluginInitializer(quotaConfig, exclusion.Excluded()),
 	}
 	dyn, err := dynamic.NewForConfig(loop)
 	if err != nil {
@@ -181,7 +191,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	// CustomResourceDefinitions and custom resources: the apiextensions
 	// server kube-apiserver delegates to, built from a copy of the same
 	// config (admission chain included), before it is completed.
-	ext, err := buildAPIExtensions(ctx, *gc, *etcd, s, svcResolver)
+	ext, err := buildAPIExtensions(ctx, *gc, *etcd, s, svcResolver, authWrapper)
 	if err != nil {
 		return nil, fmt.Errorf("apiextensions (custom resources): %w", err)
 	}
@@ -236,7 +246,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 // the apiextensions server's New over snapshot storage. Its CRD informers
 // are started here (kube-apiserver starts them in a post-start hook); its
 // controllers, which write CRD status, are never started.
-func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd genericoptions.EtcdOptions, s *ClusterState, svcResolver webhook.ServiceResolver) (*apiextensionsapiserver.CustomResourceDefinitions, error) {
+func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd genericoptions.EtcdOptions, s *ClusterState, svcResolver webhook.ServiceResolver, authWrapper webhook.AuthenticationInfoResolverWrapper) (*apiextensionsapiserver.CustomResourceDefinitions, error) {
 	gc.PostStartHooks = map[string]genericapiserver.PostStartHookConfigEntry{}
 	eetcd := etcd
 	eetcd.StorageConfig.Codec = apiextensionsapiserver.Codecs.LegacyCodec(apiextensionsv1beta1.SchemeGroupVersion, apiextensionsv1.SchemeGroupVersion)
@@ -254,7 +264,7 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 		ExtraConfig: apiextensionsapiserver.ExtraConfig{
 			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s},
 			MasterCount:          1,
-			AuthResolverWrapper:  webhook.NewDefaultAuthenticationInfoResolverWrapper(controlplaneapiserver.CreateProxyTransport(), nil, gc.LoopbackClientConfig, gc.TracerProvider),
+			AuthResolverWrapper:  authWrapper,
 			ServiceResolver:      svcResolver,
 		},
 	}
@@ -271,6 +281,40 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 		}
 	}
 	return ext, nil
+}
+
+// watchServiceDials wraps the webhooks' authentication-info resolver so
+// that a failure to dial a Service-backed webhook makes the replay
+// unknown: the apiserver reaches cluster IPs that kproxy, outside the
+// cluster, often cannot. (URL webhooks and missing Services keep the
+// apiserver's exact error.)
+func watchServiceDials(inner webhook.AuthenticationInfoResolverWrapper) webhook.AuthenticationInfoResolverWrapper {
+	return func(r webhook.AuthenticationInfoResolver) webhook.AuthenticationInfoResolver {
+		return serviceDialWatcher{inner(r)}
+	}
+}
+
+type serviceDialWatcher struct{ webhook.AuthenticationInfoResolver }
+
+func (w serviceDialWatcher) ClientConfigForService(name, namespace string, port int) (*rest.Config, error) {
+	cfg, err := w.AuthenticationInfoResolver.ClientConfigForService(name, namespace, port)
+	if err != nil || cfg == nil {
+		return cfg, err
+	}
+	dial := cfg.Dial
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 30 * time.Second}).DialContext
+	}
+	cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			if run := runFrom(ctx); run != nil {
+				run.markUnknown(fmt.Sprintf("depends on an admission webhook served by Service %s/%s, which kproxy could not reach (%v); the apiserver calls it from inside the cluster", namespace, name, err))
+			}
+		}
+		return c, err
+	}
+	return cfg, nil
 }
 
 // webhookDescriber names an admission webhook with what decides how the

@@ -156,6 +156,15 @@ func (r *writeRun) enter(phase int) {
 	}
 }
 
+// markUnknown records the first reason the run cannot be trusted.
+func (r *writeRun) markUnknown(why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unknown == "" {
+		r.unknown = why
+	}
+}
+
 func (r *writeRun) addRead(read storageRead) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -292,11 +301,7 @@ func (p *observedPlugin) noticeSideEffects(r *writeRun, err error) {
 	if m == nil {
 		return
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.unknown == "" {
-		r.unknown = "depends on " + p.webhook(m[1]) + ": it declares side effects, and kproxy calls webhooks only in dry run"
-	}
+	r.markUnknown("depends on " + p.webhook(m[1]) + ": it declares side effects, and kproxy calls webhooks only in dry run")
 }
 
 // objectJSON is the object as JSON in its external version, for diffs.
