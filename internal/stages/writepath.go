@@ -294,7 +294,9 @@ func watchServiceDials(inner webhook.AuthenticationInfoResolverWrapper) webhook.
 	}
 }
 
-type serviceDialWatcher struct{ webhook.AuthenticationInfoResolver }
+type serviceDialWatcher struct {
+	webhook.AuthenticationInfoResolver
+}
 
 func (w serviceDialWatcher) ClientConfigForService(name, namespace string, port int) (*rest.Config, error) {
 	cfg, err := w.AuthenticationInfoResolver.ClientConfigForService(name, namespace, port)
