@@ -2,6 +2,9 @@ package stages
 
 import (
 	"fmt"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"regexp"
 	"sort"
 	"strings"
@@ -99,4 +102,50 @@ func (e *admissionExplainer) describePodSecurity(ns string) string {
 		return fmt.Sprintf("namespace %q has no pod-security.kubernetes.io labels: the apiserver's defaults apply (--admission-control-config-file)", ns)
 	}
 	return fmt.Sprintf("namespace %q: %s (exemptions come from --admission-control-config-file)", ns, strings.Join(ls, ", "))
+}
+
+// webhookDescriber names an admission webhook with what decides how the
+// apiserver treats it: its configuration, sideEffects, failurePolicy and
+// timeout.
+func webhookDescriber(s *ClusterState) func(name string) string {
+	mw := s.Informers.Admissionregistration().V1().MutatingWebhookConfigurations().Lister()
+	vw := s.Informers.Admissionregistration().V1().ValidatingWebhookConfigurations().Lister()
+	describe := func(kind, config, name string, side *admissionregistrationv1.SideEffectClass, fp *admissionregistrationv1.FailurePolicyType, timeout *int32) string {
+		d := fmt.Sprintf("admission webhook %q of %s %q", name, kind, config)
+		var attrs []string
+		if side != nil {
+			attrs = append(attrs, "sideEffects "+string(*side))
+		}
+		if fp != nil {
+			attrs = append(attrs, "failurePolicy "+string(*fp))
+		}
+		if timeout != nil {
+			attrs = append(attrs, fmt.Sprintf("timeout %ds", *timeout))
+		}
+		if len(attrs) > 0 {
+			d += " (" + strings.Join(attrs, ", ") + ")"
+		}
+		return d
+	}
+	return func(name string) string {
+		if cs, err := mw.List(labels.Everything()); err == nil {
+			for _, c := range cs {
+				for _, w := range c.Webhooks {
+					if w.Name == name {
+						return describe("MutatingWebhookConfiguration", c.Name, name, w.SideEffects, w.FailurePolicy, w.TimeoutSeconds)
+					}
+				}
+			}
+		}
+		if cs, err := vw.List(labels.Everything()); err == nil {
+			for _, c := range cs {
+				for _, w := range c.Webhooks {
+					if w.Name == name {
+						return describe("ValidatingWebhookConfiguration", c.Name, name, w.SideEffects, w.FailurePolicy, w.TimeoutSeconds)
+					}
+				}
+			}
+		}
+		return fmt.Sprintf("admission webhook %q", name)
+	}
 }

@@ -12,13 +12,11 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
 	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
 	apiextensionslisters "k8s.io/apiextensions-apiserver/pkg/client/listers/apiextensions/v1"
 	apiextensionsoptions "k8s.io/apiextensions-apiserver/pkg/cmd/server/options"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
@@ -317,52 +315,6 @@ func (w serviceDialWatcher) ClientConfigForService(name, namespace string, port 
 		return c, err
 	}
 	return cfg, nil
-}
-
-// webhookDescriber names an admission webhook with what decides how the
-// apiserver treats it: its configuration, sideEffects, failurePolicy and
-// timeout.
-func webhookDescriber(s *ClusterState) func(name string) string {
-	mw := s.Informers.Admissionregistration().V1().MutatingWebhookConfigurations().Lister()
-	vw := s.Informers.Admissionregistration().V1().ValidatingWebhookConfigurations().Lister()
-	describe := func(kind, config, name string, side *admissionregistrationv1.SideEffectClass, fp *admissionregistrationv1.FailurePolicyType, timeout *int32) string {
-		d := fmt.Sprintf("admission webhook %q of %s %q", name, kind, config)
-		var attrs []string
-		if side != nil {
-			attrs = append(attrs, "sideEffects "+string(*side))
-		}
-		if fp != nil {
-			attrs = append(attrs, "failurePolicy "+string(*fp))
-		}
-		if timeout != nil {
-			attrs = append(attrs, fmt.Sprintf("timeout %ds", *timeout))
-		}
-		if len(attrs) > 0 {
-			d += " (" + strings.Join(attrs, ", ") + ")"
-		}
-		return d
-	}
-	return func(name string) string {
-		if cs, err := mw.List(labels.Everything()); err == nil {
-			for _, c := range cs {
-				for _, w := range c.Webhooks {
-					if w.Name == name {
-						return describe("MutatingWebhookConfiguration", c.Name, name, w.SideEffects, w.FailurePolicy, w.TimeoutSeconds)
-					}
-				}
-			}
-		}
-		if cs, err := vw.List(labels.Everything()); err == nil {
-			for _, c := range cs {
-				for _, w := range c.Webhooks {
-					if w.Name == name {
-						return describe("ValidatingWebhookConfiguration", c.Name, name, w.SideEffects, w.FailurePolicy, w.TimeoutSeconds)
-					}
-				}
-			}
-		}
-		return fmt.Sprintf("admission webhook %q", name)
-	}
 }
 
 // emptyGRPCServer serves gRPC with no services on a loopback port until
