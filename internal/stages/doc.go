@@ -38,7 +38,8 @@
 // them apart would mean re-implementing their order, so kproxy does not:
 // writepath.go assembles kube-apiserver's handler for the built-in resources
 // (its REST storage providers, strategies, admission chain and initializers,
-// from the mirrored flags) in a GenericAPIServer that never listens, with a
+// from the mirrored flags) in a GenericAPIServer that never listens, in
+// front of the apiextensions server for custom resources, with a
 // storage.Interface underneath that only reads the cluster (through the
 // apiserver, as the object was before the request's own write). Every write
 // is replayed in dry run; a decorator on each admission plugin and marks
