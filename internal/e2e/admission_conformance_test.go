@@ -35,8 +35,9 @@ func TestAdmissionConformance(t *testing.T) {
 	waitMutatingPolicies(t)
 	startAdmissionWebhooks(t)
 	waitWebhooks(t)
-	total := runCorpus(t, dir, "adm", checkWritePrediction)
-	t.Logf("admission corpus: %d cases", total)
+	if total := runCorpus(t, dir, "adm", checkWritePrediction); total < 100 {
+		t.Errorf("the admission corpus has %d cases; it should cover at least 100", total)
+	}
 }
 
 func checkWritePrediction(t *testing.T, c corpusCase, rec *record.Record) {
