@@ -39,7 +39,7 @@ why, and exports one OpenTelemetry span per stage.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCommand(), newExplainCommand(), newDecodeCommand(), newKubeconfigCommand(), newDemoCommand(), newVersionCommand())
+	root.AddCommand(newServeCommand(), newExplainCommand(), newDecodeCommand(), newEtcdCommand(), newKubeconfigCommand(), newDemoCommand(), newVersionCommand())
 	return root
 }
 

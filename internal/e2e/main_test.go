@@ -32,6 +32,29 @@ var (
 
 const testNS = "kproxy-e2e"
 
+// encryptionConfig is the test apiserver's --encryption-provider-config:
+// secrets encrypted with aescbc, configmaps with aesgcm (test keys only).
+var encryptionConfig string
+
+const encryptionConfiguration = `apiVersion: apiserver.config.k8s.io/v1
+kind: EncryptionConfiguration
+resources:
+- resources: [secrets]
+  providers:
+  - aescbc:
+      keys:
+      - name: cbc-key-1
+        secret: c2VjcmV0IGlzIHNlY3VyZSwgdGhpcyBpcyBhIHRlc3Q=
+  - identity: {}
+- resources: [configmaps]
+  providers:
+  - aesgcm:
+      keys:
+      - name: gcm-key-1
+        secret: MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=
+  - identity: {}
+`
+
 // admissionConfiguration is the test apiserver's
 // --admission-control-config-file (kproxy reads the same file): PodSecurity
 // exempts one namespace, whatever its labels say.
@@ -71,7 +94,13 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	flags := append(append([]string{}, idp.flags...), "--admission-control-config-file="+admissionConfig)
+	encryptionConfig = filepath.Join(dir, "encryption-config.yaml")
+	if err := os.WriteFile(encryptionConfig, []byte(encryptionConfiguration), 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	flags := append(append([]string{}, idp.flags...), "--admission-control-config-file="+admissionConfig,
+		"--encryption-provider-config="+encryptionConfig)
 	cluster, err = localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, ExtraAPIServerFlags: flags, AuthorizationMode: "Node,RBAC,Webhook"})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)

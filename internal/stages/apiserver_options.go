@@ -36,6 +36,12 @@ type APIServerOptions struct {
 	ServiceClusterIPRanges string
 	ServiceNodePortRange   utilnet.PortRange
 	EtcdPrefix             string
+	// etcd access and encryption at rest (kproxy etcd, the storage
+	// stage): --etcd-servers, --etcd-cafile, --etcd-certfile,
+	// --etcd-keyfile, --encryption-provider-config.
+	EtcdServers                           []string
+	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
+	EncryptionProviderConfig              string
 
 	authnFlags, authzFlags, writeFlags *pflag.FlagSet
 	fs                                 *pflag.FlagSet
@@ -72,6 +78,11 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 	o.writeFlags.StringVar(&o.ServiceClusterIPRanges, "service-cluster-ip-range", o.ServiceClusterIPRanges, "kube-apiserver's --service-cluster-ip-range")
 	o.writeFlags.Var(&o.ServiceNodePortRange, "service-node-port-range", "kube-apiserver's --service-node-port-range")
 	o.writeFlags.StringVar(&o.EtcdPrefix, "etcd-prefix", o.EtcdPrefix, "kube-apiserver's --etcd-prefix: the prefix of every etcd key")
+	o.writeFlags.StringSliceVar(&o.EtcdServers, "etcd-servers", o.EtcdServers, "kube-apiserver's --etcd-servers: etcd to read directly (kproxy only reads)")
+	o.writeFlags.StringVar(&o.EtcdCAFile, "etcd-cafile", o.EtcdCAFile, "kube-apiserver's --etcd-cafile")
+	o.writeFlags.StringVar(&o.EtcdCertFile, "etcd-certfile", o.EtcdCertFile, "kube-apiserver's --etcd-certfile")
+	o.writeFlags.StringVar(&o.EtcdKeyFile, "etcd-keyfile", o.EtcdKeyFile, "kube-apiserver's --etcd-keyfile")
+	o.writeFlags.StringVar(&o.EncryptionProviderConfig, "encryption-provider-config", o.EncryptionProviderConfig, "kube-apiserver's --encryption-provider-config: decrypts values encrypted at rest (the file holds keys; kproxy never prints them)")
 	fs.AddFlagSet(o.authnFlags)
 	fs.AddFlagSet(o.authzFlags)
 	fs.AddFlagSet(o.writeFlags)

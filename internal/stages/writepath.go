@@ -431,3 +431,29 @@ func serviceRanges(flag string) (primary, secondary net.IPNet, apiServerIP net.I
 	}
 	return primary, secondary, apiServerIP, nil
 }
+
+// EtcdKey is the etcd key under which the apiserver stores an object,
+// from its own storage factory (special prefixes such as services/specs
+// and minions, --etcd-prefix); resource is "pods", "deployments.apps", or
+// a custom resource's "plural.group".
+func EtcdKey(o *APIServerOptions, resource, namespace, name string) (string, error) {
+	res, group, _ := strings.Cut(resource, ".")
+	gr := schema.GroupResource{Group: group, Resource: res}
+	prefix := gr.Group + "/" + gr.Resource // custom resources
+	if builtIn(gr.Group) {
+		ev := basecompatibility.NewEffectiveVersionFromString(strings.TrimPrefix(KubernetesVersion, "v"), "", "")
+		etcd := genericoptions.NewEtcdOptions(storagebackend.NewDefaultConfig(o.EtcdPrefix, nil))
+		sfc := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
+		sfc.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
+		sf, err := sfc.Complete(etcd).New()
+		if err != nil {
+			return "", err
+		}
+		prefix = sf.ResourcePrefix(gr)
+	}
+	key := strings.TrimSuffix(o.EtcdPrefix, "/") + "/" + strings.Trim(prefix, "/")
+	if namespace != "" {
+		key += "/" + namespace
+	}
+	return key + "/" + name, nil
+}

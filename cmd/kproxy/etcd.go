@@ -1,0 +1,245 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/client-go/transport"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kproxy/kproxy/internal/decode"
+	"github.com/kproxy/kproxy/internal/stages"
+)
+
+// etcdOptions are kproxy etcd's flags: the apiserver's own etcd flags
+// (--etcd-servers, --etcd-cafile, ..., --encryption-provider-config), or
+// its manifest.
+type etcdOptions struct {
+	apiserver *stages.APIServerOptions
+	manifest  string
+	output    string
+	namespace string
+	flags     *pflag.FlagSet
+}
+
+func newEtcdCommand() *cobra.Command {
+	o := &etcdOptions{apiserver: stages.NewAPIServerOptions()}
+	cmd := &cobra.Command{
+		Use:   "etcd",
+		Short: "Read what the apiserver stored in etcd: keys, revisions, encoding, encryption, decoded objects",
+		Long: `Read etcd directly, as the apiserver stored it (kproxy only reads): the key,
+its create and mod revisions, version, lease, size, the value's encoding
+(protobuf for built-in types, JSON for custom resources) and encryption
+prefix, and the object decoded (decrypted with --encryption-provider-config).
+Give the apiserver's etcd flags, or its manifest:
+
+  kproxy etcd get /registry/secrets/default/db --apiserver-manifest kube-apiserver.yaml
+  kproxy etcd get secrets -n default db --apiserver-manifest kube-apiserver.yaml
+  kproxy etcd ls /registry/configmaps/default --etcd-servers https://127.0.0.1:2379 ...`,
+	}
+	pf := cmd.PersistentFlags()
+	o.apiserver.AddFlags(pf)
+	o.flags = pf
+	pf.StringVar(&o.manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest to read --etcd-* and --encryption-provider-config from")
+	pf.StringVarP(&o.output, "output", "o", "yaml", "yaml, json or raw (the stored bytes)")
+	get := &cobra.Command{
+		Use:   "get KEY | get RESOURCE[.GROUP] [-n NAMESPACE] NAME",
+		Short: "Show one key, decoded",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.get(cmd.Context(), cmd.OutOrStdout(), args)
+		},
+	}
+	get.Flags().StringVarP(&o.namespace, "namespace", "n", "", "the object's namespace (with RESOURCE NAME)")
+	ls := &cobra.Command{
+		Use:   "ls PREFIX",
+		Short: "List the keys under a prefix with their revisions, size, encoding and encryption",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return o.ls(cmd.Context(), cmd.OutOrStdout(), args[0])
+		},
+	}
+	cmd.AddCommand(get, ls)
+	return cmd
+}
+
+func (o *etcdOptions) client() (*clientv3.Client, error) {
+	if o.manifest != "" {
+		args, err := manifestArgs(o.manifest)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := o.apiserver.ParseAPIServerArgs(o.flags, args); err != nil {
+			return nil, fmt.Errorf("--apiserver-manifest=%s: %w", o.manifest, err)
+		}
+	}
+	a := o.apiserver
+	if len(a.EtcdServers) == 0 {
+		return nil, fmt.Errorf("no etcd to read: give --etcd-servers (and --etcd-cafile, --etcd-certfile, --etcd-keyfile) as the apiserver has them, or --apiserver-manifest")
+	}
+	var tlsCfg *tls.Config
+	if a.EtcdCAFile != "" || a.EtcdCertFile != "" {
+		var err error
+		tlsCfg, err = transport.TLSConfigFor(&transport.Config{TLS: transport.TLSConfig{CAFile: a.EtcdCAFile, CertFile: a.EtcdCertFile, KeyFile: a.EtcdKeyFile}})
+		if err != nil {
+			return nil, fmt.Errorf("etcd TLS (--etcd-cafile, --etcd-certfile, --etcd-keyfile): %w", err)
+		}
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: a.EtcdServers, TLS: tlsCfg, DialTimeout: 10 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %v: %w", a.EtcdServers, err)
+	}
+	return c, nil
+}
+
+// key is the etcd key of args: a key as given, or RESOURCE[.GROUP] NAME
+// worked out with the apiserver's own storage factory.
+func (o *etcdOptions) key(args []string) (string, error) {
+	if len(args) == 1 {
+		if !strings.HasPrefix(args[0], "/") {
+			return "", fmt.Errorf("%q is not a key (keys start with /, e.g. /registry/secrets/default/db); or give RESOURCE NAME", args[0])
+		}
+		return args[0], nil
+	}
+	return stages.EtcdKey(o.apiserver, args[0], o.namespace, args[1])
+}
+
+// entry is what kproxy etcd shows of one key.
+type entry struct {
+	Key            string                 `json:"key"`
+	CreateRevision int64                  `json:"createRevision"`
+	ModRevision    int64                  `json:"modRevision"`
+	Version        int64                  `json:"version"`
+	Lease          int64                  `json:"lease,omitempty"`
+	Size           int                    `json:"size"`
+	Encoding       string                 `json:"encoding"`
+	Encryption     *decode.EncryptionInfo `json:"encryption,omitempty"`
+	Decrypted      bool                   `json:"decrypted,omitempty"`
+	Object         json.RawMessage        `json:"object,omitempty"`
+	Error          string                 `json:"error,omitempty"`
+}
+
+func (o *etcdOptions) get(ctx context.Context, out io.Writer, args []string) error {
+	switch o.output {
+	case "yaml", "json", "raw":
+	default:
+		return fmt.Errorf("-o %q: use yaml, json or raw", o.output)
+	}
+	c, err := o.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	key, err := o.key(args)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("etcd get %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return fmt.Errorf("etcd has no key %s (at revision %d)", key, resp.Header.Revision)
+	}
+	kv := resp.Kvs[0]
+	if o.output == "raw" {
+		_, err := out.Write(kv.Value)
+		return err
+	}
+	e := entry{Key: string(kv.Key), CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision,
+		Version: kv.Version, Lease: kv.Lease, Size: len(kv.Value)}
+	o.describe(ctx, &e, kv.Value)
+	var b []byte
+	if o.output == "json" {
+		b, err = json.MarshalIndent(e, "", "  ")
+		b = append(b, '\n')
+	} else {
+		b, err = yaml.Marshal(e)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = out.Write(b)
+	return err
+}
+
+// describe fills in the value's encoding, encryption and object,
+// decrypting with --encryption-provider-config when given.
+func (o *etcdOptions) describe(ctx context.Context, e *entry, v []byte) {
+	d, err := decode.Payload(v)
+	if err != nil {
+		e.Encoding, e.Error = "unknown", err.Error()
+		return
+	}
+	e.Encoding = string(d.Format)
+	if d.Format == decode.Encrypted {
+		enc := d.Encryption
+		e.Encryption = &enc
+		if o.apiserver.EncryptionProviderConfig == "" {
+			e.Error = "encrypted at rest: give --encryption-provider-config (the apiserver's) to decrypt"
+			return
+		}
+		dec, err := decode.LoadDecrypter(ctx, o.apiserver.EncryptionProviderConfig)
+		if err == nil {
+			v, err = dec.Decrypt(ctx, e.Key, v)
+		}
+		if err != nil {
+			e.Error = err.Error()
+			return
+		}
+		if d, err = decode.Payload(v); err != nil {
+			e.Error = "decrypted, but: " + err.Error()
+			return
+		}
+		e.Decrypted, e.Encoding = true, string(d.Format)
+	}
+	j, err := d.JSON()
+	if err != nil {
+		e.Error = err.Error()
+		return
+	}
+	e.Object = j
+}
+
+func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string) error {
+	c, err := o.client()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithLimit(10000))
+	if err != nil {
+		return fmt.Errorf("etcd get --prefix %s: %w", prefix, err)
+	}
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tCREATE\tMOD\tVERSION\tLEASE\tSIZE\tENCODING\tENCRYPTION")
+	for _, kv := range resp.Kvs {
+		enc, encryption := "unknown", "-"
+		if f, err := decode.Detect(kv.Value); err == nil {
+			enc = string(f)
+			if f == decode.Encrypted {
+				if d, err := decode.Payload(kv.Value); err == nil {
+					encryption = d.Encryption.Provider + "/" + d.Encryption.KeyName
+				}
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", kv.Key, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease, len(kv.Value), enc, encryption)
+	}
+	if resp.More {
+		fmt.Fprintf(tw, "... more keys under %s (first %d shown)\n", prefix, len(resp.Kvs))
+	}
+	return tw.Flush()
+}
