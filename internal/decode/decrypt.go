@@ -59,7 +59,6 @@ func (d *Decrypter) Decrypt(ctx context.Context, key string, v []byte) ([]byte, 
 	return nil, fmt.Errorf("cannot decrypt %s (%s): %w", key, prefixOf(v), errors.Join(errs...))
 }
 
-
 // prefixOf is the value's "k8s:enc:<provider>:<version>:<key>:" prefix.
 func prefixOf(v []byte) string {
 	n := 0
