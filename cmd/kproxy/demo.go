@@ -60,7 +60,7 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 		return err
 	}
 	fmt.Fprintf(out, "kproxy demo: a real etcd + kube-apiserver %s in %s\n", kubeVersion, clusterDir)
-	c, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Log: prefixWriter(out, "  ")})
+	c, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Log: prefixWriter(out, "  "), EncryptSecrets: true})
 	if err != nil {
 		return err
 	}
@@ -89,6 +89,11 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	}
 	if err := localcluster.EnsureDefaultServiceAccount(ctx, admin, "restricted"); err != nil {
 		return err
+	}
+	// A Secret, stored encrypted at rest (aescbc): kproxy etcd reads it.
+	if _, err := admin.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "demo-db"},
+		StringData: map[string]string{"password": "not-a-real-password"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create the demo's secret: %w", err)
 	}
 
 	// kproxy's own identity: the "kproxy" token user.
@@ -235,7 +240,10 @@ Try, from another terminal:
   tail -f %s
   ./bin/kproxy explain GET /api/v1/namespaces/kube-system/secrets --token alice-token \
       --upstream-kubeconfig %s --apiserver-manifest %s
-`, capture, kubeconfig, logFile.Name(), kubeconfig, kubectlPath(), capture, upKubeconfig, manifest)
+  ./bin/kproxy etcd get secrets -n default demo-db --apiserver-manifest %s
+      (the Secret as etcd holds it: encrypted with aescbc, decrypted with the
+      apiserver's --encryption-provider-config)
+`, capture, kubeconfig, logFile.Name(), kubeconfig, kubectlPath(), capture, upKubeconfig, manifest, manifest)
 	if exitAfter {
 		return nil
 	}

@@ -164,6 +164,14 @@ func TestEtcdCommand(t *testing.T) {
 	if got := run("ls", "/registry/secrets/"+testNS); !strings.Contains(got, "/registry/secrets/"+testNS+"/etcd-cmd") || !strings.Contains(got, "aescbc/cbc-key-1") {
 		t.Errorf("kproxy etcd ls: %s", got)
 	}
+	// The raw value, decrypted by kproxy decode.
+	key := "/registry/secrets/" + testNS + "/etcd-cmd"
+	rawValue := run("get", key, "-o", "raw")
+	dec := exec.Command(bin, "decode", "-o", "json", "--encryption-provider-config", encryptionConfig, "--key", key, "-")
+	dec.Stdin = strings.NewReader(rawValue)
+	if got, err := dec.Output(); err != nil || !strings.Contains(string(got), `"token": "czNjcjN0"`) {
+		t.Errorf("kproxy decode of the raw value: %v\n%s", err, got)
+	}
 	// Without the encryption configuration, it says what is missing.
 	raw := exec.Command(bin, "etcd", "get", "/registry/secrets/"+testNS+"/etcd-cmd", "--etcd-servers", cluster.EtcdURL)
 	if got, err := raw.CombinedOutput(); err != nil || !strings.Contains(string(got), "give --encryption-provider-config") {

@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -64,6 +65,9 @@ type Options struct {
 	ExtraAPIServerFlags []string
 	// AuthorizationMode is --authorization-mode (default Node,RBAC).
 	AuthorizationMode string
+	// EncryptSecrets encrypts Secrets at rest with aescbc (a key made
+	// for this cluster, in Dir/encryption-config.yaml).
+	EncryptSecrets bool
 	// Log receives progress lines; nil means silent.
 	Log io.Writer
 }
@@ -220,6 +224,13 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--profiling=false",
 		"--v=1",
 	}, o.ExtraAPIServerFlags...)
+	if o.EncryptSecrets {
+		path, err := writeEncryptionConfig(c.Dir)
+		if err != nil {
+			return nil, err
+		}
+		c.APIServerFlags = append(c.APIServerFlags, "--encryption-provider-config="+path)
+	}
 	fmt.Fprintf(c.log, "starting kube-apiserver on %s\n", c.URL)
 	if err := c.run("kube-apiserver", apiBin, c.APIServerFlags...); err != nil {
 		return nil, err
@@ -382,6 +393,28 @@ func FreePorts(n int) ([]int, error) {
 
 // writePKI makes the cluster CA, serving certificate, front-proxy CA and
 // client, service-account keys and the token file.
+// writeEncryptionConfig writes an EncryptionConfiguration that encrypts
+// Secrets with aescbc under a fresh key named "demo-key".
+func writeEncryptionConfig(dir string) (string, error) {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return "", err
+	}
+	cfg := fmt.Sprintf(`apiVersion: apiserver.config.k8s.io/v1
+kind: EncryptionConfiguration
+resources:
+- resources: [secrets]
+  providers:
+  - aescbc:
+      keys:
+      - name: demo-key
+        secret: %s
+  - identity: {}
+`, base64.StdEncoding.EncodeToString(key))
+	path := filepath.Join(dir, "encryption-config.yaml")
+	return path, os.WriteFile(path, []byte(cfg), 0o600)
+}
+
 func (c *Cluster) writePKI() error {
 	var err error
 	if c.CA, err = pki.NewCA("kproxy-test-cluster-ca"); err != nil {
