@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -120,16 +119,7 @@ func TestEtcdCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "kproxy")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/kproxy")
-	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build kproxy: %v\n%s", err, out)
-	}
-	manifest := filepath.Join(dir, "kube-apiserver.yaml")
-	if err := cluster.WriteManifest(manifest); err != nil {
-		t.Fatal(err)
-	}
+	bin, manifest := kproxyBinary(t, dir)
 	run := func(args ...string) string {
 		t.Helper()
 		out, err := exec.Command(bin, append([]string{"etcd"}, append(args, "--apiserver-manifest", manifest)...)...).CombinedOutput()

@@ -12,21 +12,29 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 )
 
-// TestExplainCommand runs `kproxy explain` as a user would, against the
-// real cluster with the apiserver's manifest, and checks its verdicts.
-func TestExplainCommand(t *testing.T) {
-	f := setupFixtures(t)
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "kproxy")
+// kproxyBinary builds the kproxy binary into dir, as a user would, and
+// writes the test apiserver's manifest beside it: the CLI tests' setup.
+func kproxyBinary(t *testing.T, dir string) (bin, manifest string) {
+	t.Helper()
+	bin = filepath.Join(dir, "kproxy")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/kproxy")
 	build.Dir = "../.."
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build kproxy: %v\n%s", err, out)
 	}
-	manifest := filepath.Join(dir, "kube-apiserver.yaml")
+	manifest = filepath.Join(dir, "kube-apiserver.yaml")
 	if err := cluster.WriteManifest(manifest); err != nil {
 		t.Fatal(err)
 	}
+	return bin, manifest
+}
+
+// TestExplainCommand runs `kproxy explain` as a user would, against the
+// real cluster with the apiserver's manifest, and checks its verdicts.
+func TestExplainCommand(t *testing.T) {
+	f := setupFixtures(t)
+	dir := t.TempDir()
+	bin, manifest := kproxyBinary(t, dir)
 	kc, err := cluster.UpstreamKubeconfig(dir)
 	if err != nil {
 		t.Fatal(err)
