@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
-	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/yaml"
 )
 
@@ -69,21 +68,31 @@ type Decoded struct {
 	Encryption EncryptionInfo
 }
 
-// EncryptionInfo describes an encrypted-at-rest prefix.
+// EncryptionInfo describes an encrypted-at-rest prefix
+// (k8s:enc:<provider>:<version>:<key name>:) and, for KMS, the envelope
+// after it.
 type EncryptionInfo struct {
 	Provider string `json:"provider"`
 	Version  string `json:"version"`
-	KeyName  string `json:"keyName"`
+	// KeyName is the key's name in the EncryptionConfiguration (aescbc,
+	// aesgcm, secretbox) or the KMS provider's name (kms).
+	KeyName string `json:"keyName"`
+	// KMS describes the envelope of a KMS-encrypted value, without its
+	// secret bytes; nil for the other providers.
+	KMS *KMSEnvelope `json:"kms,omitempty"`
 }
 
 var (
-	payloadCodecs = serializer.NewCodecFactory(scheme.Scheme)
-	cborDecoder   = cbor.NewSerializer(scheme.Scheme, scheme.Scheme)
+	payloadCodecs = serializer.NewCodecFactory(payloadScheme)
+	cborDecoder   = cbor.NewSerializer(payloadScheme, payloadScheme)
 )
 
 // Payload decodes any Kubernetes payload: an API request or response body
-// or an etcd value, in JSON, YAML, protobuf or CBOR, into an object. An
-// encrypted etcd value is recognized and described, not decrypted.
+// or an etcd value, in JSON, YAML, protobuf or CBOR, into an object. The
+// meta.k8s.io kinds the apiserver answers other shapes with (Table,
+// PartialObjectMetadata, Status) decode to typed objects. An encrypted
+// etcd value is recognized and described (provider, key name, the KMS
+// envelope) but not decrypted: see Decrypter.
 func Payload(b []byte) (*Decoded, error) {
 	f, err := Detect(b)
 	if err != nil {
@@ -135,7 +144,54 @@ func parseEncryption(b []byte) (EncryptionInfo, error) {
 	if len(parts) < 4 {
 		return EncryptionInfo{}, errors.New("the value starts with k8s:enc: but has no provider:version:key: prefix")
 	}
-	return EncryptionInfo{Provider: parts[0], Version: parts[1], KeyName: parts[2]}, nil
+	info := EncryptionInfo{Provider: parts[0], Version: parts[1], KeyName: parts[2]}
+	prefix := encryptedPrefix + strings.Join(parts[:3], ":") + ":"
+	ciphertext := b[len(prefix):]
+	var err error
+	switch info.Provider + ":" + info.Version {
+	case "aescbc:v1", "aesgcm:v1", "secretbox:v1":
+		err = checkCiphertextSize(info.Provider, ciphertext)
+	case "kms:v1":
+		info.KMS, err = parseKMSv1(ciphertext)
+	case "kms:v2":
+		info.KMS, err = parseKMSv2(ciphertext)
+	default:
+		return info, fmt.Errorf("unknown encryption prefix %q: kproxy knows k8s:enc:aescbc:v1:, k8s:enc:aesgcm:v1:, k8s:enc:secretbox:v1:, k8s:enc:kms:v1: and k8s:enc:kms:v2: (identity values are stored unprefixed)", prefix)
+	}
+	if err != nil {
+		return info, fmt.Errorf("value encrypted with %s (%s): %w", info.describe(), prefix, err)
+	}
+	return info, nil
+}
+
+// describe names the provider and key: "aescbc key cbc-key-1", "KMS v2
+// provider vault".
+func (e EncryptionInfo) describe() string {
+	if e.Provider == "kms" {
+		return fmt.Sprintf("KMS %s provider %s", e.Version, e.KeyName)
+	}
+	return fmt.Sprintf("%s key %s", e.Provider, e.KeyName)
+}
+
+// checkCiphertextSize rejects a value too short to hold what the provider
+// writes: aescbc an IV and whole 16-byte blocks, aesgcm a 12-byte nonce
+// and a 16-byte tag, secretbox a 24-byte nonce and a 16-byte tag.
+func checkCiphertextSize(provider string, c []byte) error {
+	switch provider {
+	case "aescbc":
+		if len(c) < 32 || len(c)%16 != 0 {
+			return fmt.Errorf("the ciphertext is %d bytes; AES-CBC writes a 16-byte IV and whole 16-byte blocks: the value is truncated or corrupt", len(c))
+		}
+	case "aesgcm":
+		if len(c) < 12+16 {
+			return fmt.Errorf("the ciphertext is %d bytes, shorter than AES-GCM's 12-byte nonce and 16-byte tag: the value is truncated", len(c))
+		}
+	case "secretbox":
+		if len(c) < 24+16 {
+			return fmt.Errorf("the ciphertext is %d bytes, shorter than secretbox's 24-byte nonce and 16-byte tag: the value is truncated", len(c))
+		}
+	}
+	return nil
 }
 
 // YAML renders the decoded object as YAML, or the encryption it carries.
@@ -150,8 +206,7 @@ func (d *Decoded) YAML() ([]byte, error) {
 // JSON renders the decoded object as JSON, with apiVersion and kind set.
 func (d *Decoded) JSON() ([]byte, error) {
 	if d.Object == nil {
-		return json.MarshalIndent(map[string]any{"encrypted": d.Encryption,
-			"note": "encrypted at rest; decrypting it needs the apiserver's --encryption-provider-config, not supported yet"}, "", "  ")
+		return json.MarshalIndent(map[string]any{"encrypted": d.Encryption, "note": d.Encryption.needed()}, "", "  ")
 	}
 	if u, ok := d.Object.(*unstructured.Unstructured); ok {
 		return json.MarshalIndent(u.Object, "", "  ")

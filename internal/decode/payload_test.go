@@ -7,11 +7,13 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	kmstypes "k8s.io/apiserver/pkg/storage/value/encrypt/envelope/kmsv2/v2"
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
@@ -104,9 +106,23 @@ func TestPayloadOthers(t *testing.T) {
 		err      bool
 	}{
 		{name: "custom resource stays unstructured", in: `{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w"},"spec":{"size":3}}`, format: JSON, want: `"size": 3`},
-		{name: "aescbc at rest", in: "k8s:enc:aescbc:v1:key1:\x01\x02\x03", format: Encrypted, want: `"keyName": "key1"`},
-		{name: "kms v2 at rest", in: "k8s:enc:kms:v2:vault:\x0a\x01", format: Encrypted, want: `"provider": "kms"`},
+		{name: "aescbc at rest", in: "k8s:enc:aescbc:v1:key1:" + strings.Repeat("\x01", 48), format: Encrypted, want: `"keyName": "key1"`},
+		{name: "kms v2 at rest", in: "k8s:enc:kms:v2:vault:" + kmsV2Object(t), format: Encrypted, want: `"keyID": "arn:test:key/1"`},
+		{name: "kms v2 envelope, no secret bytes", in: "k8s:enc:kms:v2:vault:" + kmsV2Object(t), format: Encrypted, want: `"annotationKeys": [
+        "a.example.com",
+        "b.example.com"
+      ],
+      "encryptedDEKSourceType": "HKDF_SHA256_XNONCE_AES_GCM_SEED",
+      "encryptedDEKBytes": 9,
+      "encryptedDataBytes": 14`},
+		{name: "kms v2 truncated", in: "k8s:enc:kms:v2:vault:" + kmsV2Object(t)[:20], err: true, want: "KMS v2 EncryptedObject does not parse (truncated or corrupt?)"},
+		{name: "kms v1 at rest", in: "k8s:enc:kms:v1:old:\x00\x03dek" + strings.Repeat("d", 20), format: Encrypted, want: `"encryptedDataBytes": 20`},
+		{name: "kms v1 truncated", in: "k8s:enc:kms:v1:old:\x01\x00dek", err: true, want: "the encrypted DEK alone is 256: the value is truncated"},
+		{name: "aescbc truncated", in: "k8s:enc:aescbc:v1:key1:\x01\x02\x03", err: true, want: "the ciphertext is 3 bytes; AES-CBC writes a 16-byte IV and whole 16-byte blocks"},
+		{name: "secretbox truncated", in: "k8s:enc:secretbox:v1:sb:" + strings.Repeat("\x01", 39), err: true, want: "shorter than secretbox's 24-byte nonce and 16-byte tag"},
+		{name: "unknown provider", in: "k8s:enc:rot13:v1:k:abc", err: true, want: `unknown encryption prefix "k8s:enc:rot13:v1:k:"`},
 		{name: "broken encryption prefix", in: "k8s:enc:aescbc", err: true, want: "no provider:version:key"},
+		{name: "Table stays typed", in: `{"kind":"Table","apiVersion":"meta.k8s.io/v1","metadata":{},"columnDefinitions":[{"name":"Name","type":"string","format":"name","description":"","priority":0}],"rows":[{"cells":["a"],"object":null}]}`, format: JSON, want: `"cells": [`},
 		{name: "empty", in: "", err: true, want: "empty"},
 		{name: "binary garbage", in: "\xff\xfe\x00\x01", err: true, want: "not JSON, YAML, protobuf"},
 		{name: "JSON without kind", in: `{"a":1}`, err: true, want: "no kind"},
@@ -135,6 +151,18 @@ func TestPayloadOthers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kmsV2Object is a KMS v2 EncryptedObject with made-up contents.
+func kmsV2Object(t *testing.T) string {
+	t.Helper()
+	b, err := proto.Marshal(&kmstypes.EncryptedObject{EncryptedData: []byte("secret-payload"), KeyID: "arn:test:key/1",
+		EncryptedDEKSource: []byte("dek-bytes"), Annotations: map[string][]byte{"b.example.com": []byte("x"), "a.example.com": []byte("y")},
+		EncryptedDEKSourceType: kmstypes.EncryptedDEKSourceType_HKDF_SHA256_XNONCE_AES_GCM_SEED})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func TestWatchStreamErrors(t *testing.T) {

@@ -1,6 +1,9 @@
 package decode
 
 import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -56,4 +59,73 @@ func WatchStream(r io.Reader, contentType string, fn func(Event) error) error {
 			return err
 		}
 	}
+}
+
+// Watch stream content types, for WatchStream.
+const (
+	WatchJSON     = "application/json"
+	WatchProtobuf = "application/vnd.kubernetes.protobuf;stream=watch"
+)
+
+// DetectWatch says whether b is a watch response body, and in which
+// framing: JSON (one {"type":...,"object":...} per event) or protobuf
+// (each WatchEvent message behind a 4-byte big-endian length, its type
+// first, its object in the k8s\x00 envelope). The content type it returns
+// is WatchStream's argument.
+func DetectWatch(b []byte) (contentType string, ok bool) {
+	// Protobuf: length, then field 1 (the type): tag 0x0a, a one-byte
+	// length, the type.
+	if len(b) >= 6 && b[4] == 0x0a && int(binary.BigEndian.Uint32(b)) <= len(b)-4 {
+		if n := int(b[5]); len(b) >= 6+n && isEventType(string(b[6:6+n])) {
+			return WatchProtobuf, true
+		}
+	}
+	var first map[string]json.RawMessage
+	if err := json.NewDecoder(bytes.NewReader(b)).Decode(&first); err != nil || len(first) != 2 || first["object"] == nil {
+		return "", false
+	}
+	var typ string
+	if json.Unmarshal(first["type"], &typ) != nil || !isEventType(typ) {
+		return "", false
+	}
+	return WatchJSON, true
+}
+
+func isEventType(s string) bool {
+	switch s {
+	case "ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR":
+		return true
+	}
+	return false
+}
+
+// JSON renders the event as {"type": ..., "object": ...}, indented.
+func (e Event) JSON() ([]byte, error) {
+	obj, err := e.Object.JSON()
+	if err != nil {
+		return nil, err
+	}
+	typ, err := json.Marshal(e.Type)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	err = json.Indent(&out, []byte(`{"type": `+string(typ)+`, "object": `+string(obj)+`}`), "", "  ")
+	return out.Bytes(), err
+}
+
+// YAML renders the event as a YAML document: type, then the object.
+func (e Event) YAML() ([]byte, error) {
+	obj, err := e.Object.YAML()
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	fmt.Fprintf(&out, "type: %s\nobject:\n", e.Type)
+	for _, line := range bytes.SplitAfter(bytes.TrimSuffix(obj, []byte("\n")), []byte("\n")) {
+		out.WriteString("  ")
+		out.Write(line)
+	}
+	out.WriteString("\n")
+	return out.Bytes(), nil
 }

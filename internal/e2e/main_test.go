@@ -10,11 +10,13 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kproxy/kproxy/internal/decode/kmstest"
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
@@ -33,8 +35,15 @@ var (
 const testNS = "kproxy-e2e"
 
 // encryptionConfig is the test apiserver's --encryption-provider-config:
-// secrets encrypted with aescbc, configmaps with aesgcm (test keys only).
+// secrets encrypted with aescbc, configmaps with aesgcm, podtemplates with
+// secretbox, replicationcontrollers with KMS v2 through the test plugin
+// (internal/decode/kmstest) started before the apiserver (test keys only;
+// the golden values under testdata/decode/etcd were written with them).
 var encryptionConfig string
+
+// kmsEndpointPlaceholder in encryptionConfiguration is replaced with the
+// test KMS plugin's socket.
+const kmsEndpointPlaceholder = "unix:///run/kproxy-test-kms.sock"
 
 const encryptionConfiguration = `apiVersion: apiserver.config.k8s.io/v1
 kind: EncryptionConfiguration
@@ -52,6 +61,20 @@ resources:
       keys:
       - name: gcm-key-1
         secret: MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=
+  - identity: {}
+- resources: [podtemplates]
+  providers:
+  - secretbox:
+      keys:
+      - name: sb-key-1
+        secret: a3Byb3h5IGUyZSBzZWNyZXRib3ggdGVzdCBrZXkhMzI=
+  - identity: {}
+- resources: [replicationcontrollers]
+  providers:
+  - kms:
+      apiVersion: v2
+      name: test-kms
+      endpoint: ` + kmsEndpointPlaceholder + `
   - identity: {}
 `
 
@@ -94,8 +117,14 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
+	kms, err := kmstest.Start(filepath.Join(dir, "kms.sock"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		return 1
+	}
+	defer kms.Stop()
 	encryptionConfig = filepath.Join(dir, "encryption-config.yaml")
-	if err := os.WriteFile(encryptionConfig, []byte(encryptionConfiguration), 0o600); err != nil {
+	if err := os.WriteFile(encryptionConfig, []byte(strings.ReplaceAll(encryptionConfiguration, kmsEndpointPlaceholder, kms.Endpoint)), 0o600); err != nil {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
