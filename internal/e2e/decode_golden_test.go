@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -306,6 +307,40 @@ func TestDecodeGolden(t *testing.T) {
 			rmanifest = append(rmanifest, g)
 		})
 	}
+
+	t.Run("cli", func(t *testing.T) {
+		if values["replicationcontroller-kmsv2.bin"] == nil || responses["table-customresources-json.table.txt"] == nil || responses["watch-configmaps-protobuf.bin"] == nil {
+			t.Skip("an earlier subtest failed")
+		}
+		bin, _ := kproxyBinary(t, t.TempDir())
+		for _, c := range []struct {
+			name  string
+			args  []string
+			input []byte
+			want  []string
+		}{
+			{"a Table as columns", []string{"-o", "wide"}, responses["table-customresources-json.json"], []string{string(responses["table-customresources-json.wide.txt"])}},
+			{"a protobuf watch stream", nil, responses["watch-configmaps-protobuf.bin"], []string{"---\ntype: ADDED\nobject:\n  apiVersion: v1\n", "name: golden-cm"}},
+			{"a KMS v2 value, through the plugin", []string{"--encryption-provider-config", encryptionConfig, "--key", "/registry/controllers/" + goldenNS + "/golden-rc"},
+				values["replicationcontroller-kmsv2.bin"], []string{"kind: ReplicationController", "name: golden-rc"}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				cmd := exec.Command(bin, append([]string{"decode"}, append(c.args, "-")...)...)
+				cmd.Stdin = bytes.NewReader(c.input)
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				out, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("kproxy decode %s: %v\n%s", strings.Join(c.args, " "), err, stderr.Bytes())
+				}
+				for _, w := range c.want {
+					if !strings.Contains(string(out), w) {
+						t.Errorf("output lacks %q:\n%s", w, out)
+					}
+				}
+			})
+		}
+	})
 
 	// The unit tests decrypt with a copy of the apiserver's configuration.
 	configCopy := filepath.Join(etcdGoldenDir, "encryption-config.yaml")
