@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -49,8 +50,11 @@ func checkWritePrediction(t *testing.T, c corpusCase, rec *record.Record) {
 		}
 		return
 	}
-	want := record.Prediction{Status: a.Status, Stage: c.Stage, Reason: a.Reason, Message: a.Message}
-	got := record.Prediction{Status: p.Status, Stage: p.Stage, Reason: p.Reason, Message: p.Message}
+	// A resourceVersion too large is answered by the watch cache after
+	// waiting up to 3 seconds, with its own revision by then ("current:
+	// N"); kproxy predicts it with etcd's revision on arrival.
+	want := record.Prediction{Status: a.Status, Stage: c.Stage, Reason: a.Reason, Message: maskCurrentRevision(a.Message)}
+	got := record.Prediction{Status: p.Status, Stage: p.Stage, Reason: p.Reason, Message: maskCurrentRevision(p.Message)}
 	if got != want {
 		t.Errorf("predicted %+v\n     actual %+v\n     stages %s", got, want, stageSummary(rec))
 		return
@@ -76,10 +80,23 @@ func checkWritePrediction(t *testing.T, c corpusCase, rec *record.Record) {
 		return
 	}
 	for _, name := range writeStages {
-		if s := stage[name]; s.Outcome != record.Pass {
-			t.Errorf("stage %s: %s (%s), want pass", name, s.Outcome, s.Explanation)
+		want := record.Pass
+		if read := rec.Request.Verb == "get" || rec.Request.Verb == "list" || rec.Request.Verb == "watch"; read && name != "decode" && name != "storage" {
+			want = record.Skip // reads are not admitted
+		}
+		if s := stage[name]; s.Outcome != want {
+			t.Errorf("stage %s: %s (%s), want %s", name, s.Outcome, s.Explanation, want)
 		}
 	}
+}
+
+var currentRevision = regexp.MustCompile(`current: \d+`)
+
+func maskCurrentRevision(msg string) string {
+	if !strings.Contains(msg, "Too large resource version") {
+		return msg
+	}
+	return currentRevision.ReplaceAllString(msg, "current: N")
 }
 
 // applyManifest runs the real kubectl as admin.

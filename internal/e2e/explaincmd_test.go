@@ -59,7 +59,8 @@ func TestExplainCommand(t *testing.T) {
 		{"as another user", []string{"GET", "/api/v1/namespaces/corpus/secrets/s2", "--as", "carol"}, 403, "authorization", `User "carol" cannot get resource "secrets"`},
 		{"impersonation refused", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token", "--as", "erin"}, 403, "impersonation", `User "alice" cannot impersonate`},
 		{"certificate", []string{"GET", "/api/v1/namespaces/corpus/pods", "--client-cert", certFile}, 403, "authorization", `User "dave" cannot list resource "pods"`},
-		{"allowed read, storage reads not modelled yet", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token"}, 0, "unknown", "storage"},
+		{"allowed read", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token"}, 200, "", ""},
+		{"read of a missing object", []string{"GET", "/api/v1/namespaces/corpus/configmaps/missing", "--token", "admin-token"}, 404, "storage", `configmaps "missing" not found`},
 		{"write refused by admission", []string{"POST", "/api/v1/namespaces/nowhere/configmaps", "--token", "admin-token", "-f", cmFile}, 404, "mutating-admission", `namespaces "nowhere" not found`},
 	}
 	for _, c := range cases {

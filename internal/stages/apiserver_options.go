@@ -42,10 +42,16 @@ type APIServerOptions struct {
 	EtcdServers                           []string
 	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
 	EncryptionProviderConfig              string
+	// EtcdMaxRequestBytes is etcd's --max-request-bytes (not an apiserver
+	// flag): the largest write etcd accepts.
+	EtcdMaxRequestBytes int
 
 	authnFlags, authzFlags, writeFlags *pflag.FlagSet
 	fs                                 *pflag.FlagSet
 }
+
+// DefaultEtcdMaxRequestBytes is etcd's default --max-request-bytes.
+const DefaultEtcdMaxRequestBytes = 1572864
 
 // NewAPIServerOptions returns the options with kube-apiserver's defaults.
 func NewAPIServerOptions() *APIServerOptions {
@@ -58,6 +64,7 @@ func NewAPIServerOptions() *APIServerOptions {
 		Admission:                   kubeoptions.NewAdmissionOptions(),
 		ServiceNodePortRange:        kubeoptions.DefaultServiceNodePortRange,
 		EtcdPrefix:                  "/registry",
+		EtcdMaxRequestBytes:         DefaultEtcdMaxRequestBytes,
 	}
 }
 
@@ -83,6 +90,7 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 	o.writeFlags.StringVar(&o.EtcdCertFile, "etcd-certfile", o.EtcdCertFile, "kube-apiserver's --etcd-certfile")
 	o.writeFlags.StringVar(&o.EtcdKeyFile, "etcd-keyfile", o.EtcdKeyFile, "kube-apiserver's --etcd-keyfile")
 	o.writeFlags.StringVar(&o.EncryptionProviderConfig, "encryption-provider-config", o.EncryptionProviderConfig, "kube-apiserver's --encryption-provider-config: decrypts values encrypted at rest (the file holds keys; kproxy never prints them)")
+	o.writeFlags.IntVar(&o.EtcdMaxRequestBytes, "etcd-max-request-bytes", o.EtcdMaxRequestBytes, "etcd's own --max-request-bytes (not a kube-apiserver flag): the largest value etcd stores")
 	fs.AddFlagSet(o.authnFlags)
 	fs.AddFlagSet(o.authzFlags)
 	fs.AddFlagSet(o.writeFlags)

@@ -14,7 +14,9 @@ import (
 // body decoding and strict field validation, defaulting, conversion,
 // query options, patch parsing. It is the first of the five write-path
 // stages, and runs the whole write path once (writePath.runRequest); the
-// stages after it read their part of that run.
+// stages after it read their part of that run. A read (get, list, watch)
+// runs the same handler: decode reports its query options, storage the
+// read.
 type decode struct{ m *machinery }
 
 func newDecode(m *machinery) Stage { return decode{m} }
@@ -24,8 +26,11 @@ func (decode) Name() string { return "decode" }
 func (decode) recorded() {}
 
 func (d decode) Run(ctx context.Context, req *Request) Result {
-	if !IsWrite(req.Info) {
-		return Skip(notWriteReason(req))
+	switch {
+	case req.Info == nil || !req.Info.IsResourceRequest:
+		return Unknown("a non-resource request (discovery, health, version, OpenAPI, metrics) is served by the apiserver itself: not modelled")
+	case !IsWrite(req.Info) && !IsRead(req.Info):
+		return Unknown("the " + req.Info.Verb + " verb: not modelled")
 	}
 	if why := notReplayable(req); why != "" {
 		return Unknown(why)
@@ -37,14 +42,18 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition (an aggregated API): not modelled", i.Resource+"."+i.APIGroup))
 	}
 	run := d.m.write.runRequest(ctx, req, d.m.now)
-	req.write = run
+	req.run = run
 	start, end, _ := run.phaseTimes(phaseDecode)
 	var res Result
 	switch {
 	case run.unknown != "":
 		res = Unknown(run.unknown)
+	case run.decided == "decode" && run.read:
+		res = Reject(run.status, "the apiserver's handler refuses the request's options before reading storage: "+statusMessage(run.status))
 	case run.decided == "decode":
 		res = Reject(run.status, "the apiserver's handler refuses the request before admission: "+statusMessage(run.status))
+	case run.read:
+		res = Pass("the handler accepts the " + req.Info.Verb + "'s options")
 	default:
 		res = Pass(decodedWhat(req))
 	}
@@ -55,9 +64,9 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 // notWriteReason says why a request has no decode or admission.
 func notWriteReason(req *Request) string {
 	if req.Info == nil || !req.Info.IsResourceRequest {
-		return "not a resource request: nothing is decoded or admitted"
+		return "not a resource request: nothing is admitted"
 	}
-	return "a " + req.Info.Verb + " is not decoded or admitted"
+	return "a " + req.Info.Verb + " is not admitted"
 }
 
 // notReplayable says why the write path cannot replay a write, or "".
@@ -67,7 +76,12 @@ func notReplayable(req *Request) string {
 		return "the Service names its own clusterIP or nodePort: the apiserver checks those only when it really allocates them, " +
 			"and kproxy can replay a write only in dry run, where the checks differ"
 	}
+	if i.Resource == "componentstatuses" {
+		return "componentstatuses are probed live by the apiserver: not modelled"
+	}
 	switch i.Subresource {
+	case "log":
+		return "pods/log streams from a kubelet: not modelled"
 	case "exec", "attach", "portforward", "proxy":
 		return "the " + i.Subresource + " subresource connects to a kubelet: not modelled"
 	case "token":

@@ -25,7 +25,7 @@ func (s mutatingAdmission) Run(_ context.Context, req *Request) Result {
 
 // admissionPhase reports one admission phase of the run.
 func admissionPhase(req *Request, phase int, validating bool) Result {
-	run, none := writeRunOf(req)
+	run, none := handlerRunOf(req)
 	if run == nil {
 		return none
 	}
@@ -74,7 +74,7 @@ func admissionPhase(req *Request, phase int, validating bool) Result {
 }
 
 // notReached explains a write-path stage the run never got to.
-func notReached(run *writeRun) string {
+func notReached(run *handlerRun) string {
 	if run.decided == "" {
 		return "not reached"
 	}

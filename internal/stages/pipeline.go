@@ -188,8 +188,8 @@ func predict(req *Request, decided *Result, decidedBy string, unknown []string) 
 // successStatus is the status the apiserver answers a successful request
 // with: 201 for a create that stores a new object, 200 otherwise.
 func successStatus(req *Request) int {
-	if req.write != nil && req.write.code >= 200 && req.write.code < 300 {
-		return req.write.code
+	if req.run != nil && req.run.code >= 200 && req.run.code < 300 {
+		return req.run.code
 	}
 	if req.Info != nil && req.Info.Verb == "create" && req.HTTP.Method == http.MethodPost {
 		return http.StatusCreated
@@ -228,6 +228,7 @@ func (p *Pipeline) runRecordedStage(ctx context.Context, s Stage, req *Request) 
 	for _, c := range res.Spans {
 		_, cs := p.tracer.Start(sctx, c.Name, trace.WithTimestamp(c.Start))
 		cs.SetAttributes(attribute.String("kproxy.stage.outcome", c.Outcome))
+		cs.SetAttributes(c.Attrs...)
 		if c.Err != "" {
 			cs.SetStatus(codes.Error, c.Err)
 		}

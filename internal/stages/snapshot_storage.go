@@ -9,6 +9,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,6 +37,43 @@ type snapshotOptions struct {
 	// apiextensions scheme); custom resources need neither.
 	scheme  *runtime.Scheme
 	decoder runtime.Decoder
+	// etcd, when kproxy can read the apiserver's etcd, serves read
+	// requests through the apiserver's own etcd3 store.
+	etcd *etcdAccess
+	// stores is shared by the replay's servers (kube, apiextensions,
+	// custom resources).
+	stores *storeRegistry
+}
+
+// storeRegistry holds the storage under each resource's registry store.
+type storeRegistry struct {
+	mu sync.Mutex
+	m  map[schema.GroupResource]*snapshotStorage
+}
+
+// add keeps a resource's first store (its own, not a subresource's).
+func (r *storeRegistry) add(s *snapshotStorage) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[schema.GroupResource]*snapshotStorage{}
+	}
+	if _, ok := r.m[s.gr]; !ok {
+		r.m[s.gr] = s
+	}
+}
+
+// get is the storage under a resource's registry store, once built.
+func (r *storeRegistry) get(gr schema.GroupResource) *snapshotStorage {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[gr]
 }
 
 func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {
@@ -46,7 +84,13 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 	opts.CountMetricPollPeriod = 0 // no background polling of the storage
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, _ func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, _ storage.AttrFunc, _ storage.IndexerFuncs, _ *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
-		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder}
+		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder,
+			config: *config, access: o.etcd}
+		if o.etcd != nil {
+			cfg := *config
+			s.etcd = &lazyStore{open: func() (storage.Interface, error) { return o.etcd.store(cfg, newFunc, newListFunc, resourcePrefix) }}
+		}
+		o.stores.add(s)
 		if u, ok := newFunc().(*unstructured.Unstructured); ok {
 			// A custom resource's store serves one version of it.
 			s.gv, s.decoder = u.GroupVersionKind().GroupVersion(), unstructured.UnstructuredJSONScheme
@@ -76,7 +120,7 @@ func servedVersion(gr schema.GroupResource, example runtime.Object, scheme *runt
 // snapshotStorage is the storage.Interface under the write path's registry
 // stores. It reads the cluster through the apiserver with kproxy's
 // read-only client, as the object was when the request arrived (see
-// writeRun.snapshot), and refuses to write: the replay runs every write in
+// handlerRun.snapshot), and refuses to write: the replay runs every write in
 // dry run, where the registry only reads (DryRunnableStorage).
 type snapshotStorage struct {
 	state   *ClusterState
@@ -84,6 +128,12 @@ type snapshotStorage struct {
 	gr      schema.GroupResource
 	gv      schema.GroupVersion
 	prefix  string
+	// config is the apiserver's storage config for the resource (codec,
+	// storage version); etcd its etcd3 store, read-only, when kproxy can
+	// read etcd.
+	config storagebackend.ConfigForResource
+	access *etcdAccess
+	etcd   *lazyStore
 }
 
 var errReplayWrite = errors.New("the kproxy replay never writes to the cluster")
@@ -118,6 +168,9 @@ func (s *snapshotStorage) apiPath(key string, list bool) (p, ns, name string, er
 }
 
 func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetOptions, out runtime.Object) error {
+	if run := runFrom(ctx); run != nil && run.read {
+		return s.readGet(ctx, run, key, opts, out)
+	}
 	p, ns, name, err := s.apiPath(key, false)
 	if err != nil {
 		return err
@@ -287,6 +340,15 @@ func resourceVersionOf(raw []byte) string {
 }
 
 func (s *snapshotStorage) GetList(ctx context.Context, key string, opts storage.ListOptions, listObj runtime.Object) error {
+	if run := runFrom(ctx); run != nil && run.read {
+		return s.readList(ctx, run, key, opts, listObj)
+	}
+	return s.listViaAPI(ctx, key, opts, listObj)
+}
+
+// listViaAPI lists through the apiserver (latest state, selectors and
+// limit only).
+func (s *snapshotStorage) listViaAPI(ctx context.Context, key string, opts storage.ListOptions, listObj runtime.Object) error {
 	p, _, _, err := s.apiPath(key, true)
 	if err != nil {
 		return err
@@ -297,6 +359,9 @@ func (s *snapshotStorage) GetList(ctx context.Context, key string, opts storage.
 	}
 	if opts.Predicate.Field != nil && !opts.Predicate.Field.Empty() {
 		q.Set("fieldSelector", opts.Predicate.Field.String())
+	}
+	if opts.Predicate.Limit > 0 {
+		q.Set("limit", strconv.FormatInt(opts.Predicate.Limit, 10))
 	}
 	req := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).SetHeader("Accept", "application/json")
 	for k, v := range q {
@@ -323,7 +388,16 @@ func (s *snapshotStorage) GuaranteedUpdate(context.Context, string, runtime.Obje
 	return errReplayWrite
 }
 
-func (s *snapshotStorage) Watch(context.Context, string, storage.ListOptions) (watch.Interface, error) {
+func (s *snapshotStorage) Watch(ctx context.Context, key string, opts storage.ListOptions) (watch.Interface, error) {
+	if run := runFrom(ctx); run != nil && run.read {
+		// The handler has accepted the watch's options; its events are
+		// not replayed: the watch ends at once.
+		run.mu.Lock()
+		run.watched = true
+		run.mu.Unlock()
+		run.enter(phaseStorage)
+		return watch.NewEmptyWatch(), nil
+	}
 	return nil, errors.New("the kproxy replay does not watch through its storage")
 }
 

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"go.opentelemetry.io/otel/attribute"
 	"net/http"
 	"time"
 
@@ -52,9 +53,10 @@ type Request struct {
 	// write from the state at arrival, never to predict.
 	Actual func(ctx context.Context) (ActualWrite, bool)
 
-	// write is the write path's run (decode through storage), set by
-	// decode for the stages after it.
-	write *writeRun
+	// run is the resource handler's run of the request (decode through
+	// storage; a read's decode and storage), set by decode for the stages
+	// after it.
+	run *handlerRun
 }
 
 // ActualWrite is what the apiserver answered a write: the status, and the
@@ -86,12 +88,14 @@ type Result struct {
 	Spans        []childSpan
 }
 
-// childSpan is a span recorded after the fact: an admission plugin's call.
+// childSpan is a span recorded after the fact: an admission plugin's
+// call, an etcd read.
 type childSpan struct {
 	Name       string
 	Start, End time.Time
 	Outcome    string
 	Err        string
+	Attrs      []attribute.KeyValue
 }
 
 // Pass, Skip, Reject and Errorf build results.

@@ -4,12 +4,20 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// storage reports the storage part of the write path's run: existence and
-// resourceVersion/uid preconditions checked against the object as it was
-// read from the cluster (the registry runs in dry run and never writes).
-// Reads (get, list, watch) are not modelled yet.
+// storage reports the storage part of the handler's run. For a write:
+// existence and resourceVersion/uid preconditions checked against the
+// object as it was read from the cluster (the registry runs in dry run
+// and never writes), the etcd key with its revisions, encoding and
+// encryption, and the size the value would have against etcd's request
+// limit. For a read: the apiserver's etcd3 store's answer (NotFound,
+// resourceVersion too large or too old, continue tokens) when kproxy can
+// read etcd, else the latest state through the apiserver.
 type storageStage struct{ m *machinery }
 
 func newStorage(m *machinery) Stage { return storageStage{m} }
@@ -18,11 +26,14 @@ func (storageStage) Name() string { return "storage" }
 
 func (storageStage) recorded() {}
 
-func (storageStage) Run(_ context.Context, req *Request) Result {
-	if !IsWrite(req.Info) {
-		return notModelled() // reads
+func (st storageStage) Run(ctx context.Context, req *Request) Result {
+	if run := req.run; run != nil && run.read {
+		return st.reportRead(run)
 	}
-	run, none := writeRunOf(req)
+	if !IsWrite(req.Info) {
+		return Skip("not replayed (see decode)")
+	}
+	run, none := handlerRunOf(req)
 	if run == nil {
 		return none
 	}
@@ -49,16 +60,17 @@ func (storageStage) Run(_ context.Context, req *Request) Result {
 	if !reached {
 		start, end = run.end, run.end
 	}
+	etcd, spans := st.inspectWrite(ctx, req, run)
 	var res Result
 	switch {
 	case run.decided == "storage":
-		res = Reject(run.status, "storage refuses: "+statusMessage(run.status)+explainReads(reads))
+		res = Reject(run.status, "storage refuses: "+statusMessage(run.status)+explainReads(reads)+etcd)
 	case run.decided != "":
 		res = Skip(notReached(run))
 	default:
-		res = Pass("dry run: the registry accepts the write" + explainReads(reads))
+		res = st.sizeCheck(ctx, req, run, "dry run: the registry accepts the write"+explainReads(reads)+etcd)
 	}
-	res.Began, res.Ended = start, end
+	res.Began, res.Ended, res.Spans = start, end, spans
 	return res
 }
 
@@ -67,4 +79,139 @@ func explainReads(reads []string) string {
 		return ""
 	}
 	return "; read " + strings.Join(reads, "; ")
+}
+
+// inspectWrite reads the written object's etcd key directly, as it was
+// when the request arrived (the revision the replay read it at), when
+// kproxy can read etcd.
+func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *handlerRun) (string, []childSpan) {
+	w := st.m.write
+	if w == nil || w.etcd == nil {
+		return "; etcd not read (kproxy was not given --etcd-servers): the apiserver's view", nil
+	}
+	if len(run.reads) == 0 {
+		return "", nil
+	}
+	r := run.reads[len(run.reads)-1]
+	var rev int64
+	if r.Snapshot != "" {
+		fmt.Sscan(r.Snapshot, &rev)
+	}
+	start := time.Now()
+	kv := w.etcd.inspect(ctx, w.etcd.key(r.Key), rev)
+	out := "; " + kv.String()
+	if kv.Found && run.bodyRV != "" && fmt.Sprint(kv.ModRevision) != run.bodyRV {
+		out += fmt.Sprintf("; the request names resourceVersion %s, etcd's modRevision is %d", run.bodyRV, kv.ModRevision)
+	}
+	return out, []childSpan{etcdSpan("etcd get", kv, start)}
+}
+
+func etcdSpan(name string, kv etcdKV, start time.Time) childSpan {
+	c := childSpan{Name: name, Start: start, End: start.Add(kv.Latency), Outcome: "pass",
+		Attrs: []attribute.KeyValue{
+			attribute.String("etcd.key", kv.Key), attribute.Bool("etcd.found", kv.Found),
+			attribute.Int64("etcd.revision", kv.Revision), attribute.Int64("etcd.mod_revision", kv.ModRevision),
+			attribute.Int64("etcd.create_revision", kv.CreateRevision), attribute.Int("etcd.value_bytes", kv.Size),
+			attribute.String("etcd.encoding", string(kv.Encoding)), attribute.String("etcd.encryption", kv.Encryption),
+			attribute.Int64("etcd.latency_us", kv.Latency.Microseconds()),
+		}}
+	if kv.Err != nil {
+		c.Outcome, c.Err = "error", kv.Err.Error()
+	}
+	return c
+}
+
+// reportRead reports a get, list or watch.
+func (st storageStage) reportRead(run *handlerRun) Result {
+	start, end, reached := run.phaseTimes(phaseStorage)
+	if !reached {
+		start, end = run.end, run.end
+	}
+	var parts, reads []string
+	var spans []childSpan
+	for _, r := range run.reads {
+		reads = append(reads, describeRead(r))
+		if r.FromEtcd {
+			spans = append(spans, childSpan{Name: "etcd3 store " + map[bool]string{true: "list", false: "get"}[r.List],
+				Start: r.Start, End: r.Start.Add(r.Duration), Outcome: "pass",
+				Attrs: []attribute.KeyValue{attribute.String("storage.key", r.Key), attribute.String("storage.options", r.Options),
+					attribute.Int64("etcd.latency_us", r.Duration.Microseconds())}})
+			if r.Etcd != nil {
+				spans = append(spans, etcdSpan("etcd get", *r.Etcd, r.Start.Add(r.Duration)))
+			}
+		}
+	}
+	if run.narrowed != "" {
+		parts = append(parts, "the replay read the list with "+run.narrowed+" (same resourceVersion semantics, one item)")
+	}
+	var res Result
+	switch {
+	case run.unknown != "":
+		res = Unknown(run.unknown)
+	case run.decided == "storage":
+		res = Reject(run.status, "storage refuses: "+statusMessage(run.status)+whyRefused(run)+"; "+strings.Join(append(reads, parts...), "; "))
+	case run.decided != "":
+		res = Skip(notReached(run))
+	case run.watched:
+		res = Pass("a watch: the handler accepts its options and the stream starts; its events are not replayed " +
+			"(a resourceVersion older than the watch cache's window arrives as an ERROR event, 410 Expired, inside the 200 stream)")
+	case len(run.reads) == 0:
+		res = Pass("the handler answers without reading storage")
+	default:
+		res = Pass(strings.Join(append(reads, parts...), "; "))
+	}
+	res.Began, res.Ended, res.Spans = start, end, spans
+	return res
+}
+
+func describeRead(r storageRead) string {
+	what := "get " + r.Key
+	if r.List {
+		what = "list " + r.Key
+	}
+	what += " with " + r.Options
+	switch {
+	case r.Refused != nil:
+		what += ": " + r.Refused.Error()
+	case r.List:
+		what += fmt.Sprintf(": listed at resourceVersion %s", r.ResourceVersion)
+	default:
+		what += fmt.Sprintf(": found at resourceVersion %s", r.ResourceVersion)
+	}
+	if r.FromEtcd {
+		what += fmt.Sprintf(" (the apiserver's etcd3 store, on etcd, in %v)", r.Duration.Round(10*time.Microsecond))
+		if r.Etcd != nil {
+			what += "; " + r.Etcd.String()
+		}
+		if r.EtcdPrefix != "" && r.EtcdRev != 0 {
+			what += fmt.Sprintf("; etcd holds %d keys under %s at revision %d", r.EtcdCount, r.EtcdPrefix, r.EtcdRev)
+		}
+	} else {
+		what += fmt.Sprintf(" (through the apiserver in %v: kproxy was not given --etcd-servers, so this is the apiserver's view)", r.Duration.Round(10*time.Microsecond))
+	}
+	return what
+}
+
+// whyRefused adds what the status leaves out.
+func whyRefused(run *handlerRun) string {
+	st := run.status
+	if st.Details != nil {
+		for _, c := range st.Details.Causes {
+			if c.Type == "ResourceVersionTooLarge" {
+				return " (the apiserver's watch cache waits up to 3 seconds for a resourceVersion it has not seen, then answers this; the etcd3 store answers at once)"
+			}
+		}
+	}
+	switch {
+	case strings.Contains(st.Message, "continue"):
+		return " (a continue token encodes the key to resume at and the list's resourceVersion; it must come from the same resource's previous page)"
+	case st.Code == 410:
+		return " (etcd has compacted the revisions the request asks for)"
+	}
+	return ""
+}
+
+// gr is the request's resource.
+func gr(req *Request) schema.GroupResource {
+	return schema.GroupResource{Group: req.Info.APIGroup, Resource: req.Info.Resource}
 }

@@ -19,7 +19,7 @@ func (validation) Name() string { return "validation" }
 func (validation) recorded() {}
 
 func (validation) Run(_ context.Context, req *Request) Result {
-	run, none := writeRunOf(req)
+	run, none := handlerRunOf(req)
 	if run == nil {
 		return none
 	}

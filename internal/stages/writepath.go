@@ -63,7 +63,7 @@ import (
 //
 // The handler runs decode, mutating admission, validation, validating
 // admission and the storage preconditions in the apiserver's own order; a
-// writeRun in the request context watches it go by (which plugin ran, where
+// handlerRun in the request context watches it go by (which plugin ran, where
 // it stopped), so that each stage reports its own part.
 type writePath struct {
 	handler http.Handler
@@ -71,6 +71,10 @@ type writePath struct {
 	plugins []string
 	// crds lists the cluster's CustomResourceDefinitions.
 	crds apiextensionslisters.CustomResourceDefinitionLister
+	// storage is every registry's storage (etcd keys, codecs); etcd the
+	// read access to the apiserver's etcd, nil without --etcd-servers.
+	storage *snapshotOptions
+	etcd    *etcdAccess
 }
 
 // servesCustom reports whether an established CustomResourceDefinition
@@ -137,10 +141,16 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, fmt.Errorf("storage factory: %w", err)
 	}
-	gc.RESTOptionsGetter = &snapshotOptions{
+	access, err := newEtcdAccess(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	snapshots := &snapshotOptions{
 		inner: &genericoptions.StorageFactoryRestOptionsFactory{Options: *etcd, StorageFactory: sf},
 		state: s, resources: gc.MergedResourceConfig, scheme: legacyscheme.Scheme, decoder: legacyscheme.Codecs.UniversalDecoder(),
+		etcd: access, stores: &storeRegistry{},
 	}
+	gc.RESTOptionsGetter = snapshots
 
 	// Admission, with the initializers kube-apiserver gives its plugins.
 	loop := gc.LoopbackClientConfig
@@ -189,7 +199,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	// CustomResourceDefinitions and custom resources: the apiextensions
 	// server kube-apiserver delegates to, built from a copy of the same
 	// config (admission chain included), before it is completed.
-	ext, err := buildAPIExtensions(ctx, *gc, *etcd, s, svcResolver, authWrapper)
+	ext, err := buildAPIExtensions(ctx, *gc, *etcd, snapshots, svcResolver, authWrapper)
 	if err != nil {
 		return nil, fmt.Errorf("apiextensions (custom resources): %w", err)
 	}
@@ -237,14 +247,15 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 		return nil, err
 	}
 	return &writePath{handler: srv.Handler.Director, plugins: plugins,
-		crds: ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister()}, nil
+		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
+		storage: snapshots, etcd: access}, nil
 }
 
 // buildAPIExtensions is kube-apiserver's CreateAPIExtensionsConfig and
 // the apiextensions server's New over snapshot storage. Its CRD informers
 // are started here (kube-apiserver starts them in a post-start hook); its
 // controllers, which write CRD status, are never started.
-func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd genericoptions.EtcdOptions, s *ClusterState, svcResolver webhook.ServiceResolver, authWrapper webhook.AuthenticationInfoResolverWrapper) (*apiextensionsapiserver.CustomResourceDefinitions, error) {
+func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd genericoptions.EtcdOptions, kube *snapshotOptions, svcResolver webhook.ServiceResolver, authWrapper webhook.AuthenticationInfoResolverWrapper) (*apiextensionsapiserver.CustomResourceDefinitions, error) {
 	gc.PostStartHooks = map[string]genericapiserver.PostStartHookConfigEntry{}
 	eetcd := etcd
 	eetcd.StorageConfig.Codec = apiextensionsapiserver.Codecs.LegacyCodec(apiextensionsv1beta1.SchemeGroupVersion, apiextensionsv1.SchemeGroupVersion)
@@ -255,12 +266,13 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 		return nil, err
 	}
 	gc.MergedResourceConfig = apiextensionsapiserver.DefaultAPIResourceConfigSource()
+	s := kube.state
 	gc.RESTOptionsGetter = &snapshotOptions{inner: gc.RESTOptionsGetter, state: s, resources: gc.MergedResourceConfig,
-		scheme: apiextensionsapiserver.Scheme, decoder: apiextensionsapiserver.Codecs.UniversalDecoder()}
+		scheme: apiextensionsapiserver.Scheme, decoder: apiextensionsapiserver.Codecs.UniversalDecoder(), etcd: kube.etcd, stores: kube.stores}
 	cfg := &apiextensionsapiserver.Config{
 		GenericConfig: &genericapiserver.RecommendedConfig{Config: gc, SharedInformerFactory: s.Informers},
 		ExtraConfig: apiextensionsapiserver.ExtraConfig{
-			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s},
+			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s, etcd: kube.etcd, stores: kube.stores},
 			MasterCount:          1,
 			AuthResolverWrapper:  authWrapper,
 			ServiceResolver:      svcResolver,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -39,10 +40,12 @@ const (
 
 var phaseStage = [...]string{"decode", "mutating-admission", "validation", "validating-admission", "storage"}
 
-// writeRun is what one replay of a write saw go by in the apiserver's
-// handler: the phases with their times, every admission plugin's call and
-// verdict, the storage reads, and the answer.
-type writeRun struct {
+// handlerRun is what one replay of a request saw go by in the apiserver's
+// resource handler: the phases with their times, every admission plugin's
+// call and verdict, the storage reads, and the answer. A write runs in dry
+// run through all five phases; a read (get, list, watch) through decode
+// (query options) and storage.
+type handlerRun struct {
 	mu      sync.Mutex
 	now     func() time.Time
 	start   time.Time
@@ -75,6 +78,12 @@ type writeRun struct {
 	bodyRV string
 	verb   string
 	dryRun bool // the request itself is a dry run
+
+	// read marks a get, list or watch; narrowed says how the replay's
+	// list was narrowed (limit=1) so as not to read the whole collection.
+	read     bool
+	narrowed string
+	watched  bool
 }
 
 // snapshotRevision decides which state of an object the replay reads: the
@@ -84,7 +93,7 @@ type writeRun struct {
 // no-op, which keeps the resourceVersion the body named), so the replay
 // reads it at R-1. A delete that succeeded removed the object: it is read
 // at R, its last stored version. why is set when the answer never came.
-func (r *writeRun) snapshotRevision(ctx context.Context, found bool, rv string) (at, why string) {
+func (r *handlerRun) snapshotRevision(ctx context.Context, found bool, rv string) (at, why string) {
 	if r.actual == nil || r.dryRun {
 		return "", "" // a dry run writes nothing
 	}
@@ -132,22 +141,39 @@ type storageRead struct {
 	Snapshot        string // the resourceVersion read at, if not the latest
 	Found           bool
 	ResourceVersion string
+	Start           time.Time
 	Duration        time.Duration
-	Err             error
+	Err             error // the read failed: the run cannot be trusted
+	// Refused is the storage's answer to a read request when it is an
+	// error the apiserver answers with (not found, resourceVersion too
+	// large or too old, invalid continue token).
+	Refused error
+
+	// A read request's storage call: list or get, the options it asked
+	// for, whether the apiserver's etcd3 store answered it (else kproxy
+	// read through the apiserver), and the raw etcd key (or, for a list,
+	// the number of keys under the prefix).
+	List       bool
+	Options    string
+	FromEtcd   bool
+	Etcd       *etcdKV
+	EtcdPrefix string
+	EtcdCount  int64
+	EtcdRev    int64
 }
 
 type runKey struct{}
 
-func withRun(ctx context.Context, r *writeRun) context.Context {
+func withRun(ctx context.Context, r *handlerRun) context.Context {
 	return context.WithValue(ctx, runKey{}, r)
 }
 
-func runFrom(ctx context.Context) *writeRun {
-	r, _ := ctx.Value(runKey{}).(*writeRun)
+func runFrom(ctx context.Context) *handlerRun {
+	r, _ := ctx.Value(runKey{}).(*handlerRun)
 	return r
 }
 
-func (r *writeRun) enter(phase int) {
+func (r *handlerRun) enter(phase int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if phase > r.phase {
@@ -157,7 +183,7 @@ func (r *writeRun) enter(phase int) {
 }
 
 // markUnknown records the first reason the run cannot be trusted.
-func (r *writeRun) markUnknown(why string) {
+func (r *handlerRun) markUnknown(why string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.unknown == "" {
@@ -165,7 +191,7 @@ func (r *writeRun) markUnknown(why string) {
 	}
 }
 
-func (r *writeRun) addRead(read storageRead) {
+func (r *handlerRun) addRead(read storageRead) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reads = append(r.reads, read)
@@ -174,7 +200,7 @@ func (r *writeRun) addRead(read storageRead) {
 	}
 }
 
-func (r *writeRun) addPlugin(c pluginCall) {
+func (r *handlerRun) addPlugin(c pluginCall) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.plugins = append(r.plugins, c)
@@ -293,7 +319,7 @@ var dryRunUnsupported = regexp.MustCompile(`admission webhook "([^"]+)" does not
 // noticeSideEffects makes the run unknown when the replay (always a dry
 // run) could not call a webhook that the real, non-dry-run request does
 // call: kproxy never calls a webhook that declares side effects.
-func (p *observedPlugin) noticeSideEffects(r *writeRun, err error) {
+func (p *observedPlugin) noticeSideEffects(r *handlerRun, err error) {
 	if err == nil || r.dryRun || p.webhook == nil {
 		return
 	}
@@ -339,17 +365,27 @@ func IsWrite(info *apirequest.RequestInfo) bool {
 	return false
 }
 
-// runRequest runs the request through the write path once, in dry run;
-// decode keeps the run on the request for the stages after it.
-func (w *writePath) runRequest(ctx context.Context, req *Request, now func() time.Time) *writeRun {
-	run := &writeRun{now: now, start: now(), actual: req.Actual, verb: req.Info.Verb, bodyRV: resourceVersionOf(req.Body),
-		dryRun: len(req.HTTP.URL.Query()["dryRun"]) > 0}
-	run.marks[phaseDecode] = run.start
-	if req.BodyTruncated {
-		run.unknown = "the request body is larger than the apiserver accepts"
-		run.end = now()
-		return run
+// IsRead reports a resource read: get, list or watch.
+func IsRead(info *apirequest.RequestInfo) bool {
+	if info == nil || !info.IsResourceRequest {
+		return false
 	}
+	switch info.Verb {
+	case "get", "list", "watch":
+		return true
+	}
+	return false
+}
+
+// runRequest runs the request through the apiserver's resource handler
+// once: a write in dry run (the registry only reads, admission plugins
+// persist nothing, webhooks are called only if they declare no side
+// effects), a read with its list narrowed to one item. decode keeps the
+// run on the request for the stages after it.
+func (w *writePath) runRequest(ctx context.Context, req *Request, now func() time.Time) *handlerRun {
+	run := &handlerRun{now: now, start: now(), actual: req.Actual, verb: req.Info.Verb, bodyRV: resourceVersionOf(req.Body),
+		dryRun: len(req.HTTP.URL.Query()["dryRun"]) > 0, read: !IsWrite(req.Info)}
+	run.marks[phaseDecode] = run.start
 	rec := &warningRecorder{}
 	hctx := withRun(ctx, run)
 	hctx = apirequest.WithRequestInfo(hctx, req.Info)
@@ -359,16 +395,33 @@ func (w *writePath) runRequest(ctx context.Context, req *Request, now func() tim
 	hctx = warning.WithWarningRecorder(hctx, rec)
 	hctx = audit.WithAuditContext(hctx)
 	r := req.HTTP.Clone(hctx)
-	r.Body = io.NopCloser(bytes.NewReader(req.Body))
-	r.ContentLength = int64(len(req.Body))
-	// Dry run: the registry only reads, admission plugins persist nothing,
-	// and webhooks are called only if they declare no side effects.
-	q := r.URL.Query()
-	if _, ok := q["dryRun"]; !ok {
-		q.Set("dryRun", metav1.DryRunAll)
-		r.URL.RawQuery = q.Encode()
+	if req.BodyTruncated && len(req.Body) < MaxBodyBytes {
+		run.unknown = "the apiserver did not read the whole request body, so kproxy did not see it"
+		run.end = now()
+		return run
 	}
-	resp := httptest.NewRecorder()
+	body := req.Body
+	if req.BodyTruncated {
+		// kproxy kept the apiserver's limit's worth: one byte more makes
+		// the handler refuse it where the apiserver does (after content
+		// negotiation), whatever the rest held.
+		body = append(body[:len(body):len(body)], ' ')
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	q := r.URL.Query()
+	switch {
+	case run.read:
+		if run.narrowed = narrowList(req.Info, q); run.narrowed != "" {
+			r.URL.RawQuery = q.Encode()
+		}
+	default:
+		if _, ok := q["dryRun"]; !ok {
+			q.Set("dryRun", metav1.DryRunAll)
+			r.URL.RawQuery = q.Encode()
+		}
+	}
+	resp := recorder{httptest.NewRecorder()}
 	w.handler.ServeHTTP(resp, r)
 	run.end = now()
 	run.code = resp.Code
@@ -380,15 +433,42 @@ func (w *writePath) runRequest(ctx context.Context, req *Request, now func() tim
 			run.status = &metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.Code), Message: strings.TrimSpace(resp.Body.String())}
 		}
 		run.decided = run.attribute(run.status)
-	} else {
+	} else if !run.read {
 		run.object = resp.Body.Bytes()
 	}
 	return run
 }
 
+// recorder records the handler's answer; it can take a watch's stream
+// (the handler wants a Flusher and a CloseNotifier).
+type recorder struct{ *httptest.ResponseRecorder }
+
+func (recorder) CloseNotify() <-chan bool { return make(chan bool) }
+
+// narrowList makes a list read at most one object, with the same
+// resourceVersion semantics: a list's storage outcome (resourceVersion
+// too large or too old, an invalid continue token) does not depend on
+// its size, and the replay must not read a big collection a second
+// time. A resourceVersion with a limit means an exact read (the legacy
+// rule), so a list that named one without a limit gets NotOlderThan
+// said explicitly. Lists that page already, and watches, are left as
+// they are. It returns what it changed, or "".
+func narrowList(info *apirequest.RequestInfo, q url.Values) string {
+	if info.Verb != "list" || q.Get("limit") != "" || q.Get("continue") != "" || q.Get("resourceVersionMatch") != "" {
+		return ""
+	}
+	what := "limit=1"
+	if rv := q.Get("resourceVersion"); rv != "" && rv != "0" {
+		q.Set("resourceVersionMatch", string(metav1.ResourceVersionMatchNotOlderThan))
+		what += ", resourceVersionMatch=NotOlderThan"
+	}
+	q.Set("limit", "1")
+	return what
+}
+
 // attribute names the stage whose code produced st, following the
 // contract's labelling rules.
-func (r *writeRun) attribute(st *metav1.Status) string {
+func (r *handlerRun) attribute(st *metav1.Status) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.pluginErr != nil {
@@ -439,11 +519,11 @@ func (w *warningRecorder) list() []string {
 	return append([]string(nil), w.w...)
 }
 
-// writeRunOf is the run a write-path stage reports on, or, when there is
+// handlerRunOf is the run a write-path stage reports on, or, when there is
 // none to report on (not a write, or decode could not replay it), the
 // stage's result.
-func writeRunOf(req *Request) (*writeRun, Result) {
-	switch run := req.write; {
+func handlerRunOf(req *Request) (*handlerRun, Result) {
+	switch run := req.run; {
 	case !IsWrite(req.Info):
 		return nil, Skip(notWriteReason(req))
 	case run == nil || run.unknown != "":
@@ -454,7 +534,7 @@ func writeRunOf(req *Request) (*writeRun, Result) {
 }
 
 // phaseTimes returns when a stage's phase began and ended in the run.
-func (r *writeRun) phaseTimes(phase int) (start, end time.Time, reached bool) {
+func (r *handlerRun) phaseTimes(phase int) (start, end time.Time, reached bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if phase != phaseDecode && r.marks[phase].IsZero() {

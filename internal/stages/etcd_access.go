@@ -1,0 +1,234 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/server/options/encryptionconfig"
+	"k8s.io/apiserver/pkg/storage"
+	"k8s.io/apiserver/pkg/storage/storagebackend"
+	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
+	"k8s.io/apiserver/pkg/storage/value"
+	"k8s.io/client-go/transport"
+
+	kdecode "github.com/kproxy/kproxy/internal/decode"
+)
+
+// etcdAccess is kproxy's read access to the apiserver's etcd, from the
+// mirrored --etcd-servers, --etcd-cafile/certfile/keyfile, --etcd-prefix
+// and --encryption-provider-config. The storage stage reads through the
+// apiserver's own etcd3 store (upstream resourceVersion, continue-token
+// and NotFound semantics) and inspects the raw key with a plain client.
+// Nothing here writes: the stores are wrapped in readOnlyStore.
+type etcdAccess struct {
+	transport    storagebackend.TransportConfig
+	prefix       string
+	transformers map[schema.GroupResource]value.Transformer
+	raw          *clientv3.Client
+}
+
+// NewEtcdClient is a plain etcd client from the apiserver's etcd flags.
+func NewEtcdClient(o *APIServerOptions) (*clientv3.Client, error) {
+	if len(o.EtcdServers) == 0 {
+		return nil, errors.New("no etcd to read: give --etcd-servers (and --etcd-cafile, --etcd-certfile, --etcd-keyfile) as the apiserver has them")
+	}
+	var tlsCfg *tls.Config
+	if o.EtcdCAFile != "" || o.EtcdCertFile != "" {
+		var err error
+		tlsCfg, err = transport.TLSConfigFor(&transport.Config{TLS: transport.TLSConfig{CAFile: o.EtcdCAFile, CertFile: o.EtcdCertFile, KeyFile: o.EtcdKeyFile}})
+		if err != nil {
+			return nil, fmt.Errorf("etcd TLS (--etcd-cafile, --etcd-certfile, --etcd-keyfile): %w", err)
+		}
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: o.EtcdServers, TLS: tlsCfg, DialTimeout: 10 * time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("etcd %v: %w", o.EtcdServers, err)
+	}
+	return c, nil
+}
+
+// newEtcdAccess is nil without --etcd-servers: the replay then reads
+// through the apiserver and says so.
+func newEtcdAccess(ctx context.Context, o *APIServerOptions) (*etcdAccess, error) {
+	if len(o.EtcdServers) == 0 {
+		return nil, nil
+	}
+	raw, err := NewEtcdClient(o)
+	if err != nil {
+		return nil, err
+	}
+	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix,
+		transport: storagebackend.TransportConfig{ServerList: o.EtcdServers, TrustedCAFile: o.EtcdCAFile, CertFile: o.EtcdCertFile, KeyFile: o.EtcdKeyFile}}
+	if o.EncryptionProviderConfig != "" {
+		cfg, err := encryptionconfig.LoadEncryptionConfig(ctx, o.EncryptionProviderConfig, false, replayServerID)
+		if err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("--encryption-provider-config %s: %w", o.EncryptionProviderConfig, err)
+		}
+		a.transformers = cfg.Transformers
+	}
+	go func() { <-ctx.Done(); raw.Close() }()
+	return a, nil
+}
+
+// store opens the apiserver's etcd3 store for one resource: its codec,
+// key prefix and encryption, on the real etcd, read-only.
+func (a *etcdAccess) store(config storagebackend.ConfigForResource, newFunc, newListFunc func() runtime.Object, resourcePrefix string) (storage.Interface, error) {
+	config.Transport = a.transport
+	config.Prefix = a.prefix
+	config.CompactionInterval = 0 // never compact
+	config.DBMetricPollInterval = 0
+	if t, ok := a.transformers[config.GroupResource]; ok {
+		config.Transformer = t
+	}
+	s, _, err := factory.Create(config, newFunc, newListFunc, resourcePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("etcd store for %s: %w", config.GroupResource, err)
+	}
+	return readOnlyStore{s}, nil
+}
+
+// key is the etcd key of a registry storage key.
+func (a *etcdAccess) key(registryKey string) string {
+	return strings.TrimSuffix("/"+strings.Trim(a.prefix, "/"), "/") + registryKey
+}
+
+// etcdKV is what kproxy shows of one etcd key.
+type etcdKV struct {
+	Key            string
+	Found          bool
+	Revision       int64 // etcd's revision when read
+	CreateRevision int64
+	ModRevision    int64
+	Version        int64
+	Lease          int64
+	Size           int
+	Encoding       kdecode.Format // of the stored payload (after decryption)
+	Encryption     string         // "k8s:enc:aesgcm:v1:key1:" or ""
+	Latency        time.Duration
+	Err            error
+}
+
+// inspect reads one key as it is at rev (0: the latest).
+func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV {
+	kv := etcdKV{Key: key}
+	opts := []clientv3.OpOption{}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	start := time.Now()
+	resp, err := a.raw.Get(ctx, key, opts...)
+	kv.Latency = time.Since(start)
+	if err != nil {
+		kv.Err = err
+		return kv
+	}
+	kv.Revision = resp.Header.Revision
+	if len(resp.Kvs) == 0 {
+		return kv
+	}
+	v := resp.Kvs[0]
+	kv.Found, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease, kv.Size = true, v.CreateRevision, v.ModRevision, v.Version, v.Lease, len(v.Value)
+	if bytes.HasPrefix(v.Value, []byte("k8s:enc:")) {
+		kv.Encryption = encryptionPrefix(v.Value)
+		for _, t := range a.transformers {
+			if out, _, err := t.TransformFromStorage(ctx, v.Value, value.DefaultContext(key)); err == nil && !bytes.HasPrefix(out, []byte("k8s:enc:")) {
+				kv.Encoding, _ = kdecode.Detect(out)
+				break
+			}
+		}
+	} else {
+		kv.Encoding, _ = kdecode.Detect(v.Value)
+	}
+	return kv
+}
+
+// count counts the keys under a prefix (without reading their values).
+func (a *etcdAccess) count(ctx context.Context, prefix string) (n, rev int64, took time.Duration, err error) {
+	start := time.Now()
+	resp, err := a.raw.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	took = time.Since(start)
+	if err != nil {
+		return 0, 0, took, err
+	}
+	return resp.Count, resp.Header.Revision, took, nil
+}
+
+func (kv etcdKV) String() string {
+	if kv.Err != nil {
+		return fmt.Sprintf("etcd %s: read failed: %v", kv.Key, kv.Err)
+	}
+	if !kv.Found {
+		return fmt.Sprintf("etcd %s: absent at revision %d (read in %v)", kv.Key, kv.Revision, kv.Latency.Round(10*time.Microsecond))
+	}
+	enc := string(kv.Encoding)
+	if kv.Encryption != "" {
+		enc += ", encrypted (" + kv.Encryption + ")"
+	} else {
+		enc += ", not encrypted"
+	}
+	if enc == ", not encrypted" || strings.HasPrefix(enc, ", encrypted") {
+		enc = "encoding unknown" + enc // encrypted with a key kproxy was not given
+	}
+	lease := ""
+	if kv.Lease != 0 {
+		lease = fmt.Sprintf(", lease %x", kv.Lease)
+	}
+	return fmt.Sprintf("etcd %s: createRevision %d, modRevision %d, version %d%s, %d bytes, %s (revision %d, read in %v)",
+		kv.Key, kv.CreateRevision, kv.ModRevision, kv.Version, lease, kv.Size, enc, kv.Revision, kv.Latency.Round(10*time.Microsecond))
+}
+
+// encryptionPrefix is a value's "k8s:enc:<provider>:<version>:<key>:".
+func encryptionPrefix(v []byte) string {
+	n := 0
+	for i, c := range v[:min(len(v), 256)] {
+		if c == ':' {
+			if n++; n == 5 {
+				return string(v[:i+1])
+			}
+		}
+	}
+	return "k8s:enc:"
+}
+
+// readOnlyStore is an etcd3 store that only reads.
+type readOnlyStore struct{ storage.Interface }
+
+func (readOnlyStore) Create(context.Context, string, runtime.Object, runtime.Object, uint64) error {
+	return errReplayWrite
+}
+
+func (readOnlyStore) Delete(context.Context, string, runtime.Object, *storage.Preconditions, storage.ValidateObjectFunc, runtime.Object, storage.DeleteOptions) error {
+	return errReplayWrite
+}
+
+func (readOnlyStore) GuaranteedUpdate(context.Context, string, runtime.Object, bool, *storage.Preconditions, storage.UpdateFunc, runtime.Object) error {
+	return errReplayWrite
+}
+
+func (readOnlyStore) Watch(context.Context, string, storage.ListOptions) (watch.Interface, error) {
+	return nil, errors.New("the kproxy replay does not watch etcd")
+}
+
+// lazyStore opens a resource's etcd store on its first read.
+type lazyStore struct {
+	once sync.Once
+	open func() (storage.Interface, error)
+	s    storage.Interface
+	err  error
+}
+
+func (l *lazyStore) get() (storage.Interface, error) {
+	l.once.Do(func() { l.s, l.err = l.open() })
+	return l.s, l.err
+}

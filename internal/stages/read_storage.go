@@ -1,0 +1,148 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/features"
+	"k8s.io/apiserver/pkg/storage"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+)
+
+// Reads of a get, list or watch request, under the registry the replay
+// runs. With etcd access they go to the apiserver's own etcd3 store, whose
+// code decides what the apiserver's does: NotFound, a resourceVersion too
+// large (the watch cache answers the same, after waiting up to 3 seconds)
+// or compacted, an invalid or expired continue token. Without etcd access
+// kproxy can only see the latest state, through the apiserver: reads that
+// name a resourceVersion or continue a list are then unknown.
+
+func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key string, opts storage.GetOptions, out runtime.Object) error {
+	run.enter(phaseStorage)
+	read := storageRead{Key: key, Start: time.Now(), Options: rvOption(opts.ResourceVersion, "")}
+	read.Path, _, _, _ = s.apiPath(key, false)
+	defer func() { run.addRead(read) }()
+	if opts.ResourceVersion != "" {
+		// A get naming a resourceVersion goes to the watch cache, which
+		// parses it first (a plain error, so 500), unlike the etcd3 store.
+		if _, err := (storage.APIObjectVersioner{}).ParseResourceVersion(opts.ResourceVersion); err != nil {
+			read.Refused = err
+			return err
+		}
+	}
+	if s.etcd != nil {
+		st, err := s.etcd.get()
+		if err != nil {
+			read.Err = err
+			return err
+		}
+		read.FromEtcd = true
+		err = st.Get(ctx, key, opts, out)
+		read.Duration = time.Since(read.Start)
+		kv := s.access.inspect(ctx, s.access.key(key), 0)
+		read.Etcd = &kv
+		return settleRead(&read, err, out)
+	}
+	if opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
+		read.Err = errors.New("a get at a resourceVersion is answered from the watch cache, which waits for it: " + needsEtcd)
+		return read.Err
+	}
+	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(read.Path).SetHeader("Accept", "application/json").Do(ctx).Raw()
+	read.Duration = time.Since(read.Start)
+	switch {
+	case apierrors.IsNotFound(err):
+		return settleRead(&read, storage.NewKeyNotFoundError(key, 0), out)
+	case err != nil:
+		read.Err = fmt.Errorf("kproxy could not read it through the apiserver: %w", err)
+		return read.Err
+	}
+	if err := runtime.DecodeInto(s.decoder, raw, out); err != nil {
+		read.Err = err
+		return err
+	}
+	return settleRead(&read, nil, out)
+}
+
+// needsEtcd says what kproxy lacks to predict a read's storage outcome.
+const needsEtcd = "kproxy predicts resourceVersion semantics only by reading the apiserver's etcd (give it --etcd-servers and the etcd TLS flags, as the apiserver has them)"
+
+func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key string, opts storage.ListOptions, listObj runtime.Object) error {
+	run.enter(phaseStorage)
+	read := storageRead{Key: key, List: true, Start: time.Now(), Options: rvOption(opts.ResourceVersion, string(opts.ResourceVersionMatch))}
+	if opts.Predicate.Continue != "" {
+		read.Options += ", continue token"
+	}
+	read.Path, _, _, _ = s.apiPath(key, true)
+	defer func() { run.addRead(read) }()
+	if s.etcd != nil {
+		st, err := s.etcd.get()
+		if err != nil {
+			read.Err = err
+			return err
+		}
+		read.FromEtcd = true
+		err = st.GetList(ctx, key, opts, listObj)
+		read.Duration = time.Since(read.Start)
+		if apierrors.IsResourceExpired(err) && utilfeature.DefaultFeatureGate.Enabled(features.ListFromCacheSnapshot) {
+			// The apiserver asks its watch cache first: it keeps a snapshot
+			// of every revision since it started (or since its own last
+			// compaction), and falls back to etcd only without one.
+			read.Err = fmt.Errorf("etcd has compacted the revision this list asks for (%v), but the apiserver's watch cache keeps snapshots of past revisions (ListFromCacheSnapshot) and may still serve it; which it holds is not visible from outside", err)
+			return read.Err
+		}
+		read.EtcdPrefix = strings.TrimSuffix(s.access.key(key), "/") + "/"
+		if n, rev, _, cerr := s.access.count(ctx, read.EtcdPrefix); cerr == nil {
+			read.EtcdCount, read.EtcdRev = n, rev
+		}
+		return settleRead(&read, err, listObj)
+	}
+	if (opts.ResourceVersion != "" && opts.ResourceVersion != "0") || opts.ResourceVersionMatch != "" || opts.Predicate.Continue != "" {
+		read.Err = errors.New("a list at a resourceVersion, or continuing an earlier one, depends on etcd's revisions: " + needsEtcd)
+		return read.Err
+	}
+	err := s.listViaAPI(ctx, key, opts, listObj)
+	read.Duration = time.Since(read.Start)
+	if err != nil {
+		read.Err = err
+		return err
+	}
+	return settleRead(&read, nil, listObj)
+}
+
+// settleRead files the storage's answer: an error the apiserver answers
+// with is the read's outcome; any other failure makes the run unknown.
+func settleRead(read *storageRead, err error, out runtime.Object) error {
+	var st apierrors.APIStatus
+	switch {
+	case err == nil:
+		read.Found = true
+		if m, merr := meta.CommonAccessor(out); merr == nil {
+			read.ResourceVersion = m.GetResourceVersion()
+		} else if l, lerr := meta.ListAccessor(out); lerr == nil {
+			read.ResourceVersion = l.GetResourceVersion()
+		}
+	case storage.IsNotFound(err) || storage.IsInvalidError(err) || errors.As(err, &st):
+		read.Refused = err
+	default:
+		read.Err = err
+	}
+	return err
+}
+
+func rvOption(rv, match string) string {
+	switch {
+	case rv == "" && match == "":
+		return "no resourceVersion (the latest, a consistent read)"
+	case rv == "0" && match == "":
+		return "resourceVersion=0 (any version: the watch cache's)"
+	case match == "":
+		return "resourceVersion=" + rv + " (not older than)"
+	}
+	return "resourceVersion=" + rv + ", resourceVersionMatch=" + match
+}

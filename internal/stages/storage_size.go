@@ -1,0 +1,134 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	etcdserverpb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/storage/value"
+
+	kdecode "github.com/kproxy/kproxy/internal/decode"
+)
+
+// etcd's limits on one write, as the apiserver meets them: etcd refuses
+// a proposal larger than its --max-request-bytes ("etcdserver: request is
+// too large"), and the apiserver's etcd client refuses to send a gRPC
+// message over 2 MiB (clientv3's default MaxCallSendMsgSize). Either way
+// the apiserver answers 500 with the error's text, after retrying once
+// without managedFields.
+const etcdClientMaxSend = 2 * 1024 * 1024
+
+// raftOverhead bounds what etcd adds around the transaction before it
+// compares with --max-request-bytes (the InternalRaftRequest header with
+// its random ID). Sizes this close to the limit are not predicted.
+const raftOverhead = 32
+
+// sizeCheck encodes the object the write would store as the apiserver
+// does (storage codec and version, encryption at rest) and compares the
+// etcd transaction with etcd's limits.
+func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handlerRun, pass string) Result {
+	w := st.m.write
+	if run.dryRun || len(run.object) == 0 || (run.verb != "create" && run.verb != "update" && run.verb != "patch") || len(run.reads) == 0 {
+		return Pass(pass)
+	}
+	s := w.storage.stores.get(gr(req))
+	if s == nil {
+		return Pass(pass + "; the stored size is not computed (kproxy has no store for " + gr(req).String() + ")")
+	}
+	key := run.reads[len(run.reads)-1]
+	var modRev int64
+	if key.Found {
+		modRev, _ = strconv.ParseInt(key.ResourceVersion, 10, 64)
+	}
+	d, err := kdecode.Payload(run.object)
+	if err != nil || d.Object == nil {
+		return Pass(pass + "; the stored size is not computed (the replay's answer did not decode)")
+	}
+	etcdKey := "/" + trimSlashes(st.m.opts.EtcdPrefix) + key.Key
+	txn, stored, err := storedTxnSize(ctx, s, d.Object, etcdKey, modRev, key.Found)
+	if err != nil {
+		return Pass(pass + "; the stored size is not computed: " + err.Error())
+	}
+	limit := st.m.opts.EtcdMaxRequestBytes
+	if txn > limit-raftOverhead {
+		// The handler retries without managedFields.
+		obj := d.Object.DeepCopyObject()
+		if m, err := meta.Accessor(obj); err == nil && len(m.GetManagedFields()) > 0 {
+			m.SetManagedFields(nil)
+			if txn, stored, err = storedTxnSize(ctx, s, obj, etcdKey, modRev, key.Found); err != nil {
+				return Pass(pass + "; the stored size is not computed: " + err.Error())
+			}
+		}
+	}
+	what := fmt.Sprintf("the stored value is %d bytes (storage encoding and encryption as the apiserver's), the etcd transaction %d bytes, etcd's --max-request-bytes %d", stored, txn, limit)
+	switch {
+	case txn > etcdClientMaxSend:
+		msg := fmt.Sprintf("rpc error: code = ResourceExhausted desc = trying to send message larger than max (%d vs. %d)", txn, etcdClientMaxSend)
+		return Reject(&metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Message: msg},
+			"storage refuses: "+what+": over the apiserver's etcd client's 2 MiB gRPC message limit (even without managedFields)")
+	case txn > limit+raftOverhead:
+		return Reject(&metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Message: "etcdserver: request is too large"},
+			"storage refuses: "+what+": etcd refuses a request that large (even without managedFields)")
+	case txn > limit-raftOverhead:
+		return Unknown(what + ": within a few bytes of etcd's limit, too close to call")
+	}
+	return Pass(pass + "; " + what)
+}
+
+// storedTxnSize is the size of the etcd transaction that would store obj
+// under etcdKey (the etcd3 store's OptimisticPut), and of the value.
+func storedTxnSize(ctx context.Context, s *snapshotStorage, obj runtime.Object, etcdKey string, modRev int64, update bool) (txn, stored int, err error) {
+	obj = obj.DeepCopyObject()
+	if err := (storageVersioner{}).prepare(obj); err != nil {
+		return 0, 0, err
+	}
+	data, err := runtime.Encode(s.config.Codec, obj)
+	if err != nil {
+		return 0, 0, fmt.Errorf("encoding for storage: %w", err)
+	}
+	if s.access != nil {
+		if t, ok := s.access.transformers[s.gr]; ok {
+			if data, err = t.TransformToStorage(ctx, data, value.DefaultContext(etcdKey)); err != nil {
+				return 0, 0, fmt.Errorf("encrypting as the apiserver would: %w", err)
+			}
+		}
+	}
+	r := &etcdserverpb.TxnRequest{
+		Compare: []*etcdserverpb.Compare{{Key: []byte(etcdKey), Target: etcdserverpb.Compare_MOD, Result: etcdserverpb.Compare_EQUAL,
+			TargetUnion: &etcdserverpb.Compare_ModRevision{ModRevision: modRev}}},
+		Success: []*etcdserverpb.RequestOp{{Request: &etcdserverpb.RequestOp_RequestPut{RequestPut: &etcdserverpb.PutRequest{Key: []byte(etcdKey), Value: data}}}},
+	}
+	if update {
+		r.Failure = []*etcdserverpb.RequestOp{{Request: &etcdserverpb.RequestOp_RequestRange{RequestRange: &etcdserverpb.RangeRequest{Key: []byte(etcdKey)}}}}
+	}
+	return proto.Size(r), len(data), nil
+}
+
+// storageVersioner clears what the etcd3 store clears before encoding.
+type storageVersioner struct{}
+
+func (storageVersioner) prepare(obj runtime.Object) error {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return err
+	}
+	m.SetResourceVersion("")
+	m.SetSelfLink("")
+	return nil
+}
+
+func trimSlashes(s string) string {
+	for len(s) > 0 && s[0] == '/' {
+		s = s[1:]
+	}
+	for len(s) > 0 && s[len(s)-1] == '/' {
+		s = s[:len(s)-1]
+	}
+	return s
+}
