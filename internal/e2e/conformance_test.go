@@ -87,8 +87,14 @@ func TestAuthConformance(t *testing.T) {
 // the number of cases.
 func runCorpus(t *testing.T, dir, idPrefix string, check func(*testing.T, corpusCase, *record.Record)) int {
 	t.Helper()
+	return runCorpusWith(t, dir, idPrefix, kproxyOptions{}, check)
+}
+
+// runCorpusWith is runCorpus with a kproxy configured by o.
+func runCorpusWith(t *testing.T, dir, idPrefix string, o kproxyOptions, check func(*testing.T, corpusCase, *record.Record)) int {
+	t.Helper()
 	corpus := loadCorpus(t, dir)
-	f, recs, r := corpusHarness(t)
+	f, recs, r := corpusHarness(t, o)
 	got := map[string]*record.Record{}
 	next := func(id string) *record.Record {
 		// A write's record waits for its replay, webhooks included.
@@ -154,13 +160,14 @@ func runCorpus(t *testing.T, dir, idPrefix string, check func(*testing.T, corpus
 
 // corpusHarness sets up the corpus fixtures and a kproxy in front of the
 // cluster whose records the test reads.
-func corpusHarness(t *testing.T) (*fixtures, <-chan *record.Record, route) {
+func corpusHarness(t *testing.T, o kproxyOptions) (*fixtures, <-chan *record.Record, route) {
 	t.Helper()
 	f := setupFixtures(t)
 	stream := record.NewStream()
 	recs, _, cancel := stream.Subscribe(4096)
 	t.Cleanup(cancel)
-	k := startKproxy(t, kproxyOptions{stream: stream})
+	o.stream = stream
+	k := startKproxy(t, o)
 	return f, recs, reverseRoute(k)
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -178,6 +179,9 @@ type kproxyOptions struct {
 	capture   string
 	telemetry telemetry.Options
 	stream    *record.Stream
+	// noEtcd hands kproxy the apiserver's flags without its etcd access
+	// (as in front of a managed cluster): storage is the apiserver's view.
+	noEtcd bool
 }
 
 type kproxy struct {
@@ -198,7 +202,11 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	}
 	// kproxy gets the apiserver's own command line, as an operator would
 	// hand it over.
-	apiserver, _, err := stages.APIServerOptionsFromArgs(cluster.APIServerFlags)
+	args := cluster.APIServerFlags
+	if o.noEtcd {
+		args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return strings.HasPrefix(a, "--etcd-servers") })
+	}
+	apiserver, _, err := stages.APIServerOptionsFromArgs(args)
 	if err != nil {
 		t.Fatal(err)
 	}

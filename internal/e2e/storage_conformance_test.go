@@ -50,3 +50,14 @@ func compactEtcd(t *testing.T) {
 		t.Fatalf("compact etcd at %d: %v", resp.Header.Revision, err)
 	}
 }
+
+// TestStorageApiserverView runs a few storage cases through a kproxy that
+// cannot read etcd: reads and writes are predicted from the apiserver's
+// view, and what needs etcd's revisions is said unknown.
+func TestStorageApiserverView(t *testing.T) {
+	dir := "../../testdata/conformance/storage"
+	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "crds.yaml"))
+	applyManifest(t, "wait", "--for=condition=Established", "--timeout=60s", "crd/gadgets.storage.kproxy.test")
+	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "objects.yaml"))
+	runCorpusWith(t, "../../testdata/conformance/storage-apiserver-view", "sto-view", kproxyOptions{noEtcd: true}, checkWritePrediction)
+}

@@ -172,13 +172,13 @@ func (kv etcdKV) String() string {
 		return fmt.Sprintf("etcd %s: absent at revision %d (read in %v)", kv.Key, kv.Revision, kv.Latency.Round(10*time.Microsecond))
 	}
 	enc := string(kv.Encoding)
+	if enc == "" {
+		enc = "encoding unknown" // encrypted with a key kproxy was not given
+	}
 	if kv.Encryption != "" {
 		enc += ", encrypted (" + kv.Encryption + ")"
 	} else {
 		enc += ", not encrypted"
-	}
-	if enc == ", not encrypted" || strings.HasPrefix(enc, ", encrypted") {
-		enc = "encoding unknown" + enc // encrypted with a key kproxy was not given
 	}
 	lease := ""
 	if kv.Lease != 0 {

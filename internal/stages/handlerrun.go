@@ -154,6 +154,7 @@ type storageRead struct {
 	// read through the apiserver), and the raw etcd key (or, for a list,
 	// the number of keys under the prefix).
 	List       bool
+	BeforeRead bool // refused before reading (the options)
 	Options    string
 	FromEtcd   bool
 	Etcd       *etcdKV
@@ -451,14 +452,27 @@ func (recorder) CloseNotify() <-chan bool { return make(chan bool) }
 // its size, and the replay must not read a big collection a second
 // time. A resourceVersion with a limit means an exact read (the legacy
 // rule), so a list that named one without a limit gets NotOlderThan
-// said explicitly. Lists that page already, and watches, are left as
-// they are. It returns what it changed, or "".
+// said explicitly; a list that pages already keeps its semantics with a
+// page of one. Watches are left as they are. It returns what it
+// changed, or "".
 func narrowList(info *apirequest.RequestInfo, q url.Values) string {
-	if info.Verb != "list" || q.Get("limit") != "" || q.Get("continue") != "" || q.Get("resourceVersionMatch") != "" {
+	if info.Verb != "list" {
 		return ""
 	}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.ParseInt(l, 10, 64)
+		switch {
+		case err != nil || n < 0 || len(q["limit"]) > 1:
+			return "" // the handler judges it as given
+		case n > 1:
+			q.Set("limit", "1")
+			return "limit=1 instead of " + l
+		case n == 1:
+			return ""
+		}
+	}
 	what := "limit=1"
-	if rv := q.Get("resourceVersion"); rv != "" && rv != "0" {
+	if rv := q.Get("resourceVersion"); rv != "" && rv != "0" && q.Get("resourceVersionMatch") == "" && q.Get("continue") == "" {
 		q.Set("resourceVersionMatch", string(metav1.ResourceVersionMatchNotOlderThan))
 		what += ", resourceVersionMatch=NotOlderThan"
 	}

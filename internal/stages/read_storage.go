@@ -32,7 +32,7 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key stri
 		// A get naming a resourceVersion goes to the watch cache, which
 		// parses it first (a plain error, so 500), unlike the etcd3 store.
 		if _, err := (storage.APIObjectVersioner{}).ParseResourceVersion(opts.ResourceVersion); err != nil {
-			read.Refused = err
+			read.Refused, read.BeforeRead = err, true
 			return err
 		}
 	}
@@ -70,7 +70,7 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key stri
 }
 
 // needsEtcd says what kproxy lacks to predict a read's storage outcome.
-const needsEtcd = "kproxy predicts resourceVersion semantics only by reading the apiserver's etcd (give it --etcd-servers and the etcd TLS flags, as the apiserver has them)"
+const needsEtcd = "kproxy predicts resourceVersion semantics only by reading etcd: it needs the apiserver's etcd (give it --etcd-servers and the etcd TLS flags, as the apiserver has them)"
 
 func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key string, opts storage.ListOptions, listObj runtime.Object) error {
 	run.enter(phaseStorage)

@@ -8,6 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/storage"
 )
 
 // storage reports the storage part of the handler's run. For a write:
@@ -171,6 +172,8 @@ func describeRead(r storageRead) string {
 	}
 	what += " with " + r.Options
 	switch {
+	case r.Refused != nil && storage.IsNotFound(r.Refused):
+		what += ": not found"
 	case r.Refused != nil:
 		what += ": " + r.Refused.Error()
 	case r.List:
@@ -178,15 +181,18 @@ func describeRead(r storageRead) string {
 	default:
 		what += fmt.Sprintf(": found at resourceVersion %s", r.ResourceVersion)
 	}
-	if r.FromEtcd {
+	switch {
+	case r.BeforeRead:
+		what += " (the watch cache parses a get's resourceVersion before reading anything)"
+	case r.FromEtcd:
 		what += fmt.Sprintf(" (the apiserver's etcd3 store, on etcd, in %v)", r.Duration.Round(10*time.Microsecond))
 		if r.Etcd != nil {
 			what += "; " + r.Etcd.String()
 		}
 		if r.EtcdPrefix != "" && r.EtcdRev != 0 {
-			what += fmt.Sprintf("; etcd holds %d keys under %s at revision %d", r.EtcdCount, r.EtcdPrefix, r.EtcdRev)
+			what += fmt.Sprintf("; etcd holds %d key(s) under %s at revision %d", r.EtcdCount, r.EtcdPrefix, r.EtcdRev)
 		}
-	} else {
+	default:
 		what += fmt.Sprintf(" (through the apiserver in %v: kproxy was not given --etcd-servers, so this is the apiserver's view)", r.Duration.Round(10*time.Microsecond))
 	}
 	return what
