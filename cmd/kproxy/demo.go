@@ -205,11 +205,19 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 			predictedString(r.Predicted), actualString(r.Actual), time.Duration(r.Latency.TotalNs).Round(10*time.Microsecond))
 	}
 	tw.Flush()
-	// The explanation of each write the replay predicts refused, from
-	// the stage that decides it.
+	// The explanation of each refusal past authorization, from the stage
+	// that decides it, and what storage saw of the Secret.
 	for i := range samples {
 		r := got[fmt.Sprintf("demo-%02d", i)]
-		if r.Request.Method == http.MethodGet || r.Predicted.Stage == "" || r.Predicted.Stage == record.StageUnknown {
+		if samples[i].showStorage {
+			for _, st := range r.Stages {
+				if st.Name == "storage" {
+					fmt.Fprintf(out, "\n%q: storage says:\n  %s\n", samples[i].what, st.Explanation)
+				}
+			}
+		}
+		switch r.Predicted.Stage {
+		case "", record.StageUnknown, "authentication", "impersonation", "flowcontrol", "authorization":
 			continue
 		}
 		for _, st := range r.Stages {
@@ -225,10 +233,10 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	}
 	fmt.Fprintf(out, `
 kproxy replays every request with the apiserver's own code: authentication,
-impersonation, flowcontrol and authorization, and for writes decode,
-admission (each plugin), validation and the storage preconditions, in dry
-run. Reads past authorization are predicted "unknown" until the storage
-stage models them. Every request above went through kproxy, and each
+impersonation, flowcontrol and authorization; for writes decode, admission
+(each plugin), validation and the storage preconditions, in dry run; for
+reads the apiserver's etcd3 store on its etcd (resourceVersions, continue
+tokens), read-only. Every request above went through kproxy, and each
 stage's explanation is in the capture:
   capture:    %s
   kubeconfig: %s   (admin through kproxy)
@@ -260,10 +268,12 @@ Try, from another terminal:
 type sample struct {
 	what, method, path, body, token string
 	cert                            *tls.Certificate
+	showStorage                     bool // print what the storage stage saw
 }
 
 func demoSamples(daveCert tls.Certificate) []sample {
 	cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kproxy-demo"},"data":{"hello":"world"}}`
+	staleCM := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kproxy-demo","resourceVersion":"1"},"data":{"hello":"again"}}`
 	badPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[]}}`
 	rootPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"root"},"spec":{"containers":[{"name":"c","image":"busybox"}]}}`
 	return []sample{
@@ -276,6 +286,9 @@ func demoSamples(daveCert tls.Certificate) []sample {
 		{what: "create configmap", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: localcluster.TokenOf("admin")},
 		{what: "create it again", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: localcluster.TokenOf("admin")},
 		{what: "get missing", method: "GET", path: "/api/v1/namespaces/default/configmaps/nope", token: localcluster.TokenOf("admin")},
+		{what: "read the Secret", method: "GET", path: "/api/v1/namespaces/default/secrets/demo-db", token: localcluster.TokenOf("admin"), showStorage: true},
+		{what: "stale update", method: "PUT", path: "/api/v1/namespaces/default/configmaps/kproxy-demo", body: staleCM, token: localcluster.TokenOf("admin")},
+		{what: "bad continue token", method: "GET", path: "/api/v1/namespaces/default/configmaps?limit=1&continue=bm90LWEtdG9rZW4", token: localcluster.TokenOf("admin")},
 		{what: "invalid pod", method: "POST", path: "/api/v1/namespaces/default/pods", body: badPod, token: localcluster.TokenOf("admin")},
 		{what: "pod vs PodSecurity", method: "POST", path: "/api/v1/namespaces/restricted/pods", body: rootPod, token: localcluster.TokenOf("admin")},
 		{what: "configmap, no namespace", method: "POST", path: "/api/v1/namespaces/nowhere/configmaps", body: cm, token: localcluster.TokenOf("admin")},

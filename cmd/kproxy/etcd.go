@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"k8s.io/client-go/transport"
 	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/decode"
@@ -82,21 +80,9 @@ func (o *etcdOptions) client() (*clientv3.Client, error) {
 			return nil, fmt.Errorf("--apiserver-manifest=%s: %w", o.manifest, err)
 		}
 	}
-	a := o.apiserver
-	if len(a.EtcdServers) == 0 {
-		return nil, fmt.Errorf("no etcd to read: give --etcd-servers (and --etcd-cafile, --etcd-certfile, --etcd-keyfile) as the apiserver has them, or --apiserver-manifest")
-	}
-	var tlsCfg *tls.Config
-	if a.EtcdCAFile != "" || a.EtcdCertFile != "" {
-		var err error
-		tlsCfg, err = transport.TLSConfigFor(&transport.Config{TLS: transport.TLSConfig{CAFile: a.EtcdCAFile, CertFile: a.EtcdCertFile, KeyFile: a.EtcdKeyFile}})
-		if err != nil {
-			return nil, fmt.Errorf("etcd TLS (--etcd-cafile, --etcd-certfile, --etcd-keyfile): %w", err)
-		}
-	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: a.EtcdServers, TLS: tlsCfg, DialTimeout: 10 * time.Second})
+	c, err := stages.NewEtcdClient(o.apiserver)
 	if err != nil {
-		return nil, fmt.Errorf("etcd %v: %w", a.EtcdServers, err)
+		return nil, fmt.Errorf("%w, or --apiserver-manifest", err)
 	}
 	return c, nil
 }

@@ -71,14 +71,16 @@ func TestTracing(t *testing.T) {
 			}
 			k.stop() // flushes spans
 			wspans := jaegerSpans(t, j.QueryURL, wrec.TraceID)
-			for _, w := range append([]string{"admission NamespaceLifecycle", "admission ResourceQuota", "admission ValidatingAdmissionPolicy"}, contractStages...) {
+			// The storage stage reads the written key straight from etcd.
+			for _, w := range append([]string{"admission NamespaceLifecycle", "admission ResourceQuota", "admission ValidatingAdmissionPolicy", "etcd get"}, contractStages...) {
 				if !slices.Contains(wspans, w) {
 					t.Errorf("write trace %s lacks span %q; has %v", wrec.TraceID, w, wspans)
 				}
 			}
 			spans := jaegerSpans(t, j.QueryURL, rec.TraceID)
 			want := append([]string{"list configmaps", "replay", "upstream", "authenticator token-file",
-				"authorizer kubernetes.io/system-privileged-group", "authorizer node", "authorizer rbac"}, contractStages...)
+				"authorizer kubernetes.io/system-privileged-group", "authorizer node", "authorizer rbac",
+				"etcd3 store list" /* the read, through the apiserver's etcd3 store, with its etcd latency */}, contractStages...)
 			for _, w := range want {
 				if !slices.Contains(spans, w) {
 					t.Errorf("trace %s lacks span %q; has %v", rec.TraceID, w, spans)
