@@ -43,10 +43,28 @@
 // storage.Interface underneath that only reads the cluster (through the
 // apiserver, as the object was before the request's own write). Every write
 // is replayed in dry run; a decorator on each admission plugin and marks
-// around the chain's two phases record what happened (writerun.go), and the
-// five stages then report their part of that one run, each with the times
-// the work really took. Where dry run changes what upstream checks
+// around the chain's two phases record what happened (handlerrun.go), and
+// the five stages then report their part of that one run, each with the
+// times the work really took. Where dry run changes what upstream checks
 // (explicit cluster IPs and node ports), the replay says unknown.
+//
+// # Reads and etcd
+//
+// A get, list or watch runs through the same handler (decode reports its
+// query options, storage the read). Under it, when kproxy has the
+// apiserver's etcd flags, each resource's storage is the apiserver's own
+// etcd3 store on the real etcd, wrapped read-only (etcd_access.go): its
+// code decides NotFound, resourceVersions too large, continue tokens, as
+// it does in the apiserver. What the apiserver's watch cache decides
+// differently is handled where it matters (it parses a get's
+// resourceVersion first; it may still serve a list at a compacted
+// revision from a snapshot, which no outside reader can know: unknown).
+// Lists are narrowed to one item with the same semantics, so the replay
+// never reads a large collection again. Without etcd access the replay
+// reads the latest state through the apiserver and says so. The storage
+// stage also inspects the request's etcd key directly (revisions,
+// encoding, encryption, latency as a span) and sizes a write's value as
+// the etcd3 store would encode and encrypt it, against etcd's limits.
 //
 // # Collaborators
 //
