@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -57,9 +58,22 @@ func NewEtcdClient(o *APIServerOptions) (*clientv3.Client, error) {
 	return c, nil
 }
 
+// loadTransformers builds the apiserver's encryption-at-rest transformers
+// from its --encryption-provider-config (nil without one).
+func loadTransformers(ctx context.Context, o *APIServerOptions) (map[schema.GroupResource]value.Transformer, error) {
+	if o.EncryptionProviderConfig == "" {
+		return nil, nil
+	}
+	cfg, err := encryptionconfig.LoadEncryptionConfig(ctx, o.EncryptionProviderConfig, false, replayServerID)
+	if err != nil {
+		return nil, fmt.Errorf("--encryption-provider-config %s: %w", o.EncryptionProviderConfig, err)
+	}
+	return cfg.Transformers, nil
+}
+
 // newEtcdAccess is nil without --etcd-servers: the replay then reads
 // through the apiserver and says so.
-func newEtcdAccess(ctx context.Context, o *APIServerOptions) (*etcdAccess, error) {
+func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[schema.GroupResource]value.Transformer) (*etcdAccess, error) {
 	if len(o.EtcdServers) == 0 {
 		return nil, nil
 	}
@@ -67,16 +81,8 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions) (*etcdAccess, error
 	if err != nil {
 		return nil, err
 	}
-	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix,
+	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers,
 		transport: storagebackend.TransportConfig{ServerList: o.EtcdServers, TrustedCAFile: o.EtcdCAFile, CertFile: o.EtcdCertFile, KeyFile: o.EtcdKeyFile}}
-	if o.EncryptionProviderConfig != "" {
-		cfg, err := encryptionconfig.LoadEncryptionConfig(ctx, o.EncryptionProviderConfig, false, replayServerID)
-		if err != nil {
-			raw.Close()
-			return nil, fmt.Errorf("--encryption-provider-config %s: %w", o.EncryptionProviderConfig, err)
-		}
-		a.transformers = cfg.Transformers
-	}
 	go func() { <-ctx.Done(); raw.Close() }()
 	return a, nil
 }
@@ -114,6 +120,7 @@ type etcdKV struct {
 	Lease          int64
 	Size           int
 	Encoding       kdecode.Format // of the stored payload (after decryption)
+	StoredAs       string         // the stored object's apiVersion and kind (the storage version)
 	Encryption     string         // "k8s:enc:aesgcm:v1:key1:" or ""
 	Latency        time.Duration
 	Err            error
@@ -144,11 +151,13 @@ func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV 
 		for _, t := range a.transformers {
 			if out, _, err := t.TransformFromStorage(ctx, v.Value, value.DefaultContext(key)); err == nil && !bytes.HasPrefix(out, []byte("k8s:enc:")) {
 				kv.Encoding, _ = kdecode.Detect(out)
+				kv.StoredAs = storedKind(out)
 				break
 			}
 		}
 	} else {
 		kv.Encoding, _ = kdecode.Detect(v.Value)
+		kv.StoredAs = storedKind(v.Value)
 	}
 	return kv
 }
@@ -175,6 +184,9 @@ func (kv etcdKV) String() string {
 	if enc == "" {
 		enc = "encoding unknown" // encrypted with a key kproxy was not given
 	}
+	if kv.StoredAs != "" {
+		enc += " (" + kv.StoredAs + ")"
+	}
 	if kv.Encryption != "" {
 		enc += ", encrypted (" + kv.Encryption + ")"
 	} else {
@@ -186,6 +198,28 @@ func (kv etcdKV) String() string {
 	}
 	return fmt.Sprintf("etcd %s: createRevision %d, modRevision %d, version %d%s, %d bytes, %s (revision %d, read in %v)",
 		kv.Key, kv.CreateRevision, kv.ModRevision, kv.Version, lease, kv.Size, enc, kv.Revision, kv.Latency.Round(10*time.Microsecond))
+}
+
+// storedKind reads the apiVersion and kind a stored value carries: the
+// protobuf envelope's TypeMeta, or a JSON object's.
+func storedKind(b []byte) string {
+	var tm runtime.TypeMeta
+	switch {
+	case bytes.HasPrefix(b, []byte("k8s\x00")):
+		var u runtime.Unknown
+		if u.Unmarshal(b[4:]) != nil {
+			return ""
+		}
+		tm = u.TypeMeta
+	case len(b) > 0 && b[0] == '{':
+		if json.Unmarshal(b, &tm) != nil {
+			return ""
+		}
+	}
+	if tm.Kind == "" {
+		return ""
+	}
+	return tm.APIVersion + " " + tm.Kind
 }
 
 // encryptionPrefix is a value's "k8s:enc:<provider>:<version>:<key>:".

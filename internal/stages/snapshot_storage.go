@@ -23,6 +23,7 @@ import (
 	"k8s.io/apiserver/pkg/storage"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
+	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -41,8 +42,9 @@ type snapshotOptions struct {
 	// requests through the apiserver's own etcd3 store.
 	etcd *etcdAccess
 	// stores is shared by the replay's servers (kube, apiextensions,
-	// custom resources).
-	stores *storeRegistry
+	// custom resources); transformers encrypt at rest as the apiserver's.
+	stores       *storeRegistry
+	transformers map[schema.GroupResource]value.Transformer
 }
 
 // storeRegistry holds the storage under each resource's registry store.
@@ -85,7 +87,7 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, _ func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, _ storage.AttrFunc, _ storage.IndexerFuncs, _ *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
 		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder,
-			config: *config, access: o.etcd}
+			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource]}
 		if o.etcd != nil {
 			cfg := *config
 			s.etcd = &lazyStore{open: func() (storage.Interface, error) { return o.etcd.store(cfg, newFunc, newListFunc, resourcePrefix) }}
@@ -131,9 +133,10 @@ type snapshotStorage struct {
 	// config is the apiserver's storage config for the resource (codec,
 	// storage version); etcd its etcd3 store, read-only, when kproxy can
 	// read etcd.
-	config storagebackend.ConfigForResource
-	access *etcdAccess
-	etcd   *lazyStore
+	config      storagebackend.ConfigForResource
+	transformer value.Transformer // nil: stored as is
+	access      *etcdAccess
+	etcd        *lazyStore
 }
 
 var errReplayWrite = errors.New("the kproxy replay never writes to the cluster")

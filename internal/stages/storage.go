@@ -61,7 +61,7 @@ func (st storageStage) Run(ctx context.Context, req *Request) Result {
 	if !reached {
 		start, end = run.end, run.end
 	}
-	etcd, spans := st.inspectWrite(ctx, req, run)
+	etcd, spans, current := st.inspectWrite(ctx, req, run)
 	var res Result
 	switch {
 	case run.decided == "storage":
@@ -69,7 +69,7 @@ func (st storageStage) Run(ctx context.Context, req *Request) Result {
 	case run.decided != "":
 		res = Skip(notReached(run))
 	default:
-		res = st.sizeCheck(ctx, req, run, "dry run: the registry accepts the write"+explainReads(reads)+etcd)
+		res = st.sizeCheck(ctx, req, run, "dry run: the registry accepts the write"+explainReads(reads)+etcd, current)
 	}
 	res.Began, res.Ended, res.Spans = start, end, spans
 	return res
@@ -85,13 +85,13 @@ func explainReads(reads []string) string {
 // inspectWrite reads the written object's etcd key directly, as it was
 // when the request arrived (the revision the replay read it at), when
 // kproxy can read etcd.
-func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *handlerRun) (string, []childSpan) {
+func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *handlerRun) (string, []childSpan, *etcdKV) {
 	w := st.m.write
 	if w == nil || w.etcd == nil {
-		return "; etcd not read (kproxy was not given --etcd-servers): the apiserver's view", nil
+		return "; etcd not read (kproxy was not given --etcd-servers): the apiserver's view", nil, nil
 	}
 	if len(run.reads) == 0 {
-		return "", nil
+		return "", nil, nil
 	}
 	r := run.reads[len(run.reads)-1]
 	var rev int64
@@ -104,7 +104,7 @@ func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *hand
 	if kv.Found && run.bodyRV != "" && fmt.Sprint(kv.ModRevision) != run.bodyRV {
 		out += fmt.Sprintf("; the request names resourceVersion %s, etcd's modRevision is %d", run.bodyRV, kv.ModRevision)
 	}
-	return out, []childSpan{etcdSpan("etcd get", kv, start)}
+	return out, []childSpan{etcdSpan("etcd get", kv, start)}, &kv
 }
 
 func etcdSpan(name string, kv etcdKV, start time.Time) childSpan {

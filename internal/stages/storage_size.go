@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -33,7 +34,7 @@ const raftOverhead = 32
 // sizeCheck encodes the object the write would store as the apiserver
 // does (storage codec and version, encryption at rest) and compares the
 // etcd transaction with etcd's limits.
-func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handlerRun, pass string) Result {
+func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handlerRun, pass string, current *etcdKV) Result {
 	w := st.m.write
 	if len(run.object) == 0 || (run.verb != "create" && run.verb != "update" && run.verb != "patch") || len(run.reads) == 0 {
 		return Pass(pass)
@@ -52,7 +53,7 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handler
 		return Pass(pass + "; the stored size is not computed (the replay's answer did not decode)")
 	}
 	etcdKey := "/" + trimSlashes(st.m.opts.EtcdPrefix) + key.Key
-	txn, stored, err := storedTxnSize(ctx, s, d.Object, etcdKey, modRev, key.Found)
+	txn, stored, prefix, err := storedTxnSize(ctx, s, d.Object, etcdKey, modRev, key.Found)
 	if err != nil {
 		return Pass(pass + "; the stored size is not computed: " + err.Error())
 	}
@@ -62,12 +63,25 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handler
 		obj := d.Object.DeepCopyObject()
 		if m, err := meta.Accessor(obj); err == nil && len(m.GetManagedFields()) > 0 {
 			m.SetManagedFields(nil)
-			if txn, stored, err = storedTxnSize(ctx, s, obj, etcdKey, modRev, key.Found); err != nil {
+			if txn, stored, prefix, err = storedTxnSize(ctx, s, obj, etcdKey, modRev, key.Found); err != nil {
 				return Pass(pass + "; the stored size is not computed: " + err.Error())
 			}
 		}
 	}
 	what := fmt.Sprintf("the stored value is %d bytes (storage encoding and encryption as the apiserver's), the etcd transaction %d bytes, etcd's --max-request-bytes %d", stored, txn, limit)
+	switch {
+	case prefix != "":
+		what += "; the write encrypts as " + prefix
+		if current != nil && current.Found && current.Encryption != prefix {
+			was := current.Encryption
+			if was == "" {
+				was = "not encrypted"
+			}
+			what += " (the stored value is " + was + ": writing re-encrypts it with the configuration's first provider)"
+		}
+	case st.m.opts.EncryptionProviderConfig == "":
+		what += "; not encrypted (kproxy was not given an --encryption-provider-config; an apiserver without one stores values as they are)"
+	}
 	if run.dryRun {
 		// Nothing reaches etcd in dry run: say what a real write would meet.
 		verdict := "it would fit"
@@ -97,20 +111,21 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handler
 
 // storedTxnSize is the size of the etcd transaction that would store obj
 // under etcdKey (the etcd3 store's OptimisticPut), and of the value.
-func storedTxnSize(ctx context.Context, s *snapshotStorage, obj runtime.Object, etcdKey string, modRev int64, update bool) (txn, stored int, err error) {
+func storedTxnSize(ctx context.Context, s *snapshotStorage, obj runtime.Object, etcdKey string, modRev int64, update bool) (txn, stored int, prefix string, err error) {
 	obj = obj.DeepCopyObject()
 	if err := (storageVersioner{}).prepare(obj); err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
 	data, err := runtime.Encode(s.config.Codec, obj)
 	if err != nil {
-		return 0, 0, fmt.Errorf("encoding for storage: %w", err)
+		return 0, 0, "", fmt.Errorf("encoding for storage: %w", err)
 	}
-	if s.access != nil {
-		if t, ok := s.access.transformers[s.gr]; ok {
-			if data, err = t.TransformToStorage(ctx, data, value.DefaultContext(etcdKey)); err != nil {
-				return 0, 0, fmt.Errorf("encrypting as the apiserver would: %w", err)
-			}
+	if t := s.transformer; t != nil {
+		if data, err = t.TransformToStorage(ctx, data, value.DefaultContext(etcdKey)); err != nil {
+			return 0, 0, "", fmt.Errorf("encrypting as the apiserver would: %w", err)
+		}
+		if bytes.HasPrefix(data, []byte("k8s:enc:")) {
+			prefix = encryptionPrefix(data)
 		}
 	}
 	r := &etcdserverpb.TxnRequest{
@@ -121,7 +136,7 @@ func storedTxnSize(ctx context.Context, s *snapshotStorage, obj runtime.Object, 
 	if update {
 		r.Failure = []*etcdserverpb.RequestOp{{Request: &etcdserverpb.RequestOp_RequestRange{RequestRange: &etcdserverpb.RangeRequest{Key: []byte(etcdKey)}}}}
 	}
-	return proto.Size(r), len(data), nil
+	return proto.Size(r), len(data), prefix, nil
 }
 
 // storageVersioner clears what the etcd3 store clears before encoding.

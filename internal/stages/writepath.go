@@ -141,14 +141,18 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, fmt.Errorf("storage factory: %w", err)
 	}
-	access, err := newEtcdAccess(ctx, o)
+	transformers, err := loadTransformers(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	access, err := newEtcdAccess(ctx, o, transformers)
 	if err != nil {
 		return nil, err
 	}
 	snapshots := &snapshotOptions{
 		inner: &genericoptions.StorageFactoryRestOptionsFactory{Options: *etcd, StorageFactory: sf},
 		state: s, resources: gc.MergedResourceConfig, scheme: legacyscheme.Scheme, decoder: legacyscheme.Codecs.UniversalDecoder(),
-		etcd: access, stores: &storeRegistry{},
+		etcd: access, stores: &storeRegistry{}, transformers: transformers,
 	}
 	gc.RESTOptionsGetter = snapshots
 
@@ -268,11 +272,12 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 	gc.MergedResourceConfig = apiextensionsapiserver.DefaultAPIResourceConfigSource()
 	s := kube.state
 	gc.RESTOptionsGetter = &snapshotOptions{inner: gc.RESTOptionsGetter, state: s, resources: gc.MergedResourceConfig,
-		scheme: apiextensionsapiserver.Scheme, decoder: apiextensionsapiserver.Codecs.UniversalDecoder(), etcd: kube.etcd, stores: kube.stores}
+		scheme: apiextensionsapiserver.Scheme, decoder: apiextensionsapiserver.Codecs.UniversalDecoder(), etcd: kube.etcd, stores: kube.stores,
+		transformers: kube.transformers}
 	cfg := &apiextensionsapiserver.Config{
 		GenericConfig: &genericapiserver.RecommendedConfig{Config: gc, SharedInformerFactory: s.Informers},
 		ExtraConfig: apiextensionsapiserver.ExtraConfig{
-			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s, etcd: kube.etcd, stores: kube.stores},
+			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s, etcd: kube.etcd, stores: kube.stores, transformers: kube.transformers},
 			MasterCount:          1,
 			AuthResolverWrapper:  authWrapper,
 			ServiceResolver:      svcResolver,

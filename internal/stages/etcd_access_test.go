@@ -1,0 +1,55 @@
+package stages
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
+	_ "k8s.io/kubernetes/pkg/apis/core/install"
+)
+
+func TestStoredKind(t *testing.T) {
+	info, ok := runtime.SerializerInfoForMediaType(legacyscheme.Codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+	if !ok {
+		t.Fatal("no protobuf serializer")
+	}
+	pb, err := runtime.Encode(legacyscheme.Codecs.EncoderForVersion(info.Serializer, corev1.SchemeGroupVersion),
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		value []byte
+		want  string
+	}{
+		{"protobuf envelope", pb, "v1 ConfigMap"},
+		{"JSON custom resource", []byte(`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w"}}`), "example.com/v1 Widget"},
+		{"JSON without a kind", []byte(`{"metadata":{}}`), ""},
+		{"truncated protobuf", pb[:6], ""},
+		{"encrypted", []byte("k8s:enc:aescbc:v1:key1:xxxx"), ""},
+		{"empty", nil, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := storedKind(c.value); got != c.want {
+				t.Errorf("storedKind = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestEncryptionPrefix(t *testing.T) {
+	cases := []struct{ value, want string }{
+		{"k8s:enc:aescbc:v1:key1:\x00\x01ciphertext", "k8s:enc:aescbc:v1:key1:"},
+		{"k8s:enc:kms:v2:vault:\x0a\x0bproto", "k8s:enc:kms:v2:vault:"},
+		{"k8s:enc:truncated", "k8s:enc:"},
+	}
+	for _, c := range cases {
+		if got := encryptionPrefix([]byte(c.value)); got != c.want {
+			t.Errorf("encryptionPrefix(%q) = %q, want %q", c.value, got, c.want)
+		}
+	}
+}
