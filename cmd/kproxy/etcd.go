@@ -108,6 +108,7 @@ type entry struct {
 	Lease          int64                  `json:"lease,omitempty"`
 	Size           int                    `json:"size"`
 	Encoding       string                 `json:"encoding"`
+	StorageVersion string                 `json:"storageVersion,omitempty"` // the stored object's apiVersion and kind
 	Encryption     *decode.EncryptionInfo `json:"encryption,omitempty"`
 	Decrypted      bool                   `json:"decrypted,omitempty"`
 	Object         json.RawMessage        `json:"object,omitempty"`
@@ -189,6 +190,9 @@ func (o *etcdOptions) describe(ctx context.Context, e *entry, v []byte) {
 			return
 		}
 		e.Decrypted, e.Encoding = true, string(d.Format)
+	}
+	if d.GVK.Kind != "" {
+		e.StorageVersion = d.GVK.GroupVersion().String() + " " + d.GVK.Kind
 	}
 	j, err := d.JSON()
 	if err != nil {

@@ -132,6 +132,7 @@ func TestEtcdCommand(t *testing.T) {
 		Key        string                 `json:"key"`
 		ModRev     int64                  `json:"modRevision"`
 		Encoding   string                 `json:"encoding"`
+		Stored     string                 `json:"storageVersion"`
 		Encryption *decode.EncryptionInfo `json:"encryption"`
 		Decrypted  bool                   `json:"decrypted"`
 		Object     corev1.Secret          `json:"object"`
@@ -141,12 +142,17 @@ func TestEtcdCommand(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 	if e.Key != "/registry/secrets/"+testNS+"/etcd-cmd" || !e.Decrypted || e.Encryption == nil || e.Encryption.Provider != "aescbc" ||
-		e.Encoding != "protobuf" || string(e.Object.Data["token"]) != "s3cr3t" {
+		e.Encoding != "protobuf" || e.Stored != "v1 Secret" || string(e.Object.Data["token"]) != "s3cr3t" {
 		t.Errorf("kproxy etcd get: %s", out)
 	}
 	// The same key given as a key; the keys of special prefixes.
 	if got := run("get", "/registry/secrets/"+testNS+"/etcd-cmd"); !strings.Contains(got, "decrypted: true") {
 		t.Errorf("kproxy etcd get KEY: %s", got)
+	}
+	// A missing key says which key, worked out with the storage factory.
+	if out, err := exec.Command(bin, "etcd", "get", "deployments.apps", "-n", "default", "nothing-here", "--apiserver-manifest", manifest).CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "etcd has no key /registry/deployments/default/nothing-here") {
+		t.Errorf("kproxy etcd get of a missing key: %v\n%s", err, out)
 	}
 	if got := run("get", "services", "-n", "default", "kubernetes"); !strings.Contains(got, "key: /registry/services/specs/default/kubernetes") {
 		t.Errorf("the kubernetes Service is not under services/specs: %s", got)
