@@ -182,6 +182,8 @@ type kproxyOptions struct {
 	// noEtcd hands kproxy the apiserver's flags without its etcd access
 	// (as in front of a managed cluster): storage is the apiserver's view.
 	noEtcd bool
+	// etcdServers, when set, replaces the apiserver's --etcd-servers.
+	etcdServers string
 }
 
 type kproxy struct {
@@ -203,8 +205,11 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	// kproxy gets the apiserver's own command line, as an operator would
 	// hand it over.
 	args := cluster.APIServerFlags
-	if o.noEtcd {
+	if o.noEtcd || o.etcdServers != "" {
 		args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return strings.HasPrefix(a, "--etcd-servers") })
+	}
+	if o.etcdServers != "" {
+		args = append(args, "--etcd-servers="+o.etcdServers)
 	}
 	apiserver, _, err := stages.APIServerOptionsFromArgs(args)
 	if err != nil {

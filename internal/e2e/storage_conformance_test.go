@@ -3,10 +3,13 @@ package e2e
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // TestStorageConformance runs every case of testdata/conformance/storage
@@ -59,5 +62,20 @@ func TestStorageApiserverView(t *testing.T) {
 	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "crds.yaml"))
 	applyManifest(t, "wait", "--for=condition=Established", "--timeout=60s", "crd/gadgets.storage.kproxy.test")
 	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "objects.yaml"))
-	runCorpusWith(t, "../../testdata/conformance/storage-apiserver-view", "sto-view", kproxyOptions{noEtcd: true}, checkWritePrediction)
+	t.Run("no etcd flags", func(t *testing.T) {
+		runCorpusWith(t, "../../testdata/conformance/storage-apiserver-view", "sto-view", kproxyOptions{noEtcd: true}, checkWritePrediction)
+	})
+	// The manifest's etcd is out of kproxy's reach (loopback on another
+	// node, say): kproxy finds out at start and says so, never stalls.
+	t.Run("etcd out of reach", func(t *testing.T) {
+		runCorpusWith(t, "../../testdata/conformance/storage-apiserver-view", "sto-unreach", kproxyOptions{etcdServers: "http://127.0.0.1:1"},
+			func(t *testing.T, c corpusCase, rec *record.Record) {
+				checkWritePrediction(t, c, rec)
+				for _, s := range rec.Stages {
+					if s.Name == "storage" && s.Outcome != record.Skip && !strings.Contains(s.Explanation, "is not reachable from kproxy") {
+						t.Errorf("storage does not say why it did not read etcd: %s", s.Explanation)
+					}
+				}
+			})
+	})
 }

@@ -137,6 +137,11 @@ func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, apise
 	if state == nil {
 		return pipeline, nil
 	}
+	if ok, why := pipeline.StorageAccess(); ok {
+		log.Info("the storage stage reads etcd directly (read-only)", "etcd", apiserver.EtcdServers)
+	} else {
+		log.Warn("the storage stage reads through the apiserver: resourceVersion semantics and etcd keys stay unknown", "why", why)
+	}
 	if syncTimeout == 0 {
 		syncTimeout = 60 * time.Second
 	}

@@ -81,11 +81,27 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[sc
 	if err != nil {
 		return nil, err
 	}
+	// The manifest's --etcd-servers is often loopback on the control
+	// plane node, out of kproxy's reach: find out now, not on every read.
+	pctx, cancel := context.WithTimeout(ctx, etcdProbeTimeout)
+	defer cancel()
+	if _, err := raw.Get(pctx, o.EtcdPrefix, clientv3.WithCountOnly()); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v)", o.EtcdServers, err)
+	}
 	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers,
 		transport: storagebackend.TransportConfig{ServerList: o.EtcdServers, TrustedCAFile: o.EtcdCAFile, CertFile: o.EtcdCertFile, KeyFile: o.EtcdKeyFile}}
 	go func() { <-ctx.Done(); raw.Close() }()
 	return a, nil
 }
+
+// etcdProbeTimeout bounds the start-up check of etcd access;
+// etcdReadTimeout one read of the replay, so that an etcd gone away
+// makes a prediction unknown, not late.
+const (
+	etcdProbeTimeout = 5 * time.Second
+	etcdReadTimeout  = 10 * time.Second
+)
 
 // store opens the apiserver's etcd3 store for one resource: its codec,
 // key prefix and encryption, on the real etcd, read-only.
@@ -133,6 +149,8 @@ func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV 
 	if rev > 0 {
 		opts = append(opts, clientv3.WithRev(rev))
 	}
+	ctx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
+	defer cancel()
 	start := time.Now()
 	resp, err := a.raw.Get(ctx, key, opts...)
 	kv.Latency = time.Since(start)
@@ -164,6 +182,8 @@ func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV 
 
 // count counts the keys under a prefix (without reading their values).
 func (a *etcdAccess) count(ctx context.Context, prefix string) (n, rev int64, took time.Duration, err error) {
+	ctx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
+	defer cancel()
 	start := time.Now()
 	resp, err := a.raw.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	took = time.Since(start)

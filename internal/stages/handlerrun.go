@@ -154,7 +154,8 @@ type storageRead struct {
 	// read through the apiserver), and the raw etcd key (or, for a list,
 	// the number of keys under the prefix).
 	List       bool
-	BeforeRead bool // refused before reading (the options)
+	BeforeRead bool   // refused before reading (the options)
+	NoEtcd     string // why etcd was not read
 	Options    string
 	FromEtcd   bool
 	Etcd       *etcdKV

@@ -274,6 +274,18 @@ func (p *Pipeline) WaitReady(ctx context.Context, timeout time.Duration) bool {
 	return true
 }
 
+// StorageAccess says how the storage stage reads: etcd directly (the
+// apiserver's etcd3 store), or the apiserver's view and why.
+func (p *Pipeline) StorageAccess() (etcd bool, why string) {
+	switch {
+	case p.m == nil || p.m.write == nil:
+		return false, "the write path is not built"
+	case p.m.write.etcd != nil:
+		return true, ""
+	}
+	return false, strings.Trim(p.m.write.noEtcd, " ()")
+}
+
 // APFNames resolves the UIDs of the apiserver's X-Kubernetes-PF-* response
 // headers to FlowSchema and PriorityLevelConfiguration names, from the
 // replay's informers; unknown UIDs resolve to "".

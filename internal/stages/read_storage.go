@@ -27,6 +27,7 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key stri
 	run.enter(phaseStorage)
 	read := storageRead{Key: key, Start: time.Now(), Options: rvOption(opts.ResourceVersion, "")}
 	read.Path, _, _, _ = s.apiPath(key, false)
+	read.NoEtcd = s.noEtcd
 	defer func() { run.addRead(read) }()
 	if opts.ResourceVersion != "" {
 		// A get naming a resourceVersion goes to the watch cache, which
@@ -43,14 +44,16 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key stri
 			return err
 		}
 		read.FromEtcd = true
-		err = st.Get(ctx, key, opts, out)
+		ectx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
+		defer cancel()
+		err = st.Get(ectx, key, opts, out)
 		read.Duration = time.Since(read.Start)
 		kv := s.access.inspect(ctx, s.access.key(key), 0)
 		read.Etcd = &kv
 		return settleRead(&read, err, out)
 	}
 	if opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
-		read.Err = errors.New("a get at a resourceVersion is answered from the watch cache, which waits for it: " + needsEtcd)
+		read.Err = errors.New("a get at a resourceVersion is answered from the watch cache, which waits for it: " + needsEtcd + s.noEtcd)
 		return read.Err
 	}
 	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(read.Path).SetHeader("Accept", "application/json").Do(ctx).Raw()
@@ -79,6 +82,7 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 		read.Options += ", continue token"
 	}
 	read.Path, _, _, _ = s.apiPath(key, true)
+	read.NoEtcd = s.noEtcd
 	defer func() { run.addRead(read) }()
 	if s.etcd != nil {
 		st, err := s.etcd.get()
@@ -87,7 +91,9 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 			return err
 		}
 		read.FromEtcd = true
-		err = st.GetList(ctx, key, opts, listObj)
+		ectx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
+		defer cancel()
+		err = st.GetList(ectx, key, opts, listObj)
 		read.Duration = time.Since(read.Start)
 		if apierrors.IsResourceExpired(err) && utilfeature.DefaultFeatureGate.Enabled(features.ListFromCacheSnapshot) {
 			// The apiserver asks its watch cache first: it keeps a snapshot
@@ -103,7 +109,7 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 		return settleRead(&read, err, listObj)
 	}
 	if (opts.ResourceVersion != "" && opts.ResourceVersion != "0") || opts.ResourceVersionMatch != "" || opts.Predicate.Continue != "" {
-		read.Err = errors.New("a list at a resourceVersion, or continuing an earlier one, depends on etcd's revisions: " + needsEtcd)
+		read.Err = errors.New("a list at a resourceVersion, or continuing an earlier one, depends on etcd's revisions: " + needsEtcd + s.noEtcd)
 		return read.Err
 	}
 	err := s.listViaAPI(ctx, key, opts, listObj)

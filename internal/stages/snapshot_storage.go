@@ -41,6 +41,8 @@ type snapshotOptions struct {
 	// etcd, when kproxy can read the apiserver's etcd, serves read
 	// requests through the apiserver's own etcd3 store.
 	etcd *etcdAccess
+	// noEtcd says why etcd is not read (" (...)"), when it is not.
+	noEtcd string
 	// stores is shared by the replay's servers (kube, apiextensions,
 	// custom resources); transformers encrypt at rest as the apiserver's.
 	stores       *storeRegistry
@@ -87,7 +89,7 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, _ func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, _ storage.AttrFunc, _ storage.IndexerFuncs, _ *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
 		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder,
-			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource]}
+			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource], noEtcd: o.noEtcd}
 		if o.etcd != nil {
 			cfg := *config
 			s.etcd = &lazyStore{open: func() (storage.Interface, error) { return o.etcd.store(cfg, newFunc, newListFunc, resourcePrefix) }}
@@ -137,6 +139,7 @@ type snapshotStorage struct {
 	transformer value.Transformer // nil: stored as is
 	access      *etcdAccess
 	etcd        *lazyStore
+	noEtcd      string
 }
 
 var errReplayWrite = errors.New("the kproxy replay never writes to the cluster")

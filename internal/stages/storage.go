@@ -88,7 +88,11 @@ func explainReads(reads []string) string {
 func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *handlerRun) (string, []childSpan, *etcdKV) {
 	w := st.m.write
 	if w == nil || w.etcd == nil {
-		return "; etcd not read (kproxy was not given --etcd-servers): the apiserver's view", nil, nil
+		why := " (kproxy was not given --etcd-servers)"
+		if w != nil {
+			why = w.noEtcd
+		}
+		return "; etcd not read" + why + ": the apiserver's view", nil, nil
 	}
 	if len(run.reads) == 0 {
 		return "", nil, nil
@@ -193,7 +197,7 @@ func describeRead(r storageRead) string {
 			what += fmt.Sprintf("; etcd holds %d key(s) under %s at revision %d", r.EtcdCount, r.EtcdPrefix, r.EtcdRev)
 		}
 	default:
-		what += fmt.Sprintf(" (through the apiserver in %v: kproxy was not given --etcd-servers, so this is the apiserver's view)", r.Duration.Round(10*time.Microsecond))
+		what += fmt.Sprintf(" (through the apiserver in %v: the apiserver's view; etcd not read%s)", r.Duration.Round(10*time.Microsecond), r.NoEtcd)
 	}
 	return what
 }

@@ -75,6 +75,7 @@ type writePath struct {
 	// read access to the apiserver's etcd, nil without --etcd-servers.
 	storage *snapshotOptions
 	etcd    *etcdAccess
+	noEtcd  string // why etcd is not read, " (...)"
 }
 
 // servesCustom reports whether an established CustomResourceDefinition
@@ -145,14 +146,20 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, err
 	}
+	// Without etcd access the replay reads through the apiserver, and
+	// says why.
+	noEtcd := " (kproxy was not given --etcd-servers)"
 	access, err := newEtcdAccess(ctx, o, transformers)
-	if err != nil {
-		return nil, err
+	switch {
+	case err != nil:
+		noEtcd = " (" + err.Error() + ")"
+	case access != nil:
+		noEtcd = ""
 	}
 	snapshots := &snapshotOptions{
 		inner: &genericoptions.StorageFactoryRestOptionsFactory{Options: *etcd, StorageFactory: sf},
 		state: s, resources: gc.MergedResourceConfig, scheme: legacyscheme.Scheme, decoder: legacyscheme.Codecs.UniversalDecoder(),
-		etcd: access, stores: &storeRegistry{}, transformers: transformers,
+		etcd: access, noEtcd: noEtcd, stores: &storeRegistry{}, transformers: transformers,
 	}
 	gc.RESTOptionsGetter = snapshots
 
@@ -252,7 +259,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	}
 	return &writePath{handler: srv.Handler.Director, plugins: plugins,
 		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
-		storage: snapshots, etcd: access}, nil
+		storage: snapshots, etcd: access, noEtcd: noEtcd}, nil
 }
 
 // buildAPIExtensions is kube-apiserver's CreateAPIExtensionsConfig and
@@ -273,11 +280,11 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 	s := kube.state
 	gc.RESTOptionsGetter = &snapshotOptions{inner: gc.RESTOptionsGetter, state: s, resources: gc.MergedResourceConfig,
 		scheme: apiextensionsapiserver.Scheme, decoder: apiextensionsapiserver.Codecs.UniversalDecoder(), etcd: kube.etcd, stores: kube.stores,
-		transformers: kube.transformers}
+		transformers: kube.transformers, noEtcd: kube.noEtcd}
 	cfg := &apiextensionsapiserver.Config{
 		GenericConfig: &genericapiserver.RecommendedConfig{Config: gc, SharedInformerFactory: s.Informers},
 		ExtraConfig: apiextensionsapiserver.ExtraConfig{
-			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s, etcd: kube.etcd, stores: kube.stores, transformers: kube.transformers},
+			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s, etcd: kube.etcd, stores: kube.stores, transformers: kube.transformers, noEtcd: kube.noEtcd},
 			MasterCount:          1,
 			AuthResolverWrapper:  authWrapper,
 			ServiceResolver:      svcResolver,
