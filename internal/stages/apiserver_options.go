@@ -129,6 +129,9 @@ func (o *APIServerOptions) Complete() error {
 	errs = append(errs, o.Authentication.Validate()...)
 	errs = append(errs, o.Authorization.Validate()...)
 	errs = append(errs, o.Admission.Validate()...)
+	if o.EtcdMaxRequestBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--etcd-max-request-bytes=%d: etcd's limit is a positive number of bytes (etcd's default is %d)", o.EtcdMaxRequestBytes, DefaultEtcdMaxRequestBytes))
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("the mirrored kube-apiserver flags are not valid: %w", utilerrors.NewAggregate(errs))
 	}

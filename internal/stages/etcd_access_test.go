@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -50,6 +51,37 @@ func TestEncryptionPrefix(t *testing.T) {
 	for _, c := range cases {
 		if got := encryptionPrefix([]byte(c.value)); got != c.want {
 			t.Errorf("encryptionPrefix(%q) = %q, want %q", c.value, got, c.want)
+		}
+	}
+}
+
+func TestEtcdMaxRequestBytesFlag(t *testing.T) {
+	cases := []struct {
+		args    []string
+		want    int
+		wantErr string
+	}{
+		{nil, DefaultEtcdMaxRequestBytes, ""},
+		{[]string{"--etcd-max-request-bytes=10485760"}, 10485760, ""},
+		{[]string{"--etcd-max-request-bytes=0"}, 0, "--etcd-max-request-bytes=0: etcd's limit is a positive number of bytes"},
+		{[]string{"--etcd-max-request-bytes=lots"}, 0, "lots"},
+	}
+	for _, c := range cases {
+		// Complete also validates the (absent) authentication flags: only
+		// what it says of this flag matters here.
+		o, _, err := APIServerOptionsFromArgs(c.args)
+		if err == nil {
+			err = o.Complete()
+		}
+		switch {
+		case c.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%v: error %v, want one containing %q", c.args, err, c.wantErr)
+			}
+		case err != nil && strings.Contains(err.Error(), "etcd-max-request-bytes"):
+			t.Errorf("%v: %v", c.args, err)
+		case o.EtcdMaxRequestBytes != c.want:
+			t.Errorf("%v: %d, want %d", c.args, o.EtcdMaxRequestBytes, c.want)
 		}
 	}
 }
