@@ -80,7 +80,7 @@ func TestTracing(t *testing.T) {
 			spans := jaegerSpans(t, j.QueryURL, rec.TraceID)
 			want := append([]string{"list configmaps", "replay", "upstream", "authenticator token-file",
 				"authorizer kubernetes.io/system-privileged-group", "authorizer node", "authorizer rbac",
-				"etcd3 store list" /* the read, through the apiserver's etcd3 store, with its etcd latency */}, contractStages...)
+				"etcd3 store list", "etcd range" /* the read, through the apiserver's etcd3 store, and etcd's answer with its latency */}, contractStages...)
 			for _, w := range want {
 				if !slices.Contains(spans, w) {
 					t.Errorf("trace %s lacks span %q; has %v", rec.TraceID, w, spans)

@@ -12,14 +12,16 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/kubernetes"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/server/options/encryptionconfig"
 	"k8s.io/apiserver/pkg/storage"
+	"k8s.io/apiserver/pkg/storage/etcd3"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
-	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/apiserver/pkg/storage/value"
+	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 	"k8s.io/client-go/transport"
 
 	kdecode "github.com/kproxy/kproxy/internal/decode"
@@ -32,10 +34,10 @@ import (
 // and NotFound semantics) and inspects the raw key with a plain client.
 // Nothing here writes: the stores are wrapped in readOnlyStore.
 type etcdAccess struct {
-	transport    storagebackend.TransportConfig
 	prefix       string
 	transformers map[schema.GroupResource]value.Transformer
 	raw          *clientv3.Client
+	kube         *kubernetes.Client // raw, as the etcd3 stores use it
 }
 
 // NewEtcdClient is a plain etcd client from the apiserver's etcd flags.
@@ -89,8 +91,9 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[sc
 		raw.Close()
 		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v)", o.EtcdServers, err)
 	}
-	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers,
-		transport: storagebackend.TransportConfig{ServerList: o.EtcdServers, TrustedCAFile: o.EtcdCAFile, CertFile: o.EtcdCertFile, KeyFile: o.EtcdKeyFile}}
+	raw.KV = recordingKV{raw.KV}
+	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers, kube: &kubernetes.Client{Client: raw}}
+	a.kube.Kubernetes = a.kube
 	go func() { <-ctx.Done(); raw.Close() }()
 	return a, nil
 }
@@ -103,21 +106,73 @@ const (
 	etcdReadTimeout  = 10 * time.Second
 )
 
-// store opens the apiserver's etcd3 store for one resource: its codec,
-// key prefix and encryption, on the real etcd, read-only.
+// store opens the apiserver's etcd3 store for one resource (its codec,
+// key prefix and encryption) on kproxy's etcd client, read-only. It is
+// storagebackend/factory's newETCD3Storage without the compactor, and
+// with the client shared: the client records what etcd answered each
+// read (see etcdCapture), so that the storage stage reports the key's
+// revisions without reading it a second time.
 func (a *etcdAccess) store(config storagebackend.ConfigForResource, newFunc, newListFunc func() runtime.Object, resourcePrefix string) (storage.Interface, error) {
-	config.Transport = a.transport
-	config.Prefix = a.prefix
-	config.CompactionInterval = 0 // never compact
-	config.DBMetricPollInterval = 0
+	transformer := config.Transformer
 	if t, ok := a.transformers[config.GroupResource]; ok {
-		config.Transformer = t
+		transformer = t
 	}
-	s, _, err := factory.Create(config, newFunc, newListFunc, resourcePrefix)
+	if transformer == nil {
+		transformer = identity.NewEncryptCheckTransformer()
+	}
+	versioner := storage.APIObjectVersioner{}
+	s, err := etcd3.New(a.kube, nil, config.Codec, newFunc, newListFunc, a.prefix, resourcePrefix, config.GroupResource,
+		transformer, config.LeaseManagerConfig, etcd3.NewDefaultDecoder(config.Codec, versioner), versioner)
 	if err != nil {
 		return nil, fmt.Errorf("etcd store for %s: %w", config.GroupResource, err)
 	}
 	return readOnlyStore{s}, nil
+}
+
+// etcdCapture records the etcd reads made with its context: the etcd3
+// store's answer, as etcd gave it.
+type etcdCapture struct {
+	mu    sync.Mutex
+	reads []capturedRead
+}
+
+type capturedRead struct {
+	key     string
+	resp    *clientv3.GetResponse
+	err     error
+	start   time.Time
+	latency time.Duration
+}
+
+type captureKey struct{}
+
+func withCapture(ctx context.Context, c *etcdCapture) context.Context {
+	return context.WithValue(ctx, captureKey{}, c)
+}
+
+// recordingKV is the etcd client's KV, recording reads made under an
+// etcdCapture.
+type recordingKV struct{ clientv3.KV }
+
+func (r recordingKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	start := time.Now()
+	resp, err := r.KV.Get(ctx, key, opts...)
+	if c, ok := ctx.Value(captureKey{}).(*etcdCapture); ok {
+		c.mu.Lock()
+		c.reads = append(c.reads, capturedRead{key: key, resp: resp, err: err, start: start, latency: time.Since(start)})
+		c.mu.Unlock()
+	}
+	return resp, err
+}
+
+// first is the first read the capture saw.
+func (c *etcdCapture) first() (capturedRead, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.reads) == 0 {
+		return capturedRead{}, false
+	}
+	return c.reads[0], true
 }
 
 // key is the etcd key of a registry storage key.
@@ -158,7 +213,12 @@ func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV 
 		kv.Err = err
 		return kv
 	}
-	kv.Revision = resp.Header.Revision
+	return a.kvInfo(ctx, key, resp, kv.Latency)
+}
+
+// kvInfo describes what etcd answered a read of one key.
+func (a *etcdAccess) kvInfo(ctx context.Context, key string, resp *clientv3.GetResponse, latency time.Duration) etcdKV {
+	kv := etcdKV{Key: key, Latency: latency, Revision: resp.Header.Revision}
 	if len(resp.Kvs) == 0 {
 		return kv
 	}
@@ -178,19 +238,6 @@ func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV 
 		kv.StoredAs = storedKind(v.Value)
 	}
 	return kv
-}
-
-// count counts the keys under a prefix (without reading their values).
-func (a *etcdAccess) count(ctx context.Context, prefix string) (n, rev int64, took time.Duration, err error) {
-	ctx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
-	defer cancel()
-	start := time.Now()
-	resp, err := a.raw.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
-	took = time.Since(start)
-	if err != nil {
-		return 0, 0, took, err
-	}
-	return resp.Count, resp.Header.Revision, took, nil
 }
 
 func (kv etcdKV) String() string {

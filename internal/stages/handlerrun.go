@@ -153,15 +153,17 @@ type storageRead struct {
 	// for, whether the apiserver's etcd3 store answered it (else kproxy
 	// read through the apiserver), and the raw etcd key (or, for a list,
 	// the number of keys under the prefix).
-	List       bool
-	BeforeRead bool   // refused before reading (the options)
-	NoEtcd     string // why etcd was not read
-	Options    string
-	FromEtcd   bool
-	Etcd       *etcdKV
-	EtcdPrefix string
-	EtcdCount  int64
-	EtcdRev    int64
+	List        bool
+	BeforeRead  bool   // refused before reading (the options)
+	NoEtcd      string // why etcd was not read
+	Options     string
+	FromEtcd    bool
+	Etcd        *etcdKV
+	EtcdPrefix  string
+	EtcdCount   int64
+	EtcdRev     int64
+	EtcdStart   time.Time
+	EtcdLatency time.Duration
 }
 
 type runKey struct{}

@@ -46,10 +46,15 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key stri
 		read.FromEtcd = true
 		ectx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
 		defer cancel()
-		err = st.Get(ectx, key, opts, out)
+		capture := &etcdCapture{}
+		err = st.Get(withCapture(ectx, capture), key, opts, out)
 		read.Duration = time.Since(read.Start)
-		kv := s.access.inspect(ctx, s.access.key(key), 0)
-		read.Etcd = &kv
+		if c, ok := capture.first(); ok && c.err == nil {
+			// What etcd answered the store: the key's revisions, encoding
+			// and encryption, without reading it again.
+			kv := s.access.kvInfo(ctx, c.key, c.resp, c.latency)
+			read.Etcd, read.EtcdStart = &kv, c.start
+		}
 		return settleRead(&read, err, out)
 	}
 	if opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
@@ -93,8 +98,13 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 		read.FromEtcd = true
 		ectx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
 		defer cancel()
-		err = st.GetList(ectx, key, opts, listObj)
+		capture := &etcdCapture{}
+		err = st.GetList(withCapture(ectx, capture), key, opts, listObj)
 		read.Duration = time.Since(read.Start)
+		if c, ok := capture.first(); ok && c.err == nil {
+			// etcd counts every key of the range, whatever the limit.
+			read.EtcdCount, read.EtcdRev, read.EtcdStart, read.EtcdLatency = c.resp.Count, c.resp.Header.Revision, c.start, c.latency
+		}
 		if apierrors.IsResourceExpired(err) && utilfeature.DefaultFeatureGate.Enabled(features.ListFromCacheSnapshot) {
 			// The apiserver asks its watch cache first: it keeps a snapshot
 			// of every revision since it started (or since its own last
@@ -103,9 +113,6 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 			return read.Err
 		}
 		read.EtcdPrefix = strings.TrimSuffix(s.access.key(key), "/") + "/"
-		if n, rev, _, cerr := s.access.count(ctx, read.EtcdPrefix); cerr == nil {
-			read.EtcdCount, read.EtcdRev = n, rev
-		}
 		return settleRead(&read, err, listObj)
 	}
 	if (opts.ResourceVersion != "" && opts.ResourceVersion != "0") || opts.ResourceVersionMatch != "" || opts.Predicate.Continue != "" {

@@ -141,8 +141,13 @@ func (st storageStage) reportRead(run *handlerRun) Result {
 				Start: r.Start, End: r.Start.Add(r.Duration), Outcome: "pass",
 				Attrs: []attribute.KeyValue{attribute.String("storage.key", r.Key), attribute.String("storage.options", r.Options),
 					attribute.Int64("etcd.latency_us", r.Duration.Microseconds())}})
-			if r.Etcd != nil {
-				spans = append(spans, etcdSpan("etcd get", *r.Etcd, r.Start.Add(r.Duration)))
+			switch {
+			case r.Etcd != nil:
+				spans = append(spans, etcdSpan("etcd get", *r.Etcd, r.EtcdStart))
+			case r.EtcdRev != 0:
+				spans = append(spans, childSpan{Name: "etcd range", Start: r.EtcdStart, End: r.EtcdStart.Add(r.EtcdLatency), Outcome: "pass",
+					Attrs: []attribute.KeyValue{attribute.String("etcd.prefix", r.EtcdPrefix), attribute.Int64("etcd.revision", r.EtcdRev),
+						attribute.Int64("etcd.count", r.EtcdCount), attribute.Int64("etcd.latency_us", r.EtcdLatency.Microseconds())}})
 			}
 		}
 	}
@@ -193,8 +198,13 @@ func describeRead(r storageRead) string {
 		if r.Etcd != nil {
 			what += "; " + r.Etcd.String()
 		}
-		if r.EtcdPrefix != "" && r.EtcdRev != 0 {
-			what += fmt.Sprintf("; etcd holds %d key(s) under %s at revision %d", r.EtcdCount, r.EtcdPrefix, r.EtcdRev)
+		switch {
+		case r.EtcdRev == 0:
+		case strings.Contains(r.Options, "continue"):
+			what += fmt.Sprintf("; etcd holds %d key(s) from the continue token's key to the end of %s at revision %d (read in %v)",
+				r.EtcdCount, r.EtcdPrefix, r.EtcdRev, r.EtcdLatency.Round(10*time.Microsecond))
+		default:
+			what += fmt.Sprintf("; etcd holds %d key(s) under %s at revision %d (read in %v)", r.EtcdCount, r.EtcdPrefix, r.EtcdRev, r.EtcdLatency.Round(10*time.Microsecond))
 		}
 	default:
 		what += fmt.Sprintf(" (through the apiserver in %v: the apiserver's view; etcd not read%s)", r.Duration.Round(10*time.Microsecond), r.NoEtcd)
