@@ -38,22 +38,15 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key stri
 		}
 	}
 	if s.etcd != nil {
-		st, err := s.etcd.get()
-		if err != nil {
-			read.Err = err
-			return err
-		}
-		read.FromEtcd = true
-		ectx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
-		defer cancel()
-		capture := &etcdCapture{}
-		err = st.Get(withCapture(ectx, capture), key, opts, out)
-		read.Duration = time.Since(read.Start)
-		if c, ok := capture.first(); ok && c.err == nil {
+		c, ok, err := s.etcdRead(ctx, &read, func(ctx context.Context, st storage.Interface) error { return st.Get(ctx, key, opts, out) })
+		if ok {
 			// What etcd answered the store: the key's revisions, encoding
 			// and encryption, without reading it again.
 			kv := s.access.kvInfo(ctx, c.key, c.resp, c.latency)
 			read.Etcd, read.EtcdStart = &kv, c.start
+		}
+		if read.Err != nil {
+			return err
 		}
 		return settleRead(&read, err, out)
 	}
@@ -90,18 +83,11 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 	read.NoEtcd = s.noEtcd
 	defer func() { run.addRead(read) }()
 	if s.etcd != nil {
-		st, err := s.etcd.get()
-		if err != nil {
-			read.Err = err
+		c, ok, err := s.etcdRead(ctx, &read, func(ctx context.Context, st storage.Interface) error { return st.GetList(ctx, key, opts, listObj) })
+		if read.Err != nil {
 			return err
 		}
-		read.FromEtcd = true
-		ectx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
-		defer cancel()
-		capture := &etcdCapture{}
-		err = st.GetList(withCapture(ectx, capture), key, opts, listObj)
-		read.Duration = time.Since(read.Start)
-		if c, ok := capture.first(); ok && c.err == nil {
+		if ok {
 			// etcd counts every key of the range, whatever the limit.
 			read.EtcdCount, read.EtcdRev, read.EtcdStart, read.EtcdLatency = c.resp.Count, c.resp.Header.Revision, c.start, c.latency
 		}
@@ -126,6 +112,24 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 		return err
 	}
 	return settleRead(&read, nil, listObj)
+}
+
+// etcdRead runs one read of the resource's etcd3 store, bounded in time,
+// capturing etcd's answer to it.
+func (s *snapshotStorage) etcdRead(ctx context.Context, read *storageRead, call func(context.Context, storage.Interface) error) (capturedRead, bool, error) {
+	st, err := s.etcd.get()
+	if err != nil {
+		read.Err = err
+		return capturedRead{}, false, err
+	}
+	read.FromEtcd = true
+	ectx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
+	defer cancel()
+	capture := &etcdCapture{}
+	err = call(withCapture(ectx, capture), st)
+	read.Duration = time.Since(read.Start)
+	c, ok := capture.first()
+	return c, ok && c.err == nil, err
 }
 
 // settleRead files the storage's answer: an error the apiserver answers
