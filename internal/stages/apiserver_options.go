@@ -3,6 +3,7 @@ package stages
 import (
 	"errors"
 	"fmt"
+	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -31,7 +32,10 @@ type APIServerOptions struct {
 	// --disable-admission-plugins, --admission-control-config-file) and
 	// what the registry strategies read (--allow-privileged, the service
 	// ranges, --etcd-prefix).
-	Admission              *kubeoptions.AdmissionOptions
+	Admission *kubeoptions.AdmissionOptions
+	// APIEnablement is --runtime-config: the API versions and resources
+	// served beyond (or short of) the defaults.
+	APIEnablement          *genericoptions.APIEnablementOptions
 	AllowPrivileged        bool
 	ServiceClusterIPRanges string
 	ServiceNodePortRange   utilnet.PortRange
@@ -62,6 +66,7 @@ func NewAPIServerOptions() *APIServerOptions {
 		MaxRequestsInFlight:         400,
 		MaxMutatingRequestsInFlight: 200,
 		Admission:                   kubeoptions.NewAdmissionOptions(),
+		APIEnablement:               genericoptions.NewAPIEnablementOptions(),
 		ServiceNodePortRange:        kubeoptions.DefaultServiceNodePortRange,
 		EtcdPrefix:                  "/registry",
 		EtcdMaxRequestBytes:         DefaultEtcdMaxRequestBytes,
@@ -81,6 +86,7 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 	o.authzFlags.IntVar(&o.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", o.MaxMutatingRequestsInFlight, "kube-apiserver's --max-mutating-requests-inflight")
 	o.writeFlags = pflag.NewFlagSet("write path", pflag.ContinueOnError)
 	o.Admission.AddFlags(o.writeFlags)
+	o.APIEnablement.AddFlags(o.writeFlags)
 	o.writeFlags.BoolVar(&o.AllowPrivileged, "allow-privileged", o.AllowPrivileged, "kube-apiserver's --allow-privileged: privileged containers pass validation")
 	o.writeFlags.StringVar(&o.ServiceClusterIPRanges, "service-cluster-ip-range", o.ServiceClusterIPRanges, "kube-apiserver's --service-cluster-ip-range")
 	o.writeFlags.Var(&o.ServiceNodePortRange, "service-node-port-range", "kube-apiserver's --service-node-port-range")

@@ -498,6 +498,9 @@ func (r *handlerRun) attribute(st *metav1.Status) string {
 	}
 	switch st.Reason {
 	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:
+		if len(r.reads) == 0 && r.phase == phaseDecode {
+			return "decode" // no route: the version or resource is not served
+		}
 		return "storage"
 	case metav1.StatusReasonForbidden:
 		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") {

@@ -106,7 +106,11 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	gc := genericapiserver.NewConfig(legacyscheme.Codecs)
 	gc.EffectiveVersion = ev
 	gc.ExternalAddress = "kproxy-replay:443"
-	gc.MergedResourceConfig = controlplane.DefaultAPIResourceConfigSource()
+	// --runtime-config, merged as kube-apiserver merges it.
+	enablement := runtimeConfig(o)
+	if err := enablement.ApplyTo(gc, controlplane.DefaultAPIResourceConfigSource(), legacyscheme.Scheme); err != nil {
+		return nil, fmt.Errorf("--runtime-config: %w", err)
+	}
 	gc.LoopbackClientConfig = loopbackConfig(s.Config)
 	gc.Authentication.Authenticator = authn
 	gc.Authorization.Authorizer = authz
@@ -210,7 +214,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	// CustomResourceDefinitions and custom resources: the apiextensions
 	// server kube-apiserver delegates to, built from a copy of the same
 	// config (admission chain included), before it is completed.
-	ext, err := buildAPIExtensions(ctx, *gc, *etcd, snapshots, svcResolver, authWrapper)
+	ext, err := buildAPIExtensions(ctx, *gc, *etcd, snapshots, enablement, svcResolver, authWrapper)
 	if err != nil {
 		return nil, fmt.Errorf("apiextensions (custom resources): %w", err)
 	}
@@ -262,11 +266,31 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 		storage: snapshots, etcd: access, noEtcd: noEtcd}, nil
 }
 
+// runtimeConfig is --runtime-config as kube-apiserver completes it: the
+// legacy "v1", "api/v1" spellings mean the core group ("/v1"), and
+// "api/legacy" is dropped.
+func runtimeConfig(o *APIServerOptions) *genericoptions.APIEnablementOptions {
+	out := genericoptions.NewAPIEnablementOptions()
+	if o.APIEnablement == nil {
+		return out
+	}
+	for key, value := range o.APIEnablement.RuntimeConfig {
+		switch {
+		case key == "v1" || strings.HasPrefix(key, "v1/") || key == "api/v1" || strings.HasPrefix(key, "api/v1/"):
+			out.RuntimeConfig["/v1"] = value
+		case key == "api/legacy":
+		default:
+			out.RuntimeConfig[key] = value
+		}
+	}
+	return out
+}
+
 // buildAPIExtensions is kube-apiserver's CreateAPIExtensionsConfig and
 // the apiextensions server's New over snapshot storage. Its CRD informers
 // are started here (kube-apiserver starts them in a post-start hook); its
 // controllers, which write CRD status, are never started.
-func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd genericoptions.EtcdOptions, kube *snapshotOptions, svcResolver webhook.ServiceResolver, authWrapper webhook.AuthenticationInfoResolverWrapper) (*apiextensionsapiserver.CustomResourceDefinitions, error) {
+func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd genericoptions.EtcdOptions, kube *snapshotOptions, enablement *genericoptions.APIEnablementOptions, svcResolver webhook.ServiceResolver, authWrapper webhook.AuthenticationInfoResolverWrapper) (*apiextensionsapiserver.CustomResourceDefinitions, error) {
 	gc.PostStartHooks = map[string]genericapiserver.PostStartHookConfigEntry{}
 	eetcd := etcd
 	eetcd.StorageConfig.Codec = apiextensionsapiserver.Codecs.LegacyCodec(apiextensionsv1beta1.SchemeGroupVersion, apiextensionsv1.SchemeGroupVersion)
@@ -276,7 +300,9 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 	if err := eetcd.ApplyTo(&gc); err != nil {
 		return nil, err
 	}
-	gc.MergedResourceConfig = apiextensionsapiserver.DefaultAPIResourceConfigSource()
+	if err := enablement.ApplyTo(&gc, apiextensionsapiserver.DefaultAPIResourceConfigSource(), apiextensionsapiserver.Scheme); err != nil {
+		return nil, fmt.Errorf("--runtime-config: %w", err)
+	}
 	s := kube.state
 	gc.RESTOptionsGetter = &snapshotOptions{inner: gc.RESTOptionsGetter, state: s, resources: gc.MergedResourceConfig,
 		scheme: apiextensionsapiserver.Scheme, decoder: apiextensionsapiserver.Codecs.UniversalDecoder(), etcd: kube.etcd, stores: kube.stores,
