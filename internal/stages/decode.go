@@ -27,18 +27,20 @@ func (decode) recorded() {}
 
 func (d decode) Run(ctx context.Context, req *Request) Result {
 	switch {
+	case req.Info != nil && !req.Info.IsResourceRequest && d.m.write != nil && d.m.write.servesDiscovery(req):
+		// Discovery and /version: the replay server's own handlers.
 	case req.Info == nil || !req.Info.IsResourceRequest:
-		return Unknown("a non-resource request (discovery, health, version, OpenAPI, metrics) is served by the apiserver itself: not modelled")
+		return Unknown("a non-resource request (health, OpenAPI, metrics, or discovery of an aggregated API) is served by the apiserver itself: not modelled")
 	case !IsWrite(req.Info) && !IsRead(req.Info):
 		return Unknown("the " + req.Info.Verb + " verb: not modelled")
 	}
-	if why := notReplayable(req); why != "" {
+	if why := notReplayable(req); req.Info.IsResourceRequest && why != "" {
 		return Unknown(why)
 	}
 	if d.m.write == nil {
 		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error())
 	}
-	if i := req.Info; !builtIn(i.APIGroup) && !d.m.write.servesCustom(i.APIGroup, i.Resource) {
+	if i := req.Info; i.IsResourceRequest && !builtIn(i.APIGroup) && !d.m.write.servesCustom(i.APIGroup, i.Resource) {
 		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition (an aggregated API): not modelled", i.Resource+"."+i.APIGroup))
 	}
 	run := d.m.write.runRequest(ctx, req, d.m.now)
@@ -48,10 +50,14 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 	switch {
 	case run.unknown != "":
 		res = Unknown(run.unknown)
+	case run.status != nil && discoveryRoot(req):
+		res = Unknown("the apiserver's aggregator serves " + req.Info.Path + "; its refusals (here " + statusMessage(run.status) + " from kube-apiserver's own handler) are not replayed")
 	case run.decided == "decode" && run.read:
 		res = Reject(run.status, "the apiserver's handler refuses the request's options before reading storage: "+statusMessage(run.status))
 	case run.decided == "decode":
 		res = Reject(run.status, "the apiserver's handler refuses the request before admission: "+statusMessage(run.status))
+	case !req.Info.IsResourceRequest:
+		res = Pass("the apiserver's discovery handlers answer " + req.Info.Path)
 	case run.read:
 		res = Pass("the handler accepts the " + req.Info.Verb + "'s options")
 	default:

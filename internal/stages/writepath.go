@@ -78,6 +78,35 @@ type writePath struct {
 	noEtcd  string // why etcd is not read, " (...)"
 }
 
+// servesDiscovery reports a GET the replay server answers as the
+// apiserver does: /version, the discovery roots (/api, /apis), and
+// discovery of built-in groups. Not replayed: discovery of custom
+// resource groups (the apiextensions discovery controller is not run),
+// of aggregated APIs, health, OpenAPI and metrics.
+func (w *writePath) servesDiscovery(req *Request) bool {
+	if req.HTTP.Method != http.MethodGet {
+		return false
+	}
+	p := strings.TrimSuffix(req.Info.Path, "/")
+	switch p {
+	case "/version", "/api", "/api/v1", "/apis":
+		return true
+	}
+	rest, ok := strings.CutPrefix(p, "/apis/")
+	if !ok {
+		return false
+	}
+	group, _, _ := strings.Cut(rest, "/")
+	return builtIn(group) && group != apiextensionsv1.GroupName
+}
+
+// discoveryRoot reports /api and /apis: in the apiserver the aggregator
+// serves them, and only their successes are the replay's to predict.
+func discoveryRoot(req *Request) bool {
+	p := strings.TrimSuffix(req.Info.Path, "/")
+	return p == "/api" || p == "/apis"
+}
+
 // servesCustom reports whether an established CustomResourceDefinition
 // serves group/resource.
 func (w *writePath) servesCustom(group, resource string) bool {
