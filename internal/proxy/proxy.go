@@ -168,8 +168,12 @@ type exchange struct {
 	// client received it, whoever wrote it: the upstream, or kproxy.
 	errBody []byte
 	errCT   string
-	// actualWrite is a write's answer as its replay needs it.
+	// actualWrite is a write's answer as its replay needs it; okBody the
+	// start of its body, decoded for the resourceVersion only when the
+	// replay asks (off the response's path).
 	actualWrite stages.ActualWrite
+	okBody      []byte
+	rvOnce      sync.Once
 	upStart     time.Time
 	upEnd       time.Time
 	start       time.Time
@@ -230,6 +234,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		replayReq.Actual = func(ctx context.Context) (stages.ActualWrite, bool) {
 			select {
 			case <-ex.done:
+				ex.rvOnce.Do(func() {
+					if ex.actualWrite.Status < 300 && len(ex.okBody) > 0 {
+						ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
+					}
+				})
 				return ex.actualWrite, true
 			case <-ctx.Done():
 				return stages.ActualWrite{}, false
@@ -267,10 +276,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.rec.Actual.Status = rw.status
 		ex.rec.Actual.ResponseBytes = rw.bytes
 		ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
-		ex.actualWrite = stages.ActualWrite{Status: rw.status}
-		if rw.status < 300 && len(rw.okBody) > 0 {
-			ex.actualWrite.ResourceVersion = decode.ResourceVersion(rw.okBody)
-		}
+		ex.actualWrite, ex.okBody = stages.ActualWrite{Status: rw.status}, rw.okBody
 		span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
 		span.End()
 		ex.end = p.clock.Now()
