@@ -156,3 +156,6 @@ func TestSuccessStatus(t *testing.T) {
 		}
 	}
 }
+
+// notModelled is a stage's honest answer when it cannot replay a request.
+func notModelled() Result { return Unknown("not modelled yet") }

@@ -120,5 +120,3 @@ func Unknown(explanation string) Result {
 	return Result{Outcome: record.Skip, Explanation: explanation, Unknown: true}
 }
 
-// notModelled is the honest answer of a stage kproxy cannot replay yet.
-func notModelled() Result { return Unknown("not modelled yet") }
