@@ -119,4 +119,3 @@ func Failed(explanation string) Result {
 func Unknown(explanation string) Result {
 	return Result{Outcome: record.Skip, Explanation: explanation, Unknown: true}
 }
-
