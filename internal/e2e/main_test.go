@@ -182,8 +182,10 @@ type kproxyOptions struct {
 	// noEtcd hands kproxy the apiserver's flags without its etcd access
 	// (as in front of a managed cluster): storage is the apiserver's view.
 	noEtcd bool
-	// etcdServers, when set, replaces the apiserver's --etcd-servers.
+	// etcdServers, when set, replaces the apiserver's --etcd-servers;
+	// extraArgs come after the apiserver's own (and win).
 	etcdServers string
+	extraArgs   []string
 }
 
 type kproxy struct {
@@ -211,6 +213,7 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	if o.etcdServers != "" {
 		args = append(args, "--etcd-servers="+o.etcdServers)
 	}
+	args = append(slices.Clone(args), o.extraArgs...)
 	apiserver, _, err := stages.APIServerOptionsFromArgs(args)
 	if err != nil {
 		t.Fatal(err)

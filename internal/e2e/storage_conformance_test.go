@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -80,4 +81,35 @@ func TestStorageApiserverView(t *testing.T) {
 				}
 			})
 	})
+}
+
+// TestStorageWithoutEncryptionConfig hands kproxy an encryption
+// configuration it cannot load: writes are still predicted, the storage
+// stage says sizes leave encryption out, and a read of a value encrypted
+// at rest, which kproxy cannot decrypt, is unknown rather than an error.
+func TestStorageWithoutEncryptionConfig(t *testing.T) {
+	dir := "../../testdata/conformance/storage"
+	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "crds.yaml"))
+	applyManifest(t, "apply", "--server-side", "-f", filepath.Join(dir, "fixtures", "objects.yaml"))
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(16)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream, extraArgs: []string{"--encryption-provider-config=" + filepath.Join(t.TempDir(), "missing.yaml")}})
+	r := reverseRoute(k)
+	do(t, r.client(nil), r.base, request{method: "POST", path: "/api/v1/namespaces/sto/configmaps?dryRun=All", user: "admin",
+		body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"new"}}`, header: http.Header{"Audit-Id": {"noenc-write"}}})
+	rec := waitRecord(t, recs, "noenc-write")
+	if p := rec.Predicted; p.Status != 201 || p.Stage != "" {
+		t.Errorf("write predicted %+v, want 201", p)
+	}
+	if s := stageNamed(rec, "storage"); !strings.Contains(s.Explanation, "encryption at rest not applied: --encryption-provider-config") {
+		t.Errorf("storage does not say the encryption configuration is missing: %s", s.Explanation)
+	}
+	ex := do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces/sto/secrets/db", user: "admin", header: http.Header{"Audit-Id": {"noenc-read"}}})
+	if ex.status != 200 {
+		t.Fatalf("GET secret: %d", ex.status)
+	}
+	if p := waitRecord(t, recs, "noenc-read").Predicted; p.Stage != record.StageUnknown || !strings.Contains(p.Message, "storage") {
+		t.Errorf("read of an encrypted Secret without its keys predicted %+v, want unknown", p)
+	}
 }

@@ -144,6 +144,8 @@ func settleRead(read *storageRead, err error, out runtime.Object) error {
 		} else if l, lerr := meta.ListAccessor(out); lerr == nil {
 			read.ResourceVersion = l.GetResourceVersion()
 		}
+	case apierrors.IsInternalError(err):
+		read.Err = err // the replay failed (say, a value it cannot decrypt)
 	case storage.IsNotFound(err) || storage.IsInvalidError(err) || errors.As(err, &st):
 		read.Refused = err
 	default:

@@ -47,6 +47,7 @@ type snapshotOptions struct {
 	// custom resources); transformers encrypt at rest as the apiserver's.
 	stores       *storeRegistry
 	transformers map[schema.GroupResource]value.Transformer
+	encErr       error // why the encryption configuration is not loaded
 }
 
 // storeRegistry holds the storage under each resource's registry store.

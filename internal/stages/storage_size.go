@@ -31,6 +31,12 @@ const etcdClientMaxSend = 2 * 1024 * 1024
 // its random ID). Sizes this close to the limit are not predicted.
 const raftOverhead = 32
 
+// encryptionSlack bounds what encryption at rest adds to a value (a
+// provider's prefix, nonce and tag; a KMS envelope's wrapped key): sizes
+// this close to the limit are not predicted when the encryption
+// configuration could not be loaded.
+const encryptionSlack = 4096
+
 // sizeCheck encodes the object the write would store as the apiserver
 // does (storage codec and version, encryption at rest) and compares the
 // etcd transaction with etcd's limits.
@@ -79,13 +85,18 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handler
 			}
 			what += " (the stored value is " + was + ": writing re-encrypts it with the configuration's first provider)"
 		}
+	case w.storage.encErr != nil:
+		what += "; encryption at rest not applied: " + w.storage.encErr.Error()
 	case st.m.opts.EncryptionProviderConfig == "":
 		what += "; not encrypted (kproxy was not given an --encryption-provider-config; an apiserver without one stores values as they are)"
 	}
+	unsized := w.storage.encErr != nil && txn > limit-encryptionSlack
 	if run.dryRun {
 		// Nothing reaches etcd in dry run: say what a real write would meet.
 		verdict := "it would fit"
 		switch {
+		case unsized:
+			verdict = "a real write would be near etcd's limit, by how much is not known without the encryption configuration"
 		case txn > etcdClientMaxSend:
 			verdict = "a real write would fail: over the apiserver's etcd client's 2 MiB gRPC message limit"
 		case txn > limit+raftOverhead:
@@ -96,6 +107,8 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handler
 		return Pass(pass + "; nothing reaches etcd in dry run: " + strings.Replace(what, "the stored value is", "stored for real, the value would be", 1) + "; " + verdict)
 	}
 	switch {
+	case unsized:
+		return Unknown(what + ": near etcd's limit, and what encryption at rest adds is not known")
 	case txn > etcdClientMaxSend:
 		msg := fmt.Sprintf("rpc error: code = ResourceExhausted desc = trying to send message larger than max (%d vs. %d)", txn, etcdClientMaxSend)
 		return Reject(&metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Message: msg},

@@ -175,10 +175,11 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, fmt.Errorf("storage factory: %w", err)
 	}
-	transformers, err := loadTransformers(ctx, o)
-	if err != nil {
-		return nil, err
-	}
+	// Encryption at rest: without it (a KMS v1 provider without its
+	// feature gate, an unreadable file) the storage stage cannot size
+	// encrypted values or read them from etcd, and says so; the rest of
+	// the write path does not depend on it.
+	transformers, encErr := loadTransformers(ctx, o)
 	// Without etcd access the replay reads through the apiserver, and
 	// says why.
 	noEtcd := " (kproxy was not given --etcd-servers)"
@@ -192,7 +193,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	snapshots := &snapshotOptions{
 		inner: &genericoptions.StorageFactoryRestOptionsFactory{Options: *etcd, StorageFactory: sf},
 		state: s, resources: gc.MergedResourceConfig, scheme: legacyscheme.Scheme, decoder: legacyscheme.Codecs.UniversalDecoder(),
-		etcd: access, noEtcd: noEtcd, stores: &storeRegistry{}, transformers: transformers,
+		etcd: access, noEtcd: noEtcd, stores: &storeRegistry{}, transformers: transformers, encErr: encErr,
 	}
 	gc.RESTOptionsGetter = snapshots
 
