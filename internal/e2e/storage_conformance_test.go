@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -111,5 +112,38 @@ func TestStorageWithoutEncryptionConfig(t *testing.T) {
 	}
 	if p := waitRecord(t, recs, "noenc-read").Predicted; p.Stage != record.StageUnknown || !strings.Contains(p.Message, "storage") {
 		t.Errorf("read of an encrypted Secret without its keys predicted %+v, want unknown", p)
+	}
+}
+
+// TestStorageShedsEtcdReads runs kproxy with --replay-etcd-qps=1: the
+// replay must not become the incident, so past the rate its etcd reads
+// are shed and those predictions say unknown, why; the others stay exact.
+func TestStorageShedsEtcdReads(t *testing.T) {
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(64)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream, extraArgs: []string{"--replay-etcd-qps=1"}})
+	r := reverseRoute(k)
+	shed := 0
+	for i := range 20 {
+		id := fmt.Sprintf("shed-%02d", i)
+		ex := do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps/missing", user: "admin", header: http.Header{"Audit-Id": {id}}})
+		if ex.status != 404 {
+			t.Fatalf("GET: %d", ex.status)
+		}
+		rec := waitRecord(t, recs, id)
+		p, a := rec.Predicted, rec.Actual
+		switch {
+		case p.Stage == record.StageUnknown:
+			shed++
+			if !strings.Contains(p.Message, "--replay-etcd-qps=1") {
+				t.Errorf("%s: unknown, but not because of shedding: %s", id, p.Message)
+			}
+		case p.Status != a.Status || p.Message != a.Message:
+			t.Errorf("%s: predicted %+v, actual %+v", id, p, a)
+		}
+	}
+	if shed == 0 || shed == 20 {
+		t.Errorf("%d of 20 reads shed at 1 read/s (burst 2): want some, not all", shed)
 	}
 }

@@ -49,6 +49,9 @@ type APIServerOptions struct {
 	// EtcdMaxRequestBytes is etcd's --max-request-bytes (not an apiserver
 	// flag): the largest write etcd accepts.
 	EtcdMaxRequestBytes int
+	// ReplayEtcdQPS (kproxy's own) bounds the replay's reads of etcd: past
+	// it, reads are shed (predictions unknown) rather than load etcd.
+	ReplayEtcdQPS float64
 
 	authnFlags, authzFlags, writeFlags *pflag.FlagSet
 	fs                                 *pflag.FlagSet
@@ -56,6 +59,9 @@ type APIServerOptions struct {
 
 // DefaultEtcdMaxRequestBytes is etcd's default --max-request-bytes.
 const DefaultEtcdMaxRequestBytes = 1572864
+
+// DefaultReplayEtcdQPS bounds the replay's etcd reads by default.
+const DefaultReplayEtcdQPS = 200
 
 // NewAPIServerOptions returns the options with kube-apiserver's defaults.
 func NewAPIServerOptions() *APIServerOptions {
@@ -70,6 +76,7 @@ func NewAPIServerOptions() *APIServerOptions {
 		ServiceNodePortRange:        kubeoptions.DefaultServiceNodePortRange,
 		EtcdPrefix:                  "/registry",
 		EtcdMaxRequestBytes:         DefaultEtcdMaxRequestBytes,
+		ReplayEtcdQPS:               DefaultReplayEtcdQPS,
 	}
 }
 
@@ -96,6 +103,7 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 	o.writeFlags.StringVar(&o.EtcdCertFile, "etcd-certfile", o.EtcdCertFile, "kube-apiserver's --etcd-certfile")
 	o.writeFlags.StringVar(&o.EtcdKeyFile, "etcd-keyfile", o.EtcdKeyFile, "kube-apiserver's --etcd-keyfile")
 	o.writeFlags.StringVar(&o.EncryptionProviderConfig, "encryption-provider-config", o.EncryptionProviderConfig, "kube-apiserver's --encryption-provider-config: decrypts values encrypted at rest (the file holds keys; kproxy never prints them)")
+	o.writeFlags.Float64Var(&o.ReplayEtcdQPS, "replay-etcd-qps", o.ReplayEtcdQPS, "kproxy's own: the most etcd reads per second the replay makes (bursts of twice that); past it, the storage stage sheds reads and says unknown rather than load etcd")
 	o.writeFlags.IntVar(&o.EtcdMaxRequestBytes, "etcd-max-request-bytes", o.EtcdMaxRequestBytes, "etcd's own --max-request-bytes (not a kube-apiserver flag): the largest value etcd stores")
 	fs.AddFlagSet(o.authnFlags)
 	fs.AddFlagSet(o.authzFlags)
@@ -135,6 +143,9 @@ func (o *APIServerOptions) Complete() error {
 	errs = append(errs, o.Authentication.Validate()...)
 	errs = append(errs, o.Authorization.Validate()...)
 	errs = append(errs, o.Admission.Validate()...)
+	if o.ReplayEtcdQPS <= 0 {
+		errs = append(errs, fmt.Errorf("--replay-etcd-qps=%v: give a positive rate (default %d)", o.ReplayEtcdQPS, DefaultReplayEtcdQPS))
+	}
 	if o.EtcdMaxRequestBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--etcd-max-request-bytes=%d: etcd's limit is a positive number of bytes (etcd's default is %d)", o.EtcdMaxRequestBytes, DefaultEtcdMaxRequestBytes))
 	}

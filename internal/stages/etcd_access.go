@@ -23,6 +23,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 	"k8s.io/client-go/transport"
+	"k8s.io/client-go/util/flowcontrol"
 
 	kdecode "github.com/kproxy/kproxy/internal/decode"
 )
@@ -38,6 +39,17 @@ type etcdAccess struct {
 	transformers map[schema.GroupResource]value.Transformer
 	raw          *clientv3.Client
 	kube         *kubernetes.Client // raw, as the etcd3 stores use it
+	// limiter sheds the replay's reads past --replay-etcd-qps.
+	limiter flowcontrol.RateLimiter
+	qps     float64
+}
+
+// admit takes a token for one read, or says why the read is shed.
+func (a *etcdAccess) admit() error {
+	if a.limiter.TryAccept() {
+		return nil
+	}
+	return fmt.Errorf("kproxy sheds its own etcd reads past --replay-etcd-qps=%v, so as not to load etcd", a.qps)
 }
 
 // NewEtcdClient is a plain etcd client from the apiserver's etcd flags.
@@ -92,7 +104,12 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[sc
 		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v)", o.EtcdServers, err)
 	}
 	raw.KV = recordingKV{raw.KV}
-	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers, kube: &kubernetes.Client{Client: raw}}
+	qps := o.ReplayEtcdQPS
+	if qps <= 0 {
+		qps = DefaultReplayEtcdQPS
+	}
+	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers, kube: &kubernetes.Client{Client: raw},
+		limiter: flowcontrol.NewTokenBucketRateLimiter(float32(qps), int(2*qps)), qps: qps}
 	a.kube.Kubernetes = a.kube
 	go func() { <-ctx.Done(); raw.Close() }()
 	return a, nil
@@ -200,6 +217,9 @@ type etcdKV struct {
 // inspect reads one key as it is at rev (0: the latest).
 func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV {
 	kv := etcdKV{Key: key}
+	if kv.Err = a.admit(); kv.Err != nil {
+		return kv
+	}
 	opts := []clientv3.OpOption{}
 	if rev > 0 {
 		opts = append(opts, clientv3.WithRev(rev))

@@ -117,6 +117,10 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 // etcdRead runs one read of the resource's etcd3 store, bounded in time,
 // capturing etcd's answer to it.
 func (s *snapshotStorage) etcdRead(ctx context.Context, read *storageRead, call func(context.Context, storage.Interface) error) (capturedRead, bool, error) {
+	if err := s.access.admit(); err != nil {
+		read.Err = err
+		return capturedRead{}, false, err
+	}
 	st, err := s.etcd.get()
 	if err != nil {
 		read.Err = err
