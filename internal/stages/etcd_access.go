@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -91,6 +93,9 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[sc
 	if len(o.EtcdServers) == 0 {
 		return nil, nil
 	}
+	if err := dialAny(o.EtcdServers); err != nil {
+		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v)", o.EtcdServers, err)
+	}
 	raw, err := NewEtcdClient(o)
 	if err != nil {
 		return nil, err
@@ -113,6 +118,27 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[sc
 	a.kube.Kubernetes = a.kube
 	go func() { <-ctx.Done(); raw.Close() }()
 	return a, nil
+}
+
+// dialAny connects to the first endpoint that answers, so that an etcd
+// out of reach (refused, or a loopback address of another machine) is
+// known at once rather than after the client's own probe times out.
+func dialAny(endpoints []string) error {
+	var errs []error
+	for _, e := range endpoints {
+		u, err := url.Parse(e)
+		if err != nil || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--etcd-servers %q: not a URL", e))
+			continue
+		}
+		c, err := net.DialTimeout("tcp", u.Host, 2*time.Second)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // etcdProbeTimeout bounds the start-up check of etcd access;

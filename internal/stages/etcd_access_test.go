@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"net"
 	"strings"
 	"testing"
 
@@ -83,5 +84,40 @@ func TestEtcdMaxRequestBytesFlag(t *testing.T) {
 		case o.EtcdMaxRequestBytes != c.want:
 			t.Errorf("%v: %d, want %d", c.args, o.EtcdMaxRequestBytes, c.want)
 		}
+	}
+}
+
+func TestDialAny(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "http://" + closed.Addr().String()
+	closed.Close()
+	cases := []struct {
+		name      string
+		endpoints []string
+		wantErr   string
+	}{
+		{"listening", []string{"https://" + ln.Addr().String()}, ""},
+		{"first refused, second listening", []string{refused, "http://" + ln.Addr().String()}, ""},
+		{"refused", []string{refused}, "connection refused"},
+		{"not a URL", []string{"127.0.0.1:2379"}, "not a URL"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := dialAny(c.endpoints)
+			switch {
+			case c.wantErr == "" && err != nil:
+				t.Errorf("dialAny(%v) = %v", c.endpoints, err)
+			case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+				t.Errorf("dialAny(%v) = %v, want an error with %q", c.endpoints, err, c.wantErr)
+			}
+		})
 	}
 }
