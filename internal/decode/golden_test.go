@@ -89,18 +89,7 @@ func goldenDecrypter(t *testing.T) *Decrypter {
 		t.Fatal(err)
 	}
 	t.Cleanup(plugin.Stop)
-	cfg := strings.ReplaceAll(string(readGolden(t, etcdGoldenDir, "encryption-config.yaml")), kmsEndpointPlaceholder, plugin.Endpoint)
-	path := filepath.Join(dir, "encryption-config.yaml")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	dec, err := LoadDecrypter(ctx, path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dec
+	return decrypterFor(t, func(cfg string) string { return strings.ReplaceAll(cfg, kmsEndpointPlaceholder, plugin.Endpoint) })
 }
 
 // TestGoldenEtcdValues decrypts and decodes the raw etcd values the real

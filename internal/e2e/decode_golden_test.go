@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -139,11 +138,7 @@ func TestDecodeGolden(t *testing.T) {
 	}
 	waitEstablished(t, admin, "goldenwidgets.decode.kproxy.test")
 
-	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{cluster.EtcdURL}, DialTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcd.Close()
+	etcd := etcdClient(t)
 	dec, err := decode.LoadDecrypter(ctx, encryptionConfig)
 	if err != nil {
 		t.Fatal(err)

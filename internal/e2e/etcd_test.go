@@ -7,9 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,11 +35,7 @@ func TestEtcdDecrypt(t *testing.T) {
 	}
 	sec, _ = cs.CoreV1().Secrets(testNS).Get(ctx, "enc-secret", metav1.GetOptions{})
 	cm, _ = cs.CoreV1().ConfigMaps(testNS).Get(ctx, "enc-cm", metav1.GetOptions{})
-	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{cluster.EtcdURL}, DialTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcd.Close()
+	etcd := etcdClient(t)
 	dec, err := decode.LoadDecrypter(ctx, encryptionConfig)
 	if err != nil {
 		t.Fatal(err)

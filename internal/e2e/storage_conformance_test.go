@@ -44,11 +44,7 @@ func compactEtcd(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{cluster.EtcdURL}, DialTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer etcd.Close()
+	etcd := etcdClient(t)
 	resp, err := etcd.Get(ctx, "/")
 	if err != nil {
 		t.Fatal(err)
@@ -146,4 +142,15 @@ func TestStorageShedsEtcdReads(t *testing.T) {
 	if shed == 0 || shed == 20 {
 		t.Errorf("%d of 20 reads shed at 1 read/s (burst 2): want some, not all", shed)
 	}
+}
+
+// etcdClient is a client of the shared cluster's etcd, closed with the test.
+func etcdClient(t *testing.T) *clientv3.Client {
+	t.Helper()
+	etcd, err := clientv3.New(clientv3.Config{Endpoints: []string{cluster.EtcdURL}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { etcd.Close() })
+	return etcd
 }
