@@ -50,6 +50,12 @@ test: tools ## Run every test against a real etcd, kube-apiserver and Jaeger.
 	$(GO) vet ./...
 	$(GO) test $(TEST_FLAGS) ./...
 
+FUZZTIME    ?= 60s
+
+.PHONY: fuzz
+fuzz: ## Run the fuzz targets for FUZZTIME each (default 60s; the seeds run in make test).
+	$(GO) test -run='^$$' -fuzz=FuzzForwardingDecision -fuzztime=$(FUZZTIME) ./internal/proxy/
+
 .PHONY: bench
 bench: tools ## Benchmarks: direct vs kproxy vs kubectl proxy against the real apiserver (KPROXY_BENCH_SCALE=0.2 for a quick run).
 	$(GO) test -run='^$$' -bench=. -benchtime=1x -count=1 -timeout=60m -v ./internal/bench/...

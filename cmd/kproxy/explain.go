@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kproxy/kproxy/internal/credential"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages"
@@ -119,7 +120,16 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	if err != nil {
 		return err
 	}
-	req, err := o.request(method, u, cfg.BearerToken, cfg.CertData, cmd.InOrStdin())
+	var ownHeader http.Header
+	var ownCert *tls.Certificate
+	if o.token == "" && o.clientCert == "" {
+		// No identity given: the request is the one kubectl would send
+		// with kproxy's kubeconfig, whatever kind of credential it holds.
+		if ownHeader, ownCert, err = credential.FromConfig(cfg); err != nil {
+			return err
+		}
+	}
+	req, err := o.request(method, u, ownHeader, ownCert, cmd.InOrStdin())
 	if err != nil {
 		return err
 	}
@@ -127,8 +137,7 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	if err != nil {
 		return fmt.Errorf("resolve %s %s: %w", method, path, err)
 	}
-	hasCreds := cfg.BearerToken != "" || cfg.BearerTokenFile != "" || len(cfg.CertData) > 0 || cfg.CertFile != "" || cfg.ExecProvider != nil || cfg.AuthProvider != nil
-	pipeline, err := serve.NewReplay(cmd.Context(), cfg, hasCreds, o.serve.APIServer, noop.NewTracerProvider(), o.serve.SyncTimeout, log)
+	pipeline, err := serve.NewReplay(cmd.Context(), cfg, credential.InConfig(cfg), o.serve.APIServer, noop.NewTracerProvider(), o.serve.SyncTimeout, log)
 	if err != nil {
 		return err
 	}
@@ -143,7 +152,7 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 }
 
 // request builds the request to replay with the chosen identity.
-func (o *explainOptions) request(method string, u *url.URL, kubeToken string, kubeCert []byte, stdin io.Reader) (*http.Request, error) {
+func (o *explainOptions) request(method string, u *url.URL, kubeHeader http.Header, kubeCert *tls.Certificate, stdin io.Reader) (*http.Request, error) {
 	var body io.Reader
 	ct := o.contentTy
 	if o.file != "" {
@@ -172,13 +181,23 @@ func (o *explainOptions) request(method string, u *url.URL, kubeToken string, ku
 	if ct != "" {
 		req.Header.Set("Content-Type", ct)
 	}
-	certPEM := kubeCert
-	token := kubeToken
-	if o.token != "" || o.clientCert != "" {
-		token, certPEM = o.token, nil
+	for k, v := range kubeHeader {
+		req.Header[k] = v
+	}
+	if kubeCert != nil {
+		certs := make([]*x509.Certificate, 0, len(kubeCert.Certificate))
+		for _, der := range kubeCert.Certificate {
+			c, err := x509.ParseCertificate(der)
+			if err != nil {
+				return nil, fmt.Errorf("the kubeconfig's client certificate: %w", err)
+			}
+			certs = append(certs, c)
+		}
+		req.TLS = &tls.ConnectionState{HandshakeComplete: true, PeerCertificates: certs}
 	}
 	if o.clientCert != "" {
-		if certPEM, err = os.ReadFile(o.clientCert); err != nil {
+		certPEM, err := os.ReadFile(o.clientCert)
+		if err != nil {
 			return nil, fmt.Errorf("--client-cert: %w", err)
 		}
 		if o.clientKey != "" {
@@ -190,16 +209,14 @@ func (o *explainOptions) request(method string, u *url.URL, kubeToken string, ku
 				return nil, fmt.Errorf("--client-cert and --client-key do not match: %w", err)
 			}
 		}
-	}
-	if len(certPEM) > 0 {
 		certs, err := parseCerts(certPEM)
 		if err != nil {
-			return nil, fmt.Errorf("client certificate: %w", err)
+			return nil, fmt.Errorf("--client-cert %s: %w", o.clientCert, err)
 		}
 		req.TLS = &tls.ConnectionState{HandshakeComplete: true, PeerCertificates: certs}
 	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	if o.token != "" {
+		req.Header.Set("Authorization", "Bearer "+o.token)
 	}
 	if o.as != "" {
 		req.Header.Set("Impersonate-User", o.as)

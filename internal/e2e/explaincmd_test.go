@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -88,8 +89,35 @@ func TestExplainCommand(t *testing.T) {
 			}
 		})
 	}
+	// Without --token or --client-cert the request is the one kubectl
+	// would send with the kubeconfig, whatever kind of credential it holds
+	// (here a token file): never an anonymous request in its place.
+	tokenFile := filepath.Join(dir, "kproxy.token")
+	if err := os.WriteFile(tokenFile, []byte(localcluster.TokenOf("kproxy")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kcFile := filepath.Join(dir, "token-file.kubeconfig")
+	withFile := strings.Replace(string(raw), "token: "+localcluster.TokenOf("kproxy"), "tokenFile: "+tokenFile, 1)
+	if !strings.Contains(withFile, "tokenFile: ") {
+		t.Fatalf("the kubeconfig has no token to move into a file:\n%s", raw)
+	}
+	if err := os.WriteFile(kcFile, []byte(withFile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "explain", "GET", "/api/v1/namespaces/corpus/configmaps", "-o", "json",
+		"--upstream-kubeconfig", kcFile, "--apiserver-manifest", manifest).Output()
+	if err != nil {
+		t.Fatalf("explain with a token-file kubeconfig: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `authenticated a bearer token (Authorization: Bearer) as user \"kproxy\"`) {
+		t.Errorf("explain with a token-file kubeconfig did not replay as the kubeconfig's user:\n%s", out)
+	}
 	// Bad input says what is wrong.
-	out, err := exec.Command(bin, "explain", "GET").CombinedOutput()
+	out, err = exec.Command(bin, "explain", "GET").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "want METHOD PATH") {
 		t.Errorf("explain with one argument: %v %s", err, out)
 	}

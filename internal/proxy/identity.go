@@ -28,6 +28,7 @@ import (
 	webhookmetrics "k8s.io/apiserver/plugin/pkg/authorizer/webhook/metrics"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 
+	"github.com/kproxy/kproxy/internal/credential"
 	"github.com/kproxy/kproxy/internal/decode"
 )
 
@@ -44,6 +45,7 @@ type identity struct {
 	kind string
 	user user.Info // certificate callers only
 	err  error     // why a rejected caller was rejected
+	cred credential.Presented
 }
 
 // statusCodecs encode the Status bodies kproxy answers with itself.
@@ -94,21 +96,33 @@ func orDefault(v []string, d ...string) []string {
 }
 
 // NewImpersonationAuthorizer answers "may this caller impersonate X?" with
-// SubjectAccessReviews against the upstream, cached briefly like the
-// apiserver's own webhook authorizer.
+// SubjectAccessReviews against the upstream, using the apiserver's own
+// webhook authorizer. Nothing is cached: the apiserver checks impersonation
+// on every request, so a revoked permission stops at once there, and a
+// cached allow would keep it working through kproxy. (A negative TTL makes
+// every cache entry expired on arrival; TestImpersonationIsNotCached holds
+// that.) This costs one review per impersonated attribute, only for
+// certificate callers that send Impersonate-* headers themselves.
 func NewImpersonationAuthorizer(client authorizationv1client.AuthorizationV1Interface) (authorizer.UnconditionalAuthorizer, error) {
-	return webhook.NewFromInterface(client, 10*time.Second, 10*time.Second,
+	const never = -time.Nanosecond
+	return webhook.NewFromInterface(client, never, never,
 		wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Steps: 3},
 		authorizer.DecisionDeny, webhookmetrics.NoopAuthorizerMetrics{}, cel.NewDefaultCompiler())
 }
 
 // identify works out how to forward the caller, following the apiserver's
-// authenticator order: certificate authenticators first (first success
-// wins), then tokens; only a request with no credentials is anonymous.
+// authenticator union: certificate authenticators first (first success
+// wins), then the token authenticators; only a request with no credential
+// at all is anonymous. A rejected certificate may be dropped only when the
+// token authenticators will decide the request upstream (a token the
+// apiserver reads, package credential): an Authorization header the
+// apiserver ignores (Basic, junk, an empty Bearer) does not make a
+// credential, and forwarding such a request without the certificate would
+// turn the apiserver's 401 into system:anonymous.
 func (p *Proxy) identify(r *http.Request) identity {
-	hasCert := r.TLS != nil && len(r.TLS.PeerCertificates) > 0
+	cred := credential.Inspect(r)
 	var certErr error
-	if hasCert {
+	if cred.HasCertificate() {
 		if p.certAuth == nil {
 			certErr = errors.New("the client presented a certificate but kproxy has no --client-ca-file to verify it with (start kproxy with the apiserver's --client-ca-file)")
 		} else {
@@ -122,28 +136,13 @@ func (p *Proxy) identify(r *http.Request) identity {
 			}
 		}
 	}
-	if hasCredential(r) {
+	switch {
+	case cred.HasTokenCredential():
 		return identity{kind: IdentityToken}
-	}
-	if hasCert {
-		return identity{kind: IdentityRejected, err: certErr}
+	case cred.HasCertificate():
+		return identity{kind: IdentityRejected, err: certErr, cred: cred}
 	}
 	return identity{kind: IdentityAnonymous}
-}
-
-// hasCredential reports a credential the apiserver reads from the request
-// itself: an Authorization header, or a bearer token in a WebSocket
-// subprotocol.
-func hasCredential(r *http.Request) bool {
-	if r.Header.Get("Authorization") != "" {
-		return true
-	}
-	for _, p := range r.Header.Values("Sec-WebSocket-Protocol") {
-		if strings.Contains(p, "base64url.bearer.authorization.k8s.io.") {
-			return true
-		}
-	}
-	return false
 }
 
 // unauthorized answers a rejected certificate exactly as the apiserver's

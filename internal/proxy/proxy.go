@@ -292,7 +292,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r = r.WithContext(context.WithValue(ctx, exchangeKey{}, ex))
 	switch ex.ident.kind {
 	case IdentityRejected:
-		ex.rec.Actual.Error = "answered by kproxy: " + ex.ident.err.Error()
+		ex.rec.Actual.Error = "answered by kproxy: the apiserver's 401 for " + ex.ident.cred.Describe() + ": " + ex.ident.err.Error()
 		ex.rec.Actual.AuditID = ex.auditID
 		rw.Header().Set("Audit-Id", ex.auditID)
 		rw.Header().Set("Cache-Control", "no-cache, private")

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/kproxy/kproxy/internal/credential"
 )
 
 // Upstream is how kproxy reaches the apiserver.
@@ -35,7 +37,7 @@ func NewUpstream(cfg *rest.Config) (*Upstream, error) {
 		return nil, fmt.Errorf("upstream TLS settings: %w", err)
 	}
 	up := &Upstream{URL: u, Passthrough: newTransport(anonTLS), Config: cfg}
-	if hasCredentials(cfg) {
+	if credential.InConfig(cfg) {
 		ownTLS, err := rest.TLSConfigFor(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("kproxy's upstream credentials: %w", err)
@@ -47,11 +49,6 @@ func NewUpstream(cfg *rest.Config) (*Upstream, error) {
 		up.Impersonating = rt
 	}
 	return up, nil
-}
-
-func hasCredentials(cfg *rest.Config) bool {
-	return cfg.BearerToken != "" || cfg.BearerTokenFile != "" || cfg.ExecProvider != nil || cfg.AuthProvider != nil ||
-		len(cfg.CertData) > 0 || cfg.CertFile != "" || cfg.Username != ""
 }
 
 // newTransport is tuned for the apiserver (see pitfalls.md):

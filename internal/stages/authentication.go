@@ -12,6 +12,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/filters"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 
+	"github.com/kproxy/kproxy/internal/credential"
 	"github.com/kproxy/kproxy/internal/record"
 )
 
@@ -90,26 +91,7 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 }
 
 // credentialKind names what the request presented, never its value.
-func credentialKind(r *http.Request) string {
-	var kinds []string
-	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
-		c := r.TLS.PeerCertificates[0]
-		kinds = append(kinds, fmt.Sprintf("a client certificate (CN=%q, O=%v, issuer %q)", c.Subject.CommonName, c.Subject.Organization, c.Issuer.CommonName))
-	}
-	if a := r.Header.Get("Authorization"); a != "" {
-		scheme, _, _ := strings.Cut(a, " ")
-		kinds = append(kinds, "an Authorization: "+scheme+" credential")
-	}
-	for _, p := range r.Header.Values("Sec-WebSocket-Protocol") {
-		if strings.Contains(p, "base64url.bearer.authorization.k8s.io.") {
-			kinds = append(kinds, "a bearer token in the WebSocket protocol header")
-		}
-	}
-	if len(kinds) == 0 {
-		return "a request without credentials"
-	}
-	return strings.Join(kinds, " and ")
-}
+func credentialKind(r *http.Request) string { return credential.Inspect(r).Describe() }
 
 // describeUser renders an identity for explanations: name, uid, groups,
 // extras (extras such as credential ids are hashes, not secrets).

@@ -134,3 +134,20 @@ func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticato
 	ch.results = append(ch.results, res)
 	return resp, ok, err
 }
+
+// APIServerAuthenticator is kube-apiserver's request authenticator exactly
+// as Config.New builds it from the mirrored flags (one union, anonymous
+// behind it), for the authenticators that need no cluster state:
+// front-proxy, x509, token file, token webhook and JWT. Tests hold kproxy's
+// own forwarding decisions against it. Service-account and bootstrap
+// tokens need the cluster's state and are left out.
+func APIServerAuthenticator(ctx context.Context, o *APIServerOptions) (authenticator.Request, error) {
+	ac, err := o.Authentication.ToAuthenticationConfig()
+	if err != nil {
+		return nil, fmt.Errorf("authentication flags: %w", err)
+	}
+	ac.ServiceAccountPublicKeysGetter, ac.BootstrapToken = nil, false
+	ac.APIServerID = replayServerID
+	a, _, _, _, err := ac.New(ctx)
+	return a, err
+}

@@ -11,6 +11,8 @@ import (
 
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/kproxy/kproxy/internal/credential"
 )
 
 // Explanations of authentication that upstream does not give: which kind
@@ -45,10 +47,17 @@ func acceptedBy(u user.Info, r *http.Request, requestHeader bool) string {
 		return what
 	case strings.HasPrefix(cred, "JTI="):
 		return "a JWT authenticator (--authentication-config / --oidc-*)"
-	case r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && r.Header.Get("Authorization") == "":
+	case certificateOnly(r):
 		return "the x509 client-certificate authenticator (--client-ca-file)"
 	}
 	return "a token authenticator (--token-auth-file, or the token webhook)"
+}
+
+// certificateOnly reports a request whose only credential is its client
+// certificate.
+func certificateOnly(r *http.Request) bool {
+	c := credential.Inspect(r)
+	return c.HasCertificate() && !c.HasTokenCredential()
 }
 
 var bootstrapTokenRE = regexp.MustCompile(`^([a-z0-9]{6})\.([a-z0-9]{16})$`)
@@ -57,7 +66,7 @@ var bootstrapTokenRE = regexp.MustCompile(`^([a-z0-9]{6})\.([a-z0-9]{16})$`)
 // parts: a JWT's issuer, audiences, subject and expiry, checked against
 // what the apiserver accepts; a bootstrap token's id.
 func (m *machinery) describeToken(r *http.Request, now time.Time) string {
-	tok := strings.TrimSpace(strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer"))
+	tok := credential.Inspect(r).Token
 	if tok == "" {
 		return ""
 	}
