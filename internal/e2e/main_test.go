@@ -189,9 +189,10 @@ type kproxyOptions struct {
 }
 
 type kproxy struct {
-	addr string
-	ca   *x509.CertPool
-	stop func()
+	addr  string
+	ca    *x509.CertPool
+	caPEM []byte
+	stop  func()
 }
 
 func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
@@ -234,7 +235,7 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	k := &kproxy{addr: s.Addr, ca: x509.NewCertPool()}
+	k := &kproxy{addr: s.Addr, ca: x509.NewCertPool(), caPEM: pki.CertPEM(s.CA.Cert)}
 	k.ca.AddCert(s.CA.Cert)
 	var once bool
 	k.stop = func() {

@@ -69,6 +69,17 @@ func (t *teeBody) finish() {
 	})
 }
 
+// sentNothing is told that the request went upstream without a body (an
+// HTTP/2 request whose stream ended with its headers still has a Body to
+// read, but ReverseProxy sends none when ContentLength is 0): the
+// apiserver saw an empty body, and so does the replay.
+func (t *teeBody) sentNothing() {
+	t.mu.Lock()
+	t.eof = true
+	t.mu.Unlock()
+	t.finish()
+}
+
 // bytesRead is how many body bytes went upstream.
 func (t *teeBody) bytesRead() int64 {
 	t.mu.Lock()

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -358,9 +359,16 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-// roundTrip picks the transport for the caller's identity.
+// roundTrip picks the transport for the caller's identity. It is where
+// kproxy sees exactly what goes upstream: a request sent without a body
+// tells the replay so at once (the body kproxy tees is what the apiserver
+// reads, whatever the client's protocol).
 func (p *Proxy) roundTrip(req *http.Request) (*http.Response, error) {
-	if ex := exchangeFrom(req.Context()); ex != nil && ex.actAs != nil {
+	ex := exchangeFrom(req.Context())
+	if ex != nil && ex.body != nil && (req.Body == nil || req.Body == http.NoBody) {
+		ex.body.sentNothing()
+	}
+	if ex != nil && ex.actAs != nil {
 		return p.impersonating.RoundTrip(req)
 	}
 	return p.passthrough.RoundTrip(req)
@@ -437,7 +445,8 @@ func (p *Proxy) replay(ctx context.Context, req *stages.Request) (o stages.Outco
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			o = stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: fmt.Sprintf("cannot predict: the replay panicked: %v", v)}}
+			p.log.Error("replay panicked (a kproxy bug)", "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			o = stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: " + stages.PanicExplanation(v, req.ID)}}
 		}
 	}()
 	return p.replayer.Run(ctx, req)

@@ -133,7 +133,7 @@ func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, apise
 			return nil, err
 		}
 	}
-	pipeline := stages.New(ctx, stages.Config{TracerProvider: tp, APIServer: apiserver, State: state})
+	pipeline := stages.New(ctx, stages.Config{TracerProvider: tp, APIServer: apiserver, State: state, Log: log})
 	if state == nil {
 		return pipeline, nil
 	}

@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -57,7 +58,7 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 	case run.decided == "decode":
 		res = Reject(run.status, "the apiserver's handler refuses the request before admission: "+statusMessage(run.status))
 	case !req.Info.IsResourceRequest:
-		res = Pass("the apiserver's discovery handlers answer " + req.Info.Path)
+		res = d.discovery(ctx, req, run)
 	case run.read:
 		res = Pass("the handler accepts the " + req.Info.Verb + "'s options")
 	default:
@@ -65,6 +66,26 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 	}
 	res.Began, res.Ended = start, end
 	return res
+}
+
+// discovery is the verdict on a discovery request the handler accepted. A
+// conditional request for an aggregated discovery root is answered 304
+// when the client's ETag is the apiserver's current one (the aggregator's
+// document, not the replay server's: see discovery_etag.go).
+func (d decode) discovery(ctx context.Context, req *Request, run *handlerRun) Result {
+	inm := req.HTTP.Header.Get("If-None-Match")
+	if !discoveryRoot(req) || run.code != http.StatusOK || run.etag == "" || inm == "" {
+		return Pass("the apiserver's discovery handlers answer " + req.Info.Path)
+	}
+	current, err := d.m.write.etags.etag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
+	if err != nil {
+		return Unknown("a conditional discovery request (If-None-Match): " + err.Error())
+	}
+	if current == inm {
+		run.code = http.StatusNotModified
+		return Pass("the client's cached discovery document of " + req.Info.Path + " is current (If-None-Match is the apiserver's ETag): 304 Not Modified")
+	}
+	return Pass("the client's cached discovery document of " + req.Info.Path + " is out of date (If-None-Match is not the apiserver's current ETag): the document is sent again")
 }
 
 // notWriteReason says why a request has no decode or admission.

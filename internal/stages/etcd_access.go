@@ -351,16 +351,16 @@ func encryptionPrefix(v []byte) string {
 // readOnlyStore is an etcd3 store that only reads.
 type readOnlyStore struct{ storage.Interface }
 
-func (readOnlyStore) Create(context.Context, string, runtime.Object, runtime.Object, uint64) error {
-	return errReplayWrite
+func (readOnlyStore) Create(ctx context.Context, key string, _ runtime.Object, _ runtime.Object, _ uint64) error {
+	return refuseWrite(ctx, "create", key)
 }
 
-func (readOnlyStore) Delete(context.Context, string, runtime.Object, *storage.Preconditions, storage.ValidateObjectFunc, runtime.Object, storage.DeleteOptions) error {
-	return errReplayWrite
+func (readOnlyStore) Delete(ctx context.Context, key string, _ runtime.Object, _ *storage.Preconditions, _ storage.ValidateObjectFunc, _ runtime.Object, _ storage.DeleteOptions) error {
+	return refuseWrite(ctx, "delete", key)
 }
 
-func (readOnlyStore) GuaranteedUpdate(context.Context, string, runtime.Object, bool, *storage.Preconditions, storage.UpdateFunc, runtime.Object) error {
-	return errReplayWrite
+func (readOnlyStore) GuaranteedUpdate(ctx context.Context, key string, _ runtime.Object, _ bool, _ *storage.Preconditions, _ storage.UpdateFunc, _ runtime.Object) error {
+	return refuseWrite(ctx, "update", key)
 }
 
 func (readOnlyStore) Watch(context.Context, string, storage.ListOptions) (watch.Interface, error) {

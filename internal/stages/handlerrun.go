@@ -63,6 +63,7 @@ type handlerRun struct {
 
 	status   *metav1.Status // the handler's answer when it refused
 	code     int
+	etag     string // the ETag the handler answered with (discovery)
 	object   []byte // the handler's answer when it accepted (the object)
 	warnings []string
 	// unknown says why the run cannot be trusted (a read failed, a
@@ -91,8 +92,9 @@ type handlerRun struct {
 // that succeeded answers with the object's new resourceVersion R; an
 // object found at R is the request's own doing (unless the write was a
 // no-op, which keeps the resourceVersion the body named), so the replay
-// reads it at R-1. A delete that succeeded removed the object: it is read
-// at R, its last stored version. why is set when the answer never came.
+// reads it at R-1. A delete that succeeded removed the object, and the
+// store answers with its last version at the delete's own revision R: it
+// is read at R-1. why is set when the answer never came.
 func (r *handlerRun) snapshotRevision(ctx context.Context, found bool, rv string) (at, why string) {
 	if r.actual == nil || r.dryRun {
 		return "", "" // a dry run writes nothing
@@ -117,10 +119,22 @@ func (r *handlerRun) snapshotRevision(ctx context.Context, found bool, rv string
 	switch {
 	case found && rv == aw.ResourceVersion && r.bodyRV != aw.ResourceVersion:
 		return strconv.FormatUint(n-1, 10), ""
-	case !found && r.verb == "delete" && aw.ResourceVersion != "":
-		return aw.ResourceVersion, ""
+	case !found && r.verb == "delete":
+		// The store answers a delete with the object as it last was, at
+		// the revision of the delete itself: it last existed just before.
+		return strconv.FormatUint(n-1, 10), ""
 	}
 	return "", ""
+}
+
+// updatedExisting reports an update or patch the apiserver answered 200:
+// the object existed before the request (a 201 would mean it created it).
+func (r *handlerRun) updatedExisting(ctx context.Context) bool {
+	if r.actual == nil || (r.verb != "update" && r.verb != "patch") {
+		return false
+	}
+	aw, ok := r.actual(ctx)
+	return ok && aw.Status == 200
 }
 
 // lastExisting asks for the object's last stored version before a
@@ -389,8 +403,9 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // effects), a read with its list narrowed to one item. decode keeps the
 // run on the request for the stages after it.
 func (w *writePath) runRequest(ctx context.Context, req *Request, now func() time.Time) *handlerRun {
+	contentType := req.HTTP.Header.Get("Content-Type")
 	run := &handlerRun{now: now, start: now(), actual: req.Actual, verb: req.Info.Verb, bodyRV: resourceVersionOf(req.Body),
-		dryRun: len(req.HTTP.URL.Query()["dryRun"]) > 0, read: !IsWrite(req.Info)}
+		dryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), read: !IsWrite(req.Info)}
 	run.marks[phaseDecode] = run.start
 	rec := &warningRecorder{}
 	hctx := withRun(ctx, run)
@@ -413,8 +428,6 @@ func (w *writePath) runRequest(ctx context.Context, req *Request, now func() tim
 		// negotiation), whatever the rest held.
 		body = append(body[:len(body):len(body)], ' ')
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
 	q := r.URL.Query()
 	switch {
 	case run.read:
@@ -422,15 +435,21 @@ func (w *writePath) runRequest(ctx context.Context, req *Request, now func() tim
 			r.URL.RawQuery = q.Encode()
 		}
 	default:
-		if _, ok := q["dryRun"]; !ok {
-			q.Set("dryRun", metav1.DryRunAll)
-			r.URL.RawQuery = q.Encode()
+		var ct string
+		q, body, ct = forceDryRun(req.Info.Verb, q, body, contentType)
+		r.URL.RawQuery = q.Encode()
+		if ct != contentType {
+			r.Header = r.Header.Clone()
+			r.Header.Set("Content-Type", ct)
 		}
 	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
 	resp := recorder{httptest.NewRecorder()}
 	w.handler.ServeHTTP(resp, r)
 	run.end = now()
 	run.code = resp.Code
+	run.etag = resp.Header().Get("ETag")
 	run.warnings = rec.list()
 	if resp.Code >= 300 {
 		if st, ok := kdecode.Status(resp.Header().Get("Content-Type"), resp.Body.Bytes()); ok {

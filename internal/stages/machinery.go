@@ -19,6 +19,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/authenticatorfactory"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+	authzunion "k8s.io/apiserver/pkg/authorization/union"
 	"k8s.io/apiserver/pkg/server/mux"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	utilflowcontrol "k8s.io/apiserver/pkg/util/flowcontrol"
@@ -49,6 +50,9 @@ type machinery struct {
 
 	authz    authorizer.Authorizer
 	authzErr error // why authorization cannot be replayed
+	// rules is the chain's rule resolver (SelfSubjectRulesReview), the
+	// union of each authorizer's, as kube-apiserver builds it.
+	rules authorizer.RuleResolver
 
 	// apf is the apiserver's API Priority and Fairness controller, fed
 	// the cluster's flowcontrol objects; it only classifies here.
@@ -99,7 +103,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	case m.authnErr != nil:
 		m.writeErr = fmt.Errorf("it needs the authenticator: %w", m.authnErr)
 	default:
-		m.write, m.writeErr = buildWritePath(ctx, o, cfg.State, m.authn, m.authz, tp)
+		m.write, m.writeErr = buildWritePath(ctx, o, cfg.State, m.authn, m.authz, m.rules, tp, m.now)
 	}
 	if cfg.State != nil && (o == nil || o.EnablePriorityAndFairness) {
 		m.buildFlowControl(ctx, cfg.State)
@@ -224,18 +228,23 @@ func (m *machinery) buildAuthorization(ctx context.Context, o *APIServerOptions,
 		return fmt.Errorf("authorization flags: %w", err)
 	}
 	chain := &authorizerChain{members: []chainMember{privilegedGroup()}, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages")}
+	var resolvers []authorizer.RuleResolver
 	for _, a := range azc.AuthorizationConfiguration.Authorizers {
 		one := *azc
 		one.AuthorizationConfiguration = azc.AuthorizationConfiguration.DeepCopy()
 		one.AuthorizationConfiguration.Authorizers = []authzconfig.AuthorizerConfiguration{a}
 		one.ReloadFile, one.InitialAuthorizationConfigurationData = "", ""
-		authz, _, err := one.New(ctx, replayServerID)
+		authz, rules, err := one.New(ctx, replayServerID)
 		if err != nil {
 			return fmt.Errorf("build the apiserver's %s authorizer %q: %w", a.Type, a.Name, err)
 		}
 		chain.members = append(chain.members, chainMember{name: a.Name, kind: string(a.Type), authz: authz})
+		resolvers = append(resolvers, rules)
 	}
 	m.authz = chain
+	// The system:masters authorizer has no rules to list, as in
+	// kube-apiserver's union.
+	m.rules = authzunion.NewRuleResolvers(resolvers...)
 	return nil
 }
 

@@ -3,7 +3,9 @@ package stages
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -36,6 +38,9 @@ type Config struct {
 	// State is the read-only view of the cluster (informers); nil leaves
 	// the stages that need it unknown.
 	State *ClusterState
+	// Log receives what must not reach a record: a stage's panic and its
+	// stack. Nil discards.
+	Log *slog.Logger
 }
 
 // DefaultBudget bounds one replay. A write's replay calls the cluster's
@@ -50,6 +55,7 @@ type Pipeline struct {
 	clock  clock.PassiveClock
 	budget time.Duration
 	state  *ClusterState
+	log    *slog.Logger
 	m      *machinery
 }
 
@@ -79,7 +85,10 @@ func New(ctx context.Context, cfg Config) *Pipeline {
 }
 
 func newPipeline(cfg Config, stages ...Stage) *Pipeline {
-	p := &Pipeline{stages: stages, clock: cfg.Clock, budget: cfg.Budget, state: cfg.State}
+	p := &Pipeline{stages: stages, clock: cfg.Clock, budget: cfg.Budget, state: cfg.State, log: cfg.Log}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
 	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -186,9 +195,10 @@ func predict(req *Request, decided *Result, decidedBy string, unknown []string) 
 }
 
 // successStatus is the status the apiserver answers a successful request
-// with: 201 for a create that stores a new object, 200 otherwise.
+// with: the handler's (201 for a create that stores a new object, 304 for
+// a conditional request whose cached copy is current), else 200.
 func successStatus(req *Request) int {
-	if req.run != nil && req.run.code >= 200 && req.run.code < 300 {
+	if req.run != nil && req.run.code >= 200 && req.run.code < 400 {
 		return req.run.code
 	}
 	if req.Info != nil && req.Info.Verb == "create" && req.HTTP.Method == http.MethodPost {
@@ -239,14 +249,27 @@ func (p *Pipeline) runRecordedStage(ctx context.Context, s Stage, req *Request) 
 	return res, ended.Sub(began)
 }
 
-// protect runs the stage, turning a panic into an error result.
+// protect runs the stage, turning a panic into an error result. The
+// panic and its stack go to kproxy's log, never into the record: a stack
+// is no explanation, and the values it was handling may be secrets.
 func (p *Pipeline) protect(ctx context.Context, s Stage, req *Request) (res Result) {
 	defer func() {
 		if v := recover(); v != nil {
-			res = Failed(fmt.Sprintf("panic: %v\n%s", v, debug.Stack()))
+			p.log.Error("replay stage panicked (a kproxy bug)", "stage", s.Name(), "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			res = Failed(PanicExplanation(v, req.ID))
 		}
 	}()
 	return s.Run(ctx, req)
+}
+
+// PanicExplanation says a replay failed on a panic, for a record: what
+// kind of failure, never the stack or the values involved.
+func PanicExplanation(v any, id string) string {
+	what := "a panic"
+	if err, ok := v.(runtime.Error); ok {
+		what = "a panic (" + err.Error() + ")"
+	}
+	return "the replay failed on " + what + ", a kproxy bug: the stack is in kproxy's log under record " + id
 }
 
 func endStageSpan(span trace.Span, res Result) {

@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -51,6 +52,7 @@ func TestRun(t *testing.T) {
 		wantOutcomes []string
 		wantPred     record.Prediction
 		wantMsg      string // substring of the unknown message
+		wantLog      string // in kproxy's log, never in the record
 	}{
 		{
 			name:         "all pass predicts success",
@@ -83,7 +85,8 @@ func TestRun(t *testing.T) {
 			stages:       []func(context.Context) Result{func(context.Context) Result { panic("boom") }, pass},
 			wantOutcomes: []string{"error", "pass"},
 			wantPred:     record.Prediction{Stage: record.StageUnknown},
-			wantMsg:      "s0 failed: panic: boom",
+			wantMsg:      "s0 failed: the replay failed on a panic, a kproxy bug: the stack is in kproxy's log",
+			wantLog:      "boom",
 		},
 		{
 			name: "past the budget is an error",
@@ -105,7 +108,8 @@ func TestRun(t *testing.T) {
 			for i, f := range tc.stages {
 				ss = append(ss, fake{name: "s" + string(rune('0'+i)), run: f})
 			}
-			p := newPipeline(Config{TracerProvider: tp, Budget: tc.budget}, ss...)
+			var logs strings.Builder
+			p := newPipeline(Config{TracerProvider: tp, Budget: tc.budget, Log: slog.New(slog.NewTextHandler(&logs, nil))}, ss...)
 			req := &Request{HTTP: httptest.NewRequest("GET", "/api/v1/pods", nil)}
 			out := p.Run(context.Background(), req)
 			var outcomes []string
@@ -116,6 +120,14 @@ func TestRun(t *testing.T) {
 				t.Errorf("outcomes %v, want %v", outcomes, tc.wantOutcomes)
 			}
 			got := out.Predicted
+			if tc.wantLog != "" {
+				if !strings.Contains(logs.String(), tc.wantLog) || !strings.Contains(logs.String(), "goroutine") {
+					t.Errorf("the log lacks %q and the stack: %s", tc.wantLog, logs.String())
+				}
+				if strings.Contains(got.Message, tc.wantLog) || strings.Contains(got.Message, "goroutine") {
+					t.Errorf("the record's message holds the panic's value or stack: %q", got.Message)
+				}
+			}
 			if tc.wantMsg != "" {
 				if !strings.Contains(got.Message, tc.wantMsg) {
 					t.Errorf("message %q lacks %q", got.Message, tc.wantMsg)

@@ -145,6 +145,17 @@ type snapshotStorage struct {
 
 var errReplayWrite = errors.New("the kproxy replay never writes to the cluster")
 
+// refuseWrite is every read-only store's answer to a write. A write
+// reaching storage means the replay was not a dry run (a bug in kproxy, not
+// the apiserver's answer), so the run becomes unknown, saying so: kproxy's
+// own guard never surfaces as a prediction.
+func refuseWrite(ctx context.Context, op, key string) error {
+	if run := runFrom(ctx); run != nil {
+		run.markUnknown(fmt.Sprintf("the replay tried to %s %s and kproxy refused (it never writes to the cluster): the request was not replayed in dry run, a kproxy bug", op, key))
+	}
+	return errReplayWrite
+}
+
 // apiPath turns a storage key (/<prefix>/<namespace>/<name>, or
 // /<prefix>/<name> for cluster-scoped resources) into the REST path of the
 // object, or of the collection for a list key.
@@ -212,10 +223,18 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 			}
 			read.Snapshot, found = at, true
 		case at != "":
+			latest := raw
 			read.Snapshot = at
 			if raw, found, err = s.getAt(ctx, ns, name, at); err != nil {
 				read.Err = err
 				return err
+			}
+			if !found && run.updatedExisting(ctx) {
+				// The object did not exist before R, yet the request
+				// updated it without creating it: R is not the request's
+				// write but the object's creation, and the request was a
+				// no-op (which keeps the resourceVersion).
+				raw, found, read.Snapshot = latest, true, ""
 			}
 		}
 	}
@@ -383,16 +402,16 @@ func (s *snapshotStorage) listViaAPI(ctx context.Context, key string, opts stora
 
 func (s *snapshotStorage) Versioner() storage.Versioner { return storage.APIObjectVersioner{} }
 
-func (s *snapshotStorage) Create(context.Context, string, runtime.Object, runtime.Object, uint64) error {
-	return errReplayWrite
+func (s *snapshotStorage) Create(ctx context.Context, key string, _ runtime.Object, _ runtime.Object, _ uint64) error {
+	return refuseWrite(ctx, "create", key)
 }
 
-func (s *snapshotStorage) Delete(context.Context, string, runtime.Object, *storage.Preconditions, storage.ValidateObjectFunc, runtime.Object, storage.DeleteOptions) error {
-	return errReplayWrite
+func (s *snapshotStorage) Delete(ctx context.Context, key string, _ runtime.Object, _ *storage.Preconditions, _ storage.ValidateObjectFunc, _ runtime.Object, _ storage.DeleteOptions) error {
+	return refuseWrite(ctx, "delete", key)
 }
 
-func (s *snapshotStorage) GuaranteedUpdate(context.Context, string, runtime.Object, bool, *storage.Preconditions, storage.UpdateFunc, runtime.Object) error {
-	return errReplayWrite
+func (s *snapshotStorage) GuaranteedUpdate(ctx context.Context, key string, _ runtime.Object, _ bool, _ *storage.Preconditions, _ storage.UpdateFunc, _ runtime.Object) error {
+	return refuseWrite(ctx, "update", key)
 }
 
 func (s *snapshotStorage) Watch(ctx context.Context, key string, opts storage.ListOptions) (watch.Interface, error) {

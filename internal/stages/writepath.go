@@ -76,6 +76,8 @@ type writePath struct {
 	storage *snapshotOptions
 	etcd    *etcdAccess
 	noEtcd  string // why etcd is not read, " (...)"
+	// etags are the apiserver's ETags of its aggregated discovery roots.
+	etags *discoveryETags
 }
 
 // servesDiscovery reports a GET the replay server answers as the
@@ -126,7 +128,7 @@ func (w *writePath) servesCustom(group, resource string) bool {
 // BuildGenericConfig with the parts that touch the outside world replaced:
 // the loopback client is kproxy's read-only client, the storage is
 // snapshotStorage.
-func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, authn authenticator.Request, authz authorizer.Authorizer, tp trace.TracerProvider) (*writePath, error) {
+func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, authn authenticator.Request, authz authorizer.Authorizer, rules authorizer.RuleResolver, tp trace.TracerProvider, now func() time.Time) (*writePath, error) {
 	// Process-global, as in kube-apiserver: privileged containers pass
 	// validation only with --allow-privileged.
 	capabilities.Setup(o.AllowPrivileged, 0)
@@ -143,6 +145,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	gc.LoopbackClientConfig = loopbackConfig(s.Config)
 	gc.Authentication.Authenticator = authn
 	gc.Authorization.Authorizer = authz
+	gc.RuleResolver = rules
 	defs := openapi.GetOpenAPIDefinitionsWithoutDisabledFeatures(generatedopenapi.GetOpenAPIDefinitions)
 	namer := openapinamer.NewDefinitionNamer(legacyscheme.Scheme)
 	gc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(defs, namer)
@@ -291,9 +294,13 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers); err != nil {
 		return nil, err
 	}
+	etags, err := newDiscoveryETags(ctx, s, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Informer(), now)
+	if err != nil {
+		return nil, err
+	}
 	return &writePath{handler: srv.Handler.Director, plugins: plugins,
 		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
-		storage: snapshots, etcd: access, noEtcd: noEtcd}, nil
+		storage: snapshots, etcd: access, noEtcd: noEtcd, etags: etags}, nil
 }
 
 // runtimeConfig is --runtime-config as kube-apiserver completes it: the
