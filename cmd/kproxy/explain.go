@@ -51,6 +51,10 @@ state, without sending it, and print each stage's verdict and explanation.
 Think of it as "kubectl auth can-i" for the whole request path, with the
 reason.
 
+Exit status: 0 when the request is predicted to succeed, 3 when it is
+predicted to be refused, 4 when kproxy cannot predict it (the output says
+why), 1 for bad input or when the replay cannot run.
+
 The identity comes from --token, or --client-cert (and --client-key), or,
 when neither is given, from kproxy's own kubeconfig credentials;
 --as/--as-group/--as-uid add Impersonate-* headers as kubectl --as does.
@@ -70,7 +74,6 @@ The apiserver's configuration comes from the mirrored flags or
 			return runExplain(cmd, o, strings.ToUpper(args[0]), args[1])
 		},
 	}
-	cmd.FParseErrWhitelist.UnknownFlags = true
 	f := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
 	f.StringVar(&o.serve.UpstreamKubeconfig, "upstream-kubeconfig", "", "kubeconfig kproxy reads the cluster's state with (default: $KUBECONFIG, then ~/.kube/config)")
 	f.StringVar(&o.serve.UpstreamContext, "upstream-context", "", "context in --upstream-kubeconfig")
@@ -100,6 +103,7 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	}
 	log := newLogger(o.logLevel)
 	serve.RouteKlog(log)
+	reportIgnored(cmd.Flags(), log)
 	if o.manifest != "" {
 		args, err := manifestArgs(o.manifest)
 		if err != nil {
@@ -148,7 +152,27 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	sreq := &stages.Request{ID: "explain", Arrival: time.Now(), HTTP: req, Info: info,
 		Body: body, BodyTruncated: len(body) > stages.MaxBodyBytes}
 	out := pipeline.Run(cmd.Context(), sreq)
-	return printExplanation(cmd.OutOrStdout(), o.output, method, path, out)
+	if err := printExplanation(cmd.OutOrStdout(), o.output, method, path, out); err != nil {
+		return err
+	}
+	return explainExit(out.Predicted)
+}
+
+// Exit statuses of kproxy explain, for scripts.
+const (
+	explainAllowed = 0 // the request is predicted to succeed
+	explainRefused = 3 // predicted to be refused (4xx or 5xx): the output says by which stage and why
+	explainUnknown = 4 // kproxy cannot predict it: the output says why
+)
+
+func explainExit(p record.Prediction) error {
+	switch {
+	case p.Stage == record.StageUnknown:
+		return exitCode(explainUnknown)
+	case p.Status >= 400:
+		return exitCode(explainRefused)
+	}
+	return nil
 }
 
 // request builds the request to replay with the chosen identity.

@@ -38,7 +38,7 @@ unchanged.
 
 Flags named like kube-apiserver's mean the same as there, so the
 apiserver's own flag list can be handed over as is: flags kproxy does not
-use yet are reported and ignored (use the --flag=value form for those).
+use are accepted, reported and ignored. Any other unknown flag is an error.
 
 Tracing follows the OTEL_* environment variables (OTEL_EXPORTER_OTLP_ENDPOINT,
 OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME, OTEL_TRACES_EXPORTER); the
@@ -48,7 +48,7 @@ exported.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = newLogger(logLevel)
 			serve.RouteKlog(o.Log)
-			reportIgnored(cmd, o.Log)
+			reportIgnored(cmd.Flags(), o.Log)
 			if manifest != "" {
 				args, err := manifestArgs(manifest)
 				if err != nil {
@@ -68,7 +68,6 @@ exported.`,
 			return s.Run(cmd.Context())
 		},
 	}
-	cmd.FParseErrWhitelist.UnknownFlags = true
 	own := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
 	addServeFlags(own, o)
 	own.StringVar(&manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): read the apiserver's flags from it; flags given here win")
@@ -80,16 +79,66 @@ exported.`,
 }
 
 // groupedFlags adds kproxy's own flags and the mirrored kube-apiserver
-// flags to cmd, and lists them apart in --help.
+// flags to cmd, and lists them apart in --help. Every other kube-apiserver
+// flag is accepted, hidden, and reported as unused (reportIgnored), so an
+// apiserver's flag list can be handed over as is; any other flag is an
+// error that names the nearest real one (a mistyped --token must never
+// silently run as someone else).
 func groupedFlags(cmd *cobra.Command, own, apiserver *pflag.FlagSet) {
 	cmd.Flags().AddFlagSet(own)
 	cmd.Flags().AddFlagSet(apiserver)
+	stages.AddOtherAPIServerFlags(cmd.Flags())
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		if name, ok := strings.CutPrefix(err.Error(), "unknown flag: --"); ok {
+			if near := nearestFlag(c.Flags(), name); near != "" {
+				return fmt.Errorf("%w (did you mean --%s?); see %s --help", err, near, c.CommandPath())
+			}
+			return fmt.Errorf("%w: it is neither a kproxy flag nor a kube-apiserver flag; see %s --help", err, c.CommandPath())
+		}
+		return fmt.Errorf("%w; see %s --help", err, c.CommandPath())
+	})
 	cmd.SetUsageFunc(func(c *cobra.Command) error {
 		w := c.OutOrStderr()
 		fmt.Fprintf(w, "Usage:\n  %s\n\nkproxy flags:\n%s\n", c.UseLine(), own.FlagUsages())
-		fmt.Fprintf(w, "kube-apiserver flags kproxy mirrors (parsed by kube-apiserver's own options; give them as the apiserver has them, or use --apiserver-manifest):\n%s", apiserver.FlagUsages())
+		fmt.Fprintf(w, "kube-apiserver flags kproxy mirrors (parsed by kube-apiserver's own options; give them as the apiserver has them, or use --apiserver-manifest;\nother kube-apiserver flags are accepted and ignored):\n%s", apiserver.FlagUsages())
 		return nil
 	})
+}
+
+// nearestFlag is the visible flag whose name is closest to name, if it
+// is close enough to be a typo.
+func nearestFlag(fs *pflag.FlagSet, name string) string {
+	best, bestD := "", 3
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Hidden {
+			return
+		}
+		if d := editDistance(name, f.Name); d < bestD {
+			best, bestD = f.Name, d
+		}
+	})
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
 }
 
 func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
@@ -108,21 +157,11 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	o.Telemetry.Version = version
 }
 
-// reportIgnored names the flags kproxy accepted without using them, such as
-// kube-apiserver flags it does not model yet.
-func reportIgnored(cmd *cobra.Command, log *slog.Logger) {
-	var ignored []string
-	for _, a := range os.Args[1:] {
-		if !strings.HasPrefix(a, "--") || a == "--" {
-			continue
-		}
-		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
-		if cmd.Flags().Lookup(name) == nil && cmd.InheritedFlags().Lookup(name) == nil {
-			ignored = append(ignored, "--"+name)
-		}
-	}
-	if len(ignored) > 0 {
-		log.Warn("ignoring flags kproxy does not use (yet)", "flags", strings.Join(ignored, " "))
+// reportIgnored names the kube-apiserver flags kproxy accepted without
+// using them.
+func reportIgnored(fs *pflag.FlagSet, log *slog.Logger) {
+	if ignored := stages.GivenOtherAPIServerFlags(fs); len(ignored) > 0 {
+		log.Info("kube-apiserver flags kproxy does not use (ignored)", "flags", strings.Join(ignored, " "))
 	}
 }
 

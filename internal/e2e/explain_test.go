@@ -22,7 +22,8 @@ import (
 // miss, bindings that almost apply, and a Role and RoleBinding that, once
 // applied, really make the apiserver allow the request.
 func TestAuthorizationExplanations(t *testing.T) {
-	f, recs, r := corpusHarness(t, kproxyOptions{})
+	f, recs, k := corpusHarness(t, kproxyOptions{})
+	r := reverseH2Route(k)
 	cases := []struct {
 		name, as, method, path string
 		want                   []string
@@ -143,7 +144,8 @@ func applyYAML(t *testing.T, manifest string) {
 // names the authenticator that accepted the caller, and says what is
 // wrong with a rejected credential.
 func TestAuthenticationExplanations(t *testing.T) {
-	f, recs, r := corpusHarness(t, kproxyOptions{})
+	f, recs, k := corpusHarness(t, kproxyOptions{})
+	r := reverseH2Route(k)
 	cases := []struct {
 		as      string
 		headers map[string]string

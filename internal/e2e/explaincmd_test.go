@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,19 @@ import (
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 )
+
+// exitStatus is a command's exit status (0 when err is nil, -1 when it
+// did not run).
+func exitStatus(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
 
 // kproxyBinary builds the kproxy binary into dir, as a user would, and
 // writes the test apiserver's manifest beside it: the CLI tests' setup.
@@ -70,8 +84,14 @@ func TestExplainCommand(t *testing.T) {
 			args = append(args, "-o", "json", "--upstream-kubeconfig", kc, "--apiserver-manifest", manifest)
 			cmd := exec.Command(bin, args...)
 			out, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("kproxy %s: %v\n%s", strings.Join(args, " "), err, out)
+			// Scripts read the verdict from the exit status: 0 allowed,
+			// 3 refused.
+			wantExit := 0
+			if c.status >= 400 {
+				wantExit = 3
+			}
+			if code := exitStatus(err); code != wantExit {
+				t.Fatalf("kproxy %s: exit status %d (%v), want %d\n%s", strings.Join(args, " "), code, err, wantExit, out)
 			}
 			var doc struct {
 				Predicted record.Prediction    `json:"predicted"`
@@ -120,5 +140,18 @@ func TestExplainCommand(t *testing.T) {
 	out, err = exec.Command(bin, "explain", "GET").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "want METHOD PATH") {
 		t.Errorf("explain with one argument: %v %s", err, out)
+	}
+	// A mistyped flag is an error naming the flag meant, never a replay as
+	// kproxy's own identity; a kube-apiserver flag kproxy does not use is
+	// accepted (its value too, given apart).
+	out, err = exec.Command(bin, "explain", "GET", "/api/v1/namespaces/corpus/secrets", "--tokn", "alice-token",
+		"--upstream-kubeconfig", kc, "--apiserver-manifest", manifest).CombinedOutput()
+	if exitStatus(err) != 1 || !strings.Contains(string(out), "unknown flag: --tokn (did you mean --token?)") {
+		t.Errorf("explain --tokn: exit %d, %s", exitStatus(err), out)
+	}
+	out, err = exec.Command(bin, "explain", "GET", "/api/v1/namespaces/corpus/secrets", "--token", "alice-token", "--secure-port", "6443",
+		"--profiling=false", "--upstream-kubeconfig", kc, "--apiserver-manifest", manifest, "-o", "json").Output()
+	if exitStatus(err) != 3 || !strings.Contains(string(out), `"stage": "authorization"`) {
+		t.Errorf("explain with unused kube-apiserver flags: exit %d, %s", exitStatus(err), out)
 	}
 }

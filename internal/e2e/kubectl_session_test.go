@@ -215,7 +215,7 @@ func judgeSession(all []*record.Record) sessionResult {
 			if len(why) > 160 {
 				why = why[:160]
 			}
-			res.unknowns[why+" ["+r.Request.Method+" "+r.Request.Path+"]"]++
+			res.unknowns[why+" ["+r.Request.Method+" "+r.Request.Path+fmt.Sprintf(" -> %d", a.Status)+"]"]++
 		case p.Status == a.Status && p.Reason == a.Reason:
 			res.match++
 		default:

@@ -24,8 +24,10 @@ var KproxyClusterRole = &rbacv1.ClusterRole{
 		{APIGroups: []string{"authentication.k8s.io"}, Resources: []string{"*"}, Verbs: []string{"impersonate"}},
 		{APIGroups: []string{"authorization.k8s.io"}, Resources: []string{"subjectaccessreviews"}, Verbs: []string{"create"}},
 		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}},
-		// The apiserver's version and feature gates.
-		{NonResourceURLs: []string{"/version", "/metrics"}, Verbs: []string{"get"}},
+		// The apiserver's version and feature gates; the paths it serves
+		// (its index), its health checks and its OpenAPI index, which the
+		// replay of non-resource requests reads.
+		{NonResourceURLs: []string{"/version", "/metrics", "/", "/healthz", "/healthz/*", "/livez", "/livez/*", "/readyz", "/readyz/*", "/openapi/v3"}, Verbs: []string{"get"}},
 	},
 }
 

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"strings"
+	"sync"
 
 	"github.com/spf13/pflag"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	cliflag "k8s.io/component-base/cli/flag"
+	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app/options"
 	kubeoptions "k8s.io/kubernetes/pkg/kubeapiserver/options"
 
 	// Registers the Kubernetes feature gates, so --feature-gates knows them.
@@ -262,4 +265,50 @@ func APIServerOptionsFromArgs(args []string) (*APIServerOptions, []string, error
 	o.AddFlags(fs)
 	ignored, err := o.ParseAPIServerArgs(fs, args)
 	return o, ignored, err
+}
+
+// AddOtherAPIServerFlags adds every other kube-apiserver flag to fs,
+// hidden, with kube-apiserver's own parsing (a boolean needs no value, a
+// value may follow as the next argument), bound to a copy of its options
+// that nothing reads: an apiserver's own flag list can be handed to
+// kproxy as is, while a flag that is neither kproxy's nor the
+// apiserver's is an error. Names fs already has (kproxy's own, the
+// mirrored ones) are left alone. Which were given: GivenOtherAPIServerFlags.
+func AddOtherAPIServerFlags(fs *pflag.FlagSet) {
+	otherFlagsOnce.Do(func() { otherFlags = apiserverapp.NewServerRunOptions().Flags() })
+	for _, set := range otherFlags.FlagSets {
+		set.VisitAll(func(f *pflag.Flag) {
+			if fs.Lookup(f.Name) != nil {
+				return
+			}
+			c := *f
+			c.Hidden = true
+			if c.Annotations == nil {
+				c.Annotations = map[string][]string{}
+			}
+			c.Annotations[otherAPIServerFlag] = []string{"true"}
+			fs.AddFlag(&c)
+		})
+	}
+}
+
+// otherFlags are built once: kube-apiserver's options register global
+// state (its component's feature gates) when made.
+var (
+	otherFlagsOnce sync.Once
+	otherFlags     cliflag.NamedFlagSets
+)
+
+const otherAPIServerFlag = "kproxy.dev/unused-kube-apiserver-flag"
+
+// GivenOtherAPIServerFlags names the kube-apiserver flags set on fs that
+// kproxy does not use.
+func GivenOtherAPIServerFlags(fs *pflag.FlagSet) []string {
+	var out []string
+	fs.Visit(func(f *pflag.Flag) {
+		if _, ok := f.Annotations[otherAPIServerFlag]; ok {
+			out = append(out, "--"+f.Name)
+		}
+	})
+	return out
 }

@@ -30,8 +30,14 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 	switch {
 	case req.Info != nil && !req.Info.IsResourceRequest && d.m.write != nil && d.m.write.servesDiscovery(req):
 		// Discovery and /version: the replay server's own handlers.
-	case req.Info == nil || !req.Info.IsResourceRequest:
-		return Unknown("a non-resource request (health, OpenAPI, metrics, or discovery of an aggregated API) is served by the apiserver itself: not modelled")
+	case req.Info == nil:
+		return Unknown("the request could not be resolved as the apiserver resolves it")
+	case !req.Info.IsResourceRequest && d.m.write == nil:
+		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error())
+	case !req.Info.IsResourceRequest && !strings.HasPrefix(req.Info.Path, "/apis/"):
+		return d.nonResource(ctx, req)
+	case !req.Info.IsResourceRequest:
+		return Unknown("discovery of " + req.Info.Path + " (a custom resource group or an aggregated API): not modelled")
 	case !IsWrite(req.Info) && !IsRead(req.Info):
 		return Unknown("the " + req.Info.Verb + " verb: not modelled")
 	}
@@ -77,7 +83,7 @@ func (d decode) discovery(ctx context.Context, req *Request, run *handlerRun) Re
 	if !discoveryRoot(req) || run.code != http.StatusOK || run.etag == "" || inm == "" {
 		return Pass("the apiserver's discovery handlers answer " + req.Info.Path)
 	}
-	current, err := d.m.write.etags.etag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
+	current, err := d.m.write.served.etag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
 	if err != nil {
 		return Unknown("a conditional discovery request (If-None-Match): " + err.Error())
 	}

@@ -198,6 +198,9 @@ func predict(req *Request, decided *Result, decidedBy string, unknown []string) 
 // with: the handler's (201 for a create that stores a new object, 304 for
 // a conditional request whose cached copy is current), else 200.
 func successStatus(req *Request) int {
+	if req.successCode != 0 {
+		return req.successCode
+	}
 	if req.run != nil && req.run.code >= 200 && req.run.code < 400 {
 		return req.run.code
 	}

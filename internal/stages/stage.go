@@ -53,6 +53,10 @@ type Request struct {
 	// write from the state at arrival, never to predict.
 	Actual func(ctx context.Context) (ActualWrite, bool)
 
+	// successCode is the status of a success a stage decided without the
+	// resource handler (a non-resource handler's 304).
+	successCode int
+
 	// run is the resource handler's run of the request (decode through
 	// storage; a read's decode and storage), set by decode for the stages
 	// after it.

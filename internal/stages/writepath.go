@@ -76,8 +76,8 @@ type writePath struct {
 	storage *snapshotOptions
 	etcd    *etcdAccess
 	noEtcd  string // why etcd is not read, " (...)"
-	// etags are the apiserver's ETags of its aggregated discovery roots.
-	etags *discoveryETags
+	// served are what the apiserver serves about itself (served_docs.go).
+	served *servedDocs
 }
 
 // servesDiscovery reports a GET the replay server answers as the
@@ -294,13 +294,13 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers); err != nil {
 		return nil, err
 	}
-	etags, err := newDiscoveryETags(ctx, s, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Informer(), now)
+	served, err := newServedDocs(ctx, s, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Informer(), now)
 	if err != nil {
 		return nil, err
 	}
 	return &writePath{handler: srv.Handler.Director, plugins: plugins,
 		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
-		storage: snapshots, etcd: access, noEtcd: noEtcd, etags: etags}, nil
+		storage: snapshots, etcd: access, noEtcd: noEtcd, served: served}, nil
 }
 
 // runtimeConfig is --runtime-config as kube-apiserver completes it: the

@@ -1,0 +1,242 @@
+package stages
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Non-resource requests past authorization: the apiserver's own handlers
+// (its NonGoRestfulMux) answer them. Which paths it serves, and the state
+// some answers depend on (its health, its OpenAPI index), are the
+// apiserver's: kproxy reads them (served_docs.go) rather than guess from
+// the replay server, which serves neither health checks nor OpenAPI nor
+// the aggregator's paths. A path it does not serve is a 404 from its mux,
+// decided here at decode (the handler's routing). What the replay cannot
+// tell (conditional and range requests of OpenAPI documents, other
+// methods, handlers of its own such as /debug) stays unknown, said so.
+
+// nonResource is decode's verdict on a non-resource request that is not
+// discovery or /version.
+func (d decode) nonResource(ctx context.Context, req *Request) Result {
+	r, p := req.HTTP, strings.TrimSuffix(req.Info.Path, "/")
+	if p == "" {
+		p = "/"
+	}
+	if healthEndpoint(p) != "" {
+		// The health handlers answer any method alike.
+		return d.health(ctx, req, p)
+	}
+	if r.Method != http.MethodGet {
+		return Unknown("the " + r.Method + " of the non-resource path " + p + " is answered by the apiserver's own handler: not modelled")
+	}
+	switch {
+	case p == "/metrics" || p == "/metrics/slis":
+		return Pass("the apiserver's metrics handler answers every GET of " + p)
+	case p == "/openapi/v3" || strings.HasPrefix(p, "/openapi/v3/"):
+		return d.openAPIV3(ctx, req, p)
+	case p == "/openapi/v2":
+		if h := conditionalHeader(req.HTTP.Header); h != "" {
+			return Unknown("a conditional or partial request (" + h + ") of the OpenAPI v2 document: the apiserver answers it from the document's ETag and modification time: not modelled")
+		}
+		if !openAPIAcceptable(req.HTTP.Header.Get("Accept")) {
+			return Unknown("the OpenAPI v2 document with Accept " + req.HTTP.Header.Get("Accept") + ": content negotiation not modelled")
+		}
+		return Pass("the apiserver serves its OpenAPI v2 document")
+	}
+	doc, err := d.m.write.served.get(ctx, "/", "application/json")
+	if err != nil {
+		return Unknown("which non-resource paths the apiserver serves: " + err.Error())
+	}
+	var index struct {
+		Paths []string `json:"paths"`
+	}
+	if doc.status != http.StatusOK || json.Unmarshal(doc.body, &index) != nil {
+		return Unknown(fmt.Sprintf("which non-resource paths the apiserver serves: its index / answered %d", doc.status))
+	}
+	if p == "/" {
+		return Pass("the apiserver's index of the paths it serves")
+	}
+	for _, served := range index.Paths {
+		served = strings.TrimSuffix(served, "/")
+		switch {
+		case served == p && staticDocument(p):
+			return Pass("the apiserver serves " + p + " (its index lists it): every GET is answered with the document")
+		case served == p || (served != "" && strings.HasPrefix(p, served+"/") && prefixHandler(served)):
+			return Unknown("the apiserver serves " + p + " with a handler of its own: not modelled")
+		}
+	}
+	st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
+	return Reject(st, fmt.Sprintf("the apiserver serves no handler at %s (its index lists %d paths, none of them this one or a prefix of it): its mux answers 404 page not found", p, len(index.Paths)))
+}
+
+// staticDocument reports paths whose handler answers every GET with a
+// document it holds: service-account issuer discovery.
+func staticDocument(p string) bool {
+	return p == "/.well-known/openid-configuration" || p == "/openid/v1/jwks"
+}
+
+// prefixHandler reports paths under which the apiserver serves a whole
+// tree (pprof's profiles, OpenAPI documents, the API groups).
+func prefixHandler(p string) bool {
+	switch p {
+	case "/debug/pprof", "/openapi/v3", "/apis", "/api", "/debug/flags":
+		return true
+	}
+	return false
+}
+
+// healthEndpoint returns /healthz, /livez or /readyz when p is one of them
+// or one of their checks, else "".
+func healthEndpoint(p string) string {
+	for _, e := range []string{"/healthz", "/livez", "/readyz"} {
+		if p == e || strings.HasPrefix(p, e+"/") {
+			return e
+		}
+	}
+	return ""
+}
+
+// health predicts a health endpoint from the apiserver's health now: kproxy
+// reads the same endpoint, with the request's exclusions, verbosely, and
+// reports every check.
+func (d decode) health(ctx context.Context, req *Request, p string) Result {
+	q := url.Values{}
+	for k, v := range req.HTTP.URL.Query() {
+		q[k] = v
+	}
+	if _, ok := q["verbose"]; !ok {
+		q.Set("verbose", "1")
+	}
+	// Health is read live (it changes), and is small.
+	doc, err := d.m.write.served.read(ctx, p+"?"+q.Encode(), "")
+	if err != nil {
+		return Unknown("the apiserver's health: " + err.Error())
+	}
+	var failed, passed []string
+	for _, line := range strings.Split(string(doc.body), "\n") {
+		switch {
+		case strings.HasPrefix(line, "[-]"):
+			failed = append(failed, strings.TrimPrefix(line, "[-]"))
+		case strings.HasPrefix(line, "[+]"):
+			passed = append(passed, strings.Fields(strings.TrimPrefix(line, "[+]"))[0])
+		}
+	}
+	sort.Strings(passed)
+	switch doc.status {
+	case http.StatusOK:
+		what := "the check passes"
+		if len(passed) > 0 {
+			what = fmt.Sprintf("all %d checks pass", len(passed))
+		}
+		return Pass(fmt.Sprintf("the apiserver's %s: %s (read by kproxy as it replayed the request)", p, what))
+	case http.StatusNotFound:
+		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
+		return Reject(st, fmt.Sprintf("the apiserver has no health check at %s: its mux answers 404 page not found", p))
+	case http.StatusInternalServerError:
+		// The apiserver answers a failure with the verbose report, whether
+		// or not the request asked for it.
+		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Message: strings.TrimSpace(string(doc.body))}
+		return Reject(st, fmt.Sprintf("the apiserver's %s fails (read by kproxy as it replayed the request): %s", p, strings.Join(failed, "; ")))
+	}
+	return Unknown(fmt.Sprintf("the apiserver's health: kproxy's read of %s answered %d", p, doc.status))
+}
+
+// openAPIV3 predicts the OpenAPI v3 index and its documents from the
+// apiserver's index: a document it lists is served, any other path under
+// /openapi/v3/ is a 404 with no body.
+func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
+	h := conditionalHeader(req.HTTP.Header)
+	switch {
+	case p == "/openapi/v3" && h != "":
+		return d.conditionalIndex(ctx, req, h)
+	case h != "":
+		return Unknown("a conditional or partial request (" + h + ") of an OpenAPI document: the apiserver answers it from the document's modification time, which kproxy does not know: not modelled")
+	case p == "/openapi/v3":
+		return Pass("the apiserver's OpenAPI v3 index")
+	}
+	doc, err := d.m.write.served.get(ctx, "/openapi/v3", "application/json")
+	if err != nil {
+		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
+	}
+	var index struct {
+		Paths map[string]json.RawMessage `json:"paths"`
+	}
+	if doc.status != http.StatusOK || json.Unmarshal(doc.body, &index) != nil {
+		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d", doc.status))
+	}
+	gv := strings.TrimPrefix(p, "/openapi/v3/")
+	if _, ok := index.Paths[gv]; !ok {
+		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound}
+		return Reject(st, fmt.Sprintf("the apiserver's OpenAPI v3 index lists no document %q (%d documents): 404", gv, len(index.Paths)))
+	}
+	if !openAPIAcceptable(req.HTTP.Header.Get("Accept")) {
+		return Unknown("an OpenAPI document with Accept " + req.HTTP.Header.Get("Accept") + ": content negotiation not modelled")
+	}
+	return Pass("the apiserver serves the OpenAPI v3 document of " + gv)
+}
+
+// conditionalIndex answers a conditional request of the OpenAPI v3 index as
+// the apiserver does, with net/http's ServeContent over the index's ETag
+// and modification time, read from the apiserver now (kubectl asks with
+// If-Modified-Since).
+func (d decode) conditionalIndex(ctx context.Context, req *Request, header string) Result {
+	doc, err := d.m.write.served.read(ctx, "/openapi/v3", "")
+	if err != nil {
+		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
+	}
+	mod, err := http.ParseTime(doc.header.Get("Last-Modified"))
+	if doc.status != http.StatusOK || err != nil {
+		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d without a Last-Modified time", doc.status))
+	}
+	w := httptest.NewRecorder()
+	w.Header().Set("Etag", doc.header.Get("Etag"))
+	http.ServeContent(w, req.HTTP.Clone(ctx), "/openapi/v3", mod, bytes.NewReader(doc.body))
+	what := fmt.Sprintf("the OpenAPI v3 index last changed at %s (ETag %.12s…); the request's %s: %s", mod.UTC().Format(time.RFC3339), strings.Trim(doc.header.Get("Etag"), `"`), header, req.HTTP.Header.Get(header))
+	switch {
+	case w.Code == http.StatusNotModified:
+		req.successCode = http.StatusNotModified
+		return Pass(what + ": the client's copy is current, 304 Not Modified")
+	case w.Code < 300:
+		return Pass(what + ": the index is sent again")
+	}
+	st := &metav1.Status{Status: metav1.StatusFailure, Code: int32(w.Code), Message: strings.TrimSpace(w.Body.String())}
+	return Reject(st, what+": "+http.StatusText(w.Code))
+}
+
+// openAPIAcceptable reports an Accept header the OpenAPI handlers serve
+// (JSON or their protobuf, or anything).
+func openAPIAcceptable(accept string) bool {
+	if accept == "" {
+		return true
+	}
+	for _, part := range strings.Split(accept, ",") {
+		mt, _, _ := strings.Cut(strings.TrimSpace(part), ";")
+		switch strings.ToLower(mt) {
+		case "*/*", "application/*", "application/json", "application/com.github.proto-openapi.spec.v3@v1.0+protobuf",
+			"application/com.github.proto-openapi.spec.v2@v1.0+protobuf", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf":
+			return true
+		}
+	}
+	return false
+}
+
+// conditionalHeader names a header that makes a request conditional or
+// partial (http.ServeContent answers 304, 206, 412 or 416 by it), or "".
+func conditionalHeader(h http.Header) string {
+	for _, k := range []string{"If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "Range", "If-Range"} {
+		if h.Get(k) != "" {
+			return k
+		}
+	}
+	return ""
+}

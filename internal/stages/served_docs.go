@@ -1,0 +1,144 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
+	aggregatorinformers "k8s.io/kube-aggregator/pkg/client/informers/externalversions"
+)
+
+// What the apiserver serves about itself. Some answers depend on documents
+// the aggregator assembles (built-in groups, CustomResourceDefinitions,
+// APIServices) and the replay server does not: the ETags of the
+// aggregated discovery roots that conditional requests are answered
+// against (kubectl and every client-go program cache /api and /apis and
+// ask again with If-None-Match), the apiserver's index of the paths it
+// serves, the OpenAPI v3 index. kproxy reads them from the apiserver, as
+// cluster state: once, then again after CustomResourceDefinitions or
+// APIServices change. The aggregator updates its documents a moment after
+// such a change, so for a while after one they are read on every use.
+
+// servedDocs caches what kproxy read of the apiserver's own documents.
+type servedDocs struct {
+	http *http.Client
+	base string
+	now  func() time.Time
+
+	mu      sync.Mutex
+	docs    map[string]servedDoc
+	changed time.Time // the last change of what the documents list
+}
+
+// servedDoc is one read: its status, the headers that matter, the body.
+type servedDoc struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// discoverySettle is how long after a change the documents are read anew
+// on every use.
+const discoverySettle = 30 * time.Second
+
+// aggregatedDiscovery is the media type of the aggregated documents.
+const aggregatedDiscovery = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
+
+func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexInformer, now func() time.Time) (*servedDocs, error) {
+	hc, err := rest.HTTPClientFor(s.Config)
+	if err != nil {
+		return nil, fmt.Errorf("served documents: %w", err)
+	}
+	d := &servedDocs{http: hc, base: strings.TrimSuffix(s.Config.Host, "/"), now: now, docs: map[string]servedDoc{}}
+	bump := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { d.invalidate() },
+		UpdateFunc: func(any, any) { d.invalidate() },
+		DeleteFunc: func(any) { d.invalidate() },
+	}
+	if _, err := crds.AddEventHandler(bump); err != nil {
+		return nil, err
+	}
+	ac, err := aggregatorclient.NewForConfig(s.Config)
+	if err != nil {
+		return nil, fmt.Errorf("served documents: %w", err)
+	}
+	f := aggregatorinformers.NewSharedInformerFactory(ac, 0)
+	if _, err := f.Apiregistration().V1().APIServices().Informer().AddEventHandler(bump); err != nil {
+		return nil, err
+	}
+	f.Start(ctx.Done())
+	return d, nil
+}
+
+func (d *servedDocs) invalidate() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.docs = map[string]servedDoc{}
+	d.changed = d.now()
+}
+
+// get returns the apiserver's answer to kproxy's GET of path with accept,
+// from the cache while nothing it depends on changed.
+func (d *servedDocs) get(ctx context.Context, path, accept string) (servedDoc, error) {
+	key := path + " " + accept
+	d.mu.Lock()
+	doc, ok := d.docs[key]
+	settled := d.now().Sub(d.changed) > discoverySettle
+	d.mu.Unlock()
+	if ok && settled {
+		return doc, nil
+	}
+	doc, err := d.read(ctx, path, accept)
+	if err != nil {
+		return doc, err
+	}
+	d.mu.Lock()
+	d.docs[key] = doc
+	d.mu.Unlock()
+	return doc, nil
+}
+
+// read GETs path from the apiserver with kproxy's identity, now.
+func (d *servedDocs) read(ctx context.Context, path, accept string) (servedDoc, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.base+path, nil)
+	if err != nil {
+		return servedDoc{}, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := d.http.Do(req)
+	if err != nil {
+		return servedDoc{}, fmt.Errorf("kproxy could not read %s from the apiserver: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return servedDoc{}, fmt.Errorf("kproxy could not read %s from the apiserver: %w", path, err)
+	}
+	if resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusUnauthorized {
+		return servedDoc{}, fmt.Errorf("kproxy's identity may not read %s (%s): grant it get on that nonResourceURL (the README's ClusterRole)", path, resp.Status)
+	}
+	return servedDoc{status: resp.StatusCode, header: resp.Header, body: body}, nil
+}
+
+// etag returns the apiserver's current ETag of the aggregated discovery
+// document at path (/api or /apis), quoted as in its ETag header.
+func (d *servedDocs) etag(ctx context.Context, path string) (string, error) {
+	doc, err := d.get(ctx, path, aggregatedDiscovery)
+	if err != nil {
+		return "", err
+	}
+	e := doc.header.Get("ETag")
+	if doc.status != http.StatusOK || e == "" {
+		return "", fmt.Errorf("the apiserver answered kproxy's read of %s with %d and no ETag", path, doc.status)
+	}
+	return e, nil
+}
