@@ -14,6 +14,7 @@ import (
 	cliflag "k8s.io/component-base/cli/flag"
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app/options"
 	kubeoptions "k8s.io/kubernetes/pkg/kubeapiserver/options"
+	kubeletclient "k8s.io/kubernetes/pkg/kubelet/client"
 
 	// Registers the Kubernetes feature gates, so --feature-gates knows them.
 	_ "k8s.io/kubernetes/pkg/features"
@@ -52,6 +53,10 @@ type APIServerOptions struct {
 	// EtcdMaxRequestBytes is etcd's --max-request-bytes (not an apiserver
 	// flag): the largest write etcd accepts.
 	EtcdMaxRequestBytes int
+	// Kubelet is how the apiserver finds a kubelet (--kubelet-port,
+	// --kubelet-preferred-address-types, ...): the connect subresources'
+	// location code uses it. kproxy never dials a kubelet.
+	Kubelet kubeletclient.KubeletClientConfig
 	// ReplayEtcdQPS (kproxy's own) bounds the replay's reads of etcd: past
 	// it, reads are shed (predictions unknown) rather than load etcd.
 	ReplayEtcdQPS float64
@@ -80,6 +85,7 @@ func NewAPIServerOptions() *APIServerOptions {
 		EtcdPrefix:                  "/registry",
 		EtcdMaxRequestBytes:         DefaultEtcdMaxRequestBytes,
 		ReplayEtcdQPS:               DefaultReplayEtcdQPS,
+		Kubelet:                     defaultKubeletConfig(),
 	}
 }
 
@@ -106,6 +112,9 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 	o.writeFlags.StringVar(&o.EtcdCertFile, "etcd-certfile", o.EtcdCertFile, "kube-apiserver's --etcd-certfile")
 	o.writeFlags.StringVar(&o.EtcdKeyFile, "etcd-keyfile", o.EtcdKeyFile, "kube-apiserver's --etcd-keyfile")
 	o.writeFlags.StringVar(&o.EncryptionProviderConfig, "encryption-provider-config", o.EncryptionProviderConfig, "kube-apiserver's --encryption-provider-config: decrypts values encrypted at rest (the file holds keys; kproxy never prints them)")
+	o.writeFlags.StringSliceVar(&o.Kubelet.PreferredAddressTypes, "kubelet-preferred-address-types", o.Kubelet.PreferredAddressTypes, "kube-apiserver's --kubelet-preferred-address-types: which node address the apiserver connects to a kubelet at")
+	o.writeFlags.UintVar(&o.Kubelet.Port, "kubelet-port", o.Kubelet.Port, "kube-apiserver's --kubelet-port (deprecated there)")
+	o.writeFlags.UintVar(&o.Kubelet.ReadOnlyPort, "kubelet-read-only-port", o.Kubelet.ReadOnlyPort, "kube-apiserver's --kubelet-read-only-port (deprecated there)")
 	o.writeFlags.Float64Var(&o.ReplayEtcdQPS, "replay-etcd-qps", o.ReplayEtcdQPS, "kproxy's own: the most etcd reads per second the replay makes (bursts of twice that); past it, the storage stage sheds reads and says unknown rather than load etcd")
 	o.writeFlags.IntVar(&o.EtcdMaxRequestBytes, "etcd-max-request-bytes", o.EtcdMaxRequestBytes, "etcd's own --max-request-bytes (not a kube-apiserver flag): the largest value etcd stores")
 	fs.AddFlagSet(o.authnFlags)
@@ -275,7 +284,7 @@ func APIServerOptionsFromArgs(args []string) (*APIServerOptions, []string, error
 // apiserver's is an error. Names fs already has (kproxy's own, the
 // mirrored ones) are left alone. Which were given: GivenOtherAPIServerFlags.
 func AddOtherAPIServerFlags(fs *pflag.FlagSet) {
-	otherFlagsOnce.Do(func() { otherFlags = apiserverapp.NewServerRunOptions().Flags() })
+	loadAPIServerDefaults()
 	for _, set := range otherFlags.FlagSets {
 		set.VisitAll(func(f *pflag.Flag) {
 			if fs.Lookup(f.Name) != nil {
@@ -292,12 +301,29 @@ func AddOtherAPIServerFlags(fs *pflag.FlagSet) {
 	}
 }
 
-// otherFlags are built once: kube-apiserver's options register global
-// state (its component's feature gates) when made.
+// kube-apiserver's options are made once: they register global state (its
+// component's feature gates) when made.
 var (
-	otherFlagsOnce sync.Once
-	otherFlags     cliflag.NamedFlagSets
+	apiserverDefaultsOnce sync.Once
+	otherFlags            cliflag.NamedFlagSets
+	kubeletDefaults       kubeletclient.KubeletClientConfig
 )
+
+func loadAPIServerDefaults() {
+	apiserverDefaultsOnce.Do(func() {
+		o := apiserverapp.NewServerRunOptions()
+		otherFlags, kubeletDefaults = o.Flags(), o.KubeletConfig
+	})
+}
+
+// defaultKubeletConfig is kube-apiserver's default kubelet client
+// configuration.
+func defaultKubeletConfig() kubeletclient.KubeletClientConfig {
+	loadAPIServerDefaults()
+	c := kubeletDefaults
+	c.PreferredAddressTypes = append([]string(nil), c.PreferredAddressTypes...)
+	return c
+}
 
 const otherAPIServerFlag = "kproxy.dev/unused-kube-apiserver-flag"
 

@@ -80,7 +80,7 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 // document, not the replay server's: see discovery_etag.go).
 func (d decode) discovery(ctx context.Context, req *Request, run *handlerRun) Result {
 	inm := req.HTTP.Header.Get("If-None-Match")
-	if !discoveryRoot(req) || run.code != http.StatusOK || run.etag == "" || inm == "" {
+	if !discoveryRoot(req) || (run.code != http.StatusOK && run.code != http.StatusNotModified) || run.etag == "" || inm == "" {
 		return Pass("the apiserver's discovery handlers answer " + req.Info.Path)
 	}
 	current, err := d.m.write.served.etag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
@@ -91,6 +91,7 @@ func (d decode) discovery(ctx context.Context, req *Request, run *handlerRun) Re
 		run.code = http.StatusNotModified
 		return Pass("the client's cached discovery document of " + req.Info.Path + " is current (If-None-Match is the apiserver's ETag): 304 Not Modified")
 	}
+	run.code = http.StatusOK
 	return Pass("the client's cached discovery document of " + req.Info.Path + " is out of date (If-None-Match is not the apiserver's current ETag): the document is sent again")
 }
 
@@ -111,16 +112,6 @@ func notReplayable(req *Request) string {
 	}
 	if i.Resource == "componentstatuses" {
 		return "componentstatuses are probed live by the apiserver: not modelled"
-	}
-	switch i.Subresource {
-	case "log":
-		return "pods/log streams from a kubelet: not modelled"
-	case "exec", "attach", "portforward", "proxy":
-		return "the " + i.Subresource + " subresource connects to a kubelet: not modelled"
-	case "token":
-		if i.Resource == "serviceaccounts" {
-			return "TokenRequest signs with the apiserver's service-account key: not modelled"
-		}
 	}
 	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"reflect"
@@ -288,6 +289,7 @@ func (p *observedPlugin) Admit(ctx context.Context, a admission.Attributes, o ad
 	if !ok {
 		return nil
 	}
+	a = connectAsDryRun(a)
 	r := runFrom(ctx)
 	if r == nil {
 		return m.Admit(ctx, a, o)
@@ -319,6 +321,7 @@ func (p *observedPlugin) Validate(ctx context.Context, a admission.Attributes, o
 	if !ok {
 		return nil
 	}
+	a = connectAsDryRun(a)
 	r := runFrom(ctx)
 	if r == nil {
 		return v.Validate(ctx, a, o)
@@ -434,6 +437,9 @@ func (w *writePath) runRequest(ctx context.Context, req *Request, now func() tim
 		if run.narrowed = narrowList(req.Info, q); run.narrowed != "" {
 			r.URL.RawQuery = q.Encode()
 		}
+	case connectSubresource(req.Info.Subresource):
+		// Connect handlers write nothing, and refuse a dryRun option;
+		// admission sees them as dry runs (connectAsDryRun).
 	default:
 		var ct string
 		q, body, ct = forceDryRun(req.Info.Verb, q, body, contentType)
@@ -451,7 +457,10 @@ func (w *writePath) runRequest(ctx context.Context, req *Request, now func() tim
 	run.code = resp.Code
 	run.etag = resp.Header().Get("ETag")
 	run.warnings = rec.list()
-	if resp.Code >= 300 {
+	if reachedBackend(resp.Body.String()) {
+		run.markUnknown(backendReached("a kubelet or proxied backend"))
+	}
+	if resp.Code >= 300 && resp.Code != http.StatusNotModified {
 		if st, ok := kdecode.Status(resp.Header().Get("Content-Type"), resp.Body.Bytes()); ok {
 			run.status = st
 		} else {

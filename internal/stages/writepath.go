@@ -48,7 +48,6 @@ import (
 	"k8s.io/kubernetes/pkg/kubeapiserver"
 	kubeapiserveradmission "k8s.io/kubernetes/pkg/kubeapiserver/admission"
 	"k8s.io/kubernetes/pkg/kubeapiserver/admission/exclusion"
-	kubeletclient "k8s.io/kubernetes/pkg/kubelet/client"
 	quotainstall "k8s.io/kubernetes/pkg/quota/v1/install"
 	netutils "k8s.io/utils/net"
 )
@@ -146,6 +145,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	gc.Authentication.Authenticator = authn
 	gc.Authorization.Authorizer = authz
 	gc.RuleResolver = rules
+	gc.Authentication.APIAudiences = apiAudiences(o)
 	defs := openapi.GetOpenAPIDefinitionsWithoutDisabledFeatures(generatedopenapi.GetOpenAPIDefinitions)
 	namer := openapinamer.NewDefinitionNamer(legacyscheme.Scheme)
 	gc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(defs, namer)
@@ -263,12 +263,22 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 				APIResourceConfigSource: sf.APIResourceConfigSource,
 				StorageFactory:          sf,
 				EventTTL:                time.Hour,
-				ProxyTransport:          controlplaneapiserver.CreateProxyTransport(),
-				VersionedInformers:      s.Informers,
+				// pods/proxy, services/proxy, nodes/proxy: never dialed.
+				ProxyTransport:     refusingTransport(),
+				VersionedInformers: s.Informers,
+				// TokenRequest: the registry's own checks, with a
+				// placeholder in place of the apiserver's signer
+				// (token.go); never a real token.
+				ServiceAccountIssuer:                replayIssuer(o),
+				ServiceAccountMaxExpiration:         o.Authentication.ServiceAccounts.MaxExpiration,
+				ServiceAccountExtendedMaxExpiration: o.Authentication.ServiceAccounts.MaxExtendedExpiration,
+				ExtendExpiration:                    o.Authentication.ServiceAccounts.ExtendExpiration,
 			},
 		},
 		Extra: controlplane.Extra{
-			KubeletClientConfig:     kubeletclient.KubeletClientConfig{Port: 10250, ReadOnlyPort: 10255, HTTPTimeout: 5 * time.Second},
+			// Logs, exec, attach, port-forward: the location code runs,
+			// the kubelet is never dialed (connect.go).
+			KubeletClientConfig:     replayKubeletConfig(o.Kubelet),
 			ServiceIPRange:          primary,
 			SecondaryServiceIPRange: secondary,
 			APIServerServiceIP:      apiIP,

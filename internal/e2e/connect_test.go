@@ -1,0 +1,113 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestConnectNeverReachesKubelets: the replay of logs, exec, attach,
+// port-forward and the proxy subresources runs the apiserver's location
+// code, and stops where the apiserver would connect to a kubelet. A
+// listener stands in for the kubelet (none can run here) and counts
+// connections: the apiserver's, and never one from kproxy.
+func TestConnectNeverReachesKubelets(t *testing.T) {
+	ctx := context.Background()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var dials atomic.Int32
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dials.Add(1)
+			c.Close() // not a kubelet: the apiserver gets an error
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	cs := adminClient()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "kubelet-sentinel"}}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	node.Status = corev1.NodeStatus{
+		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}},
+		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(port)}},
+	}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	noToken := false
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "on-sentinel"}, Spec: corev1.PodSpec{NodeName: "kubelet-sentinel",
+		AutomountServiceAccountToken: &noToken, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, pod, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(256)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	base := "/api/v1/namespaces/" + testNS + "/pods/on-sentinel/"
+	spdy := http.Header{"Connection": {"Upgrade"}, "Upgrade": {"SPDY/3.1"}, "X-Stream-Protocol-Version": {"v4.channel.k8s.io"}}
+	cases := []struct {
+		method, path string
+		header       http.Header
+		h1           bool // an upgrade: HTTP/1.1 only
+		kubelet      bool // the apiserver dials the kubelet: unknown
+	}{
+		{method: "GET", path: base + "log", kubelet: true},
+		{method: "GET", path: base + "log?container=c&tailLines=1", kubelet: true},
+		{method: "GET", path: base + "log?container=nope"},
+		{method: "GET", path: base + "proxy/"}, // the pod has no IP
+		{method: "POST", path: base + "exec?command=true&stdout=true"}, // no upgrade: refused before any dial
+		{method: "POST", path: base + "exec?command=true&stdout=true", header: spdy, h1: true, kubelet: true},
+		{method: "POST", path: base + "attach?stdout=true", header: spdy, h1: true, kubelet: true},
+		{method: "POST", path: base + "portforward?ports=80", header: spdy, h1: true, kubelet: true},
+		{method: "POST", path: base + "exec?stdout=true", header: spdy, h1: true, kubelet: true}, // no command: the kubelet says so
+	}
+	for _, tc := range cases {
+		r := reverseH2Route(k)
+		if tc.h1 {
+			r = reverseRoute(k)
+		}
+		before := dials.Load()
+		ex := do(t, r.client(nil), r.base, request{method: tc.method, path: tc.path, user: "admin", header: tc.header})
+		var rec *record.Record
+		select {
+		case rec = <-recs:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s %s: no record", tc.method, tc.path)
+		}
+		// Give a stray dial from kproxy's replay the time to land.
+		time.Sleep(200 * time.Millisecond)
+		want := int32(0)
+		if tc.kubelet {
+			want = 1 // the apiserver's
+		}
+		if got := dials.Load() - before; got != want {
+			t.Errorf("%s %s: the kubelet stand-in got %d connections, want %d (the apiserver's only)", tc.method, tc.path, got, want)
+		}
+		p, a := rec.Predicted, rec.Actual
+		switch {
+		case tc.kubelet && (p.Stage != record.StageUnknown || !strings.Contains(p.Message, "only it answers from here")):
+			t.Errorf("%s %s (apiserver %d): predicted %+v, want unknown: the kubelet answers", tc.method, tc.path, ex.status, p)
+		case !tc.kubelet && (p.Status != a.Status || p.Reason != a.Reason || p.Message != a.Message):
+			t.Errorf("%s %s: predicted %+v, actual %+v%s", tc.method, tc.path, p, a, stageSummary(rec))
+		}
+	}
+}
