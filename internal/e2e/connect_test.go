@@ -73,7 +73,7 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 		{method: "GET", path: base + "log", kubelet: true},
 		{method: "GET", path: base + "log?container=c&tailLines=1", kubelet: true},
 		{method: "GET", path: base + "log?container=nope"},
-		{method: "GET", path: base + "proxy/"}, // the pod has no IP
+		{method: "GET", path: base + "proxy/"},                         // the pod has no IP
 		{method: "POST", path: base + "exec?command=true&stdout=true"}, // no upgrade: refused before any dial
 		{method: "POST", path: base + "exec?command=true&stdout=true", header: spdy, h1: true, kubelet: true},
 		{method: "POST", path: base + "attach?stdout=true", header: spdy, h1: true, kubelet: true},
