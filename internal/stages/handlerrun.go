@@ -533,7 +533,8 @@ func (r *handlerRun) attribute(st *metav1.Status) string {
 		}
 		return "storage"
 	case metav1.StatusReasonForbidden:
-		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") {
+		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") ||
+			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule") {
 			return "authorization"
 		}
 	case metav1.StatusReasonInvalid:

@@ -166,6 +166,11 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 			decided, decidedBy = &r, s.Name()
 		}
 	}
+	if decided == nil && len(unknown) == 0 {
+		if r, name := lateDecision(req, out.Stages); r != nil {
+			decided, decidedBy = r, name
+		}
+	}
 	out.Predicted = predict(req, decided, decidedBy, unknown)
 	out.Predicted.FlowSchema, out.Predicted.PriorityLevel = req.FlowSchema, req.PriorityLevel
 	out.Caller, out.ActingAs = req.Caller, req.User
@@ -174,6 +179,46 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		attribute.Int("kproxy.predicted.status", out.Predicted.Status),
 		attribute.String("kproxy.predicted.stage", out.Predicted.Stage))
 	return out
+}
+
+// lateDecision handles a refusal the resource handler makes on behalf of a
+// stage that ran before it: the RBAC registry's escalation check runs
+// after admission, inside the registry, yet the contract labels it
+// authorization (it is authorization logic). The authorization stage's
+// verdict becomes that refusal, with what would allow the write; the
+// stages that ran before the registry keep their verdicts.
+func lateDecision(req *Request, results []record.StageResult) (*Result, string) {
+	run := req.run
+	if run == nil || run.status == nil || run.decided == "" {
+		return nil, ""
+	}
+	for i := range results {
+		if results[i].Name != run.decided || results[i].Outcome == record.Reject {
+			continue
+		}
+		why := "the " + req.Info.Resource + " registry refuses the write after admission (its privilege-escalation check, labelled authorization): " +
+			statusMessage(run.status) + escalationAdvice(req)
+		results[i].Outcome = record.Reject
+		results[i].Explanation += "\n" + why
+		r := Reject(run.status, why)
+		return &r, run.decided
+	}
+	return nil, ""
+}
+
+// escalationAdvice says what would let a refused RBAC write through.
+func escalationAdvice(req *Request) string {
+	where := "cluster-wide"
+	if ns := req.Info.Namespace; ns != "" {
+		where = "in namespace " + ns
+	}
+	switch req.Info.Resource {
+	case "roles", "clusterroles":
+		return "\nthe writer must hold every permission the role grants " + where + ", or have the escalate verb on " + req.Info.Resource + " (rbac.authorization.k8s.io)"
+	case "rolebindings", "clusterrolebindings":
+		return "\nthe writer must hold every permission of the role it binds " + where + ", or have the bind verb on that role (rbac.authorization.k8s.io, resourceNames: [the role])"
+	}
+	return ""
 }
 
 // predict turns the stage verdicts into the record's prediction. A reject
