@@ -37,7 +37,7 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 	case !req.Info.IsResourceRequest && !strings.HasPrefix(req.Info.Path, "/apis/"):
 		return d.nonResource(ctx, req)
 	case !req.Info.IsResourceRequest:
-		return Unknown("discovery of " + req.Info.Path + " (a custom resource group or an aggregated API): not modelled")
+		return d.groupDiscovery(req)
 	case !IsWrite(req.Info) && !IsRead(req.Info):
 		return Unknown("the " + req.Info.Verb + " verb: not modelled")
 	}

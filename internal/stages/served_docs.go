@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	aggregatorinformers "k8s.io/kube-aggregator/pkg/client/informers/externalversions"
+	apiregistrationlisters "k8s.io/kube-aggregator/pkg/client/listers/apiregistration/v1"
 )
 
 // What the apiserver serves about itself. Some answers depend on documents
@@ -31,6 +32,10 @@ type servedDocs struct {
 	http *http.Client
 	base string
 	now  func() time.Time
+
+	// apiServices lists the aggregator's APIServices.
+	apiServices       apiregistrationlisters.APIServiceLister
+	apiServicesSynced cache.InformerSynced
 
 	mu      sync.Mutex
 	docs    map[string]servedDoc
@@ -70,9 +75,11 @@ func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexI
 		return nil, fmt.Errorf("served documents: %w", err)
 	}
 	f := aggregatorinformers.NewSharedInformerFactory(ac, 0)
-	if _, err := f.Apiregistration().V1().APIServices().Informer().AddEventHandler(bump); err != nil {
+	inf := f.Apiregistration().V1().APIServices()
+	if _, err := inf.Informer().AddEventHandler(bump); err != nil {
 		return nil, err
 	}
+	d.apiServices, d.apiServicesSynced = inf.Lister(), inf.Informer().HasSynced
 	f.Start(ctx.Done())
 	return d, nil
 }

@@ -112,9 +112,12 @@ func discoveryRoot(req *Request) bool {
 // serves group/resource.
 func (w *writePath) servesCustom(group, resource string) bool {
 	crd, err := w.crds.Get(resource + "." + group)
-	if err != nil {
-		return false
-	}
+	return err == nil && established(crd)
+}
+
+// established reports a CustomResourceDefinition whose resources are
+// served.
+func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
 	for _, c := range crd.Status.Conditions {
 		if c.Type == apiextensionsv1.Established {
 			return c.Status == apiextensionsv1.ConditionTrue
