@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
@@ -151,81 +148,75 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	if err != nil {
 		return err
 	}
-	samples := demoSamples(cert.TLSCertificate())
-	client := func(cert *tls.Certificate) *http.Client {
-		pool := s.CA.Cert
-		tc := &tls.Config{RootCAs: poolOf(pool)}
-		if cert != nil {
-			tc.Certificates = []tls.Certificate{*cert}
-		}
-		return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: tc}}
+	// One kubeconfig per caller, all pointing at kproxy: kubectl speaks
+	// HTTP/2, protobuf and aggregated discovery to it, as it would to the
+	// apiserver.
+	users, err := demoKubeconfigs(dir, kproxyURL, kproxyCA, cert)
+	if err != nil {
+		return err
 	}
-	byID := map[string]string{}
-	for _, smp := range samples {
-		req, _ := http.NewRequestWithContext(ctx, smp.method, kproxyURL+smp.path, bytes.NewReader([]byte(smp.body)))
-		if smp.body != "" {
-			req.Header.Set("Content-Type", "application/json")
-		}
-		if smp.token != "" {
-			req.Header.Set("Authorization", "Bearer "+smp.token)
-		}
-		id := fmt.Sprintf("demo-%02d", len(byID))
-		req.Header.Set("Audit-Id", id)
-		byID[id] = smp.what
-		resp, err := client(smp.cert).Do(req)
-		if err != nil {
-			return fmt.Errorf("sample %q: %w", smp.what, err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+	files, err := demoFiles(dir)
+	if err != nil {
+		return err
 	}
-	// Records arrive when each replay finishes; collect the demo's.
-	got := map[string]*record.Record{}
-	deadline := time.After(15 * time.Second)
-	for len(got) < len(samples) {
-		select {
-		case r := <-recs:
-			if _, ok := byID[r.Actual.AuditID]; ok {
-				got[r.Actual.AuditID] = r
-			}
-		case <-deadline:
-			return fmt.Errorf("only %d of %d sample records arrived", len(got), len(samples))
-		}
+	samples := demoSamples()
+	byRecord, recorded, err := runSamples(ctx, samples, users, files, filepath.Join(dir, "kubectl-cache"), recs)
+	if err != nil {
+		return err
 	}
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SAMPLE\tMETHOD\tPATH\tCALLER\tPREDICTED\tACTUAL\tLATENCY")
-	for i := range samples {
-		id := fmt.Sprintf("demo-%02d", i)
-		r := got[id]
-		caller := r.Identity
-		if r.Request.User != "" {
-			caller += ":" + r.Request.User
+	fmt.Fprintln(tw, "KUBECTL	METHOD	PATH	CALLER	PREDICTED	ACTUAL	LATENCY")
+	agree, unknown := 0, 0
+	for i, smp := range samples {
+		label := smp.who + ": " + smp.command
+		if len(byRecord[i]) == 0 {
+			fmt.Fprintf(tw, "%s	(no request reached the apiserver)					\n", label)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", samples[i].what, r.Request.Method, r.Request.Path, caller,
-			predictedString(r.Predicted), actualString(r.Actual), time.Duration(r.Latency.TotalNs).Round(10*time.Microsecond))
-	}
-	tw.Flush()
-	// The explanation of each refusal past authorization, from the stage
-	// that decides it, and what storage saw of the Secret.
-	for i := range samples {
-		r := got[fmt.Sprintf("demo-%02d", i)]
-		if samples[i].showStorage {
-			for _, st := range r.Stages {
-				if st.Name == "storage" {
-					fmt.Fprintf(out, "\n%q: storage says:\n  %s\n", samples[i].what, st.Explanation)
-				}
+		for _, r := range byRecord[i] {
+			caller := r.Identity
+			if r.Request.User != "" {
+				caller += ":" + r.Request.User
+			}
+			path := r.Request.Path
+			if len(path) > 48 {
+				path = path[:47] + "…"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", label, r.Request.Method, path, caller,
+				predictedString(r.Predicted), actualString(r.Actual), time.Duration(r.Latency.TotalNs).Round(10*time.Microsecond))
+			label = ""
+			switch {
+			case r.Predicted.Stage == record.StageUnknown:
+				unknown++
+			case r.Predicted.Status == r.Actual.Status && r.Predicted.Reason == r.Actual.Reason:
+				agree++
 			}
 		}
-		switch r.Predicted.Stage {
-		case "", record.StageUnknown, "authentication", "impersonation", "flowcontrol", "authorization":
-			continue
-		}
-		for _, st := range r.Stages {
-			if st.Name == r.Predicted.Stage {
-				fmt.Fprintf(out, "\nwhy %q: %s says:\n  %s\n", samples[i].what, st.Name, st.Explanation)
-				for _, ch := range st.Children {
-					if ch.Outcome == record.Reject {
-						fmt.Fprintf(out, "  plugin %s (%v): %s\n", ch.Name, time.Duration(ch.DurationNs).Round(time.Microsecond), ch.Explanation)
+	}
+	tw.Flush()
+	fmt.Fprintf(out, "\n%d requests from %d kubectl commands: %d predicted as the apiserver answered, %d unknown, %d predicted wrong\n",
+		len(recorded), len(samples), agree, unknown, len(recorded)-agree-unknown)
+	// The explanation of each refusal past authorization, from the stage
+	// that decides it, and what storage saw of the Secret.
+	for i, smp := range samples {
+		for _, r := range byRecord[i] {
+			if smp.showStorage && r.Request.Resource == "secrets" {
+				for _, st := range r.Stages {
+					if st.Name == "storage" {
+						fmt.Fprintf(out, "\n%q: storage says:\n  %s\n", smp.command, st.Explanation)
+					}
+				}
+			}
+			switch r.Predicted.Stage {
+			case "", record.StageUnknown, "authentication", "impersonation", "flowcontrol", "authorization":
+				continue
+			}
+			for _, st := range r.Stages {
+				if st.Name == r.Predicted.Stage {
+					fmt.Fprintf(out, "\nwhy %q: %s says:\n  %s\n", smp.command, st.Name, st.Explanation)
+					for _, ch := range st.Children {
+						if ch.Outcome == record.Reject {
+							fmt.Fprintf(out, "  plugin %s (%v): %s\n", ch.Name, time.Duration(ch.DurationNs).Round(time.Microsecond), ch.Explanation)
+						}
 					}
 				}
 			}
@@ -265,36 +256,119 @@ Try, from another terminal:
 	return <-served
 }
 
+// sample is one kubectl command of the demo's script, run as who.
 type sample struct {
-	what, method, path, body, token string
-	cert                            *tls.Certificate
-	showStorage                     bool // print what the storage stage saw
+	who, command string
+	showStorage  bool // print what the storage stage saw
 }
 
-func demoSamples(daveCert tls.Certificate) []sample {
-	cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kproxy-demo"},"data":{"hello":"world"}}`
-	staleCM := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kproxy-demo","resourceVersion":"1"},"data":{"hello":"again"}}`
-	badPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[]}}`
-	rootPod := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"root"},"spec":{"containers":[{"name":"c","image":"busybox"}]}}`
+func demoSamples() []sample {
 	return []sample{
-		{what: "version", method: "GET", path: "/version", token: localcluster.TokenOf("admin")},
-		{what: "admin lists namespaces", method: "GET", path: "/api/v1/namespaces", token: localcluster.TokenOf("admin")},
-		{what: "alice lists pods", method: "GET", path: "/api/v1/namespaces/default/pods", token: localcluster.TokenOf("alice")},
-		{what: "alice reads secrets", method: "GET", path: "/api/v1/namespaces/kube-system/secrets", token: localcluster.TokenOf("alice")},
-		{what: "bad token", method: "GET", path: "/api/v1/namespaces", token: "not-a-token"},
-		{what: "anonymous", method: "GET", path: "/api/v1/namespaces"},
-		{what: "create configmap", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: localcluster.TokenOf("admin")},
-		{what: "create it again", method: "POST", path: "/api/v1/namespaces/default/configmaps", body: cm, token: localcluster.TokenOf("admin")},
-		{what: "get missing", method: "GET", path: "/api/v1/namespaces/default/configmaps/nope", token: localcluster.TokenOf("admin")},
-		{what: "read the Secret", method: "GET", path: "/api/v1/namespaces/default/secrets/demo-db", token: localcluster.TokenOf("admin"), showStorage: true},
-		{what: "stale update", method: "PUT", path: "/api/v1/namespaces/default/configmaps/kproxy-demo", body: staleCM, token: localcluster.TokenOf("admin")},
-		{what: "bad continue token", method: "GET", path: "/api/v1/namespaces/default/configmaps?limit=1&continue=bm90LWEtdG9rZW4", token: localcluster.TokenOf("admin")},
-		{what: "invalid pod", method: "POST", path: "/api/v1/namespaces/default/pods", body: badPod, token: localcluster.TokenOf("admin")},
-		{what: "pod vs PodSecurity", method: "POST", path: "/api/v1/namespaces/restricted/pods", body: rootPod, token: localcluster.TokenOf("admin")},
-		{what: "configmap, no namespace", method: "POST", path: "/api/v1/namespaces/nowhere/configmaps", body: cm, token: localcluster.TokenOf("admin")},
-		{what: "dave's certificate", method: "GET", path: "/api/v1/namespaces/default/configmaps", cert: &daveCert},
-		{what: "dave deletes", method: "DELETE", path: "/api/v1/namespaces/default/configmaps/kproxy-demo", cert: &daveCert},
+		{who: "admin", command: "version"},
+		{who: "admin", command: "get namespaces"},
+		{who: "alice", command: "get pods -n default"},
+		{who: "alice", command: "get secrets -n kube-system"},
+		{who: "bad-token", command: "get namespaces"},
+		{who: "basic-auth", command: "get namespaces"}, // the apiserver ignores Basic: anonymous
+		{who: "admin", command: "create configmap kproxy-demo --from-literal=hello=world"},
+		{who: "admin", command: "create configmap kproxy-demo --from-literal=hello=world"},
+		{who: "admin", command: "get configmap nope"},
+		{who: "admin", command: "get secret demo-db", showStorage: true},
+		{who: "admin", command: "replace -f STALE"},
+		{who: "admin", command: "get --raw /api/v1/namespaces/default/configmaps?limit=1&continue=bm90LWEtdG9rZW4"},
+		{who: "admin", command: "create -f BADPOD"},
+		{who: "admin", command: "run root --image=busybox -n restricted"},
+		{who: "admin", command: "create configmap kproxy-demo -n nowhere"},
+		{who: "dave", command: "get configmaps"},
+		{who: "dave", command: "delete configmap kproxy-demo"},
+		{who: "alice", command: "auth can-i --list"},
+		{who: "admin", command: "delete configmap kproxy-demo"},
 	}
+}
+
+// demoKubeconfigs writes a kubeconfig per caller, all pointing at kproxy:
+// admin and alice with their tokens, a bad token, basic auth (which the
+// apiserver does not read: the request is anonymous), and dave's client
+// certificate.
+func demoKubeconfigs(dir, server string, caPEM []byte, dave *pki.Issued) (map[string]string, error) {
+	users := map[string]string{}
+	for who, token := range map[string]string{"admin": localcluster.TokenOf("admin"), "alice": localcluster.TokenOf("alice"), "bad-token": "not-a-token"} {
+		p := filepath.Join(dir, "kubeconfig-"+who)
+		if err := localcluster.WriteKubeconfig(p, server, caPEM, token); err != nil {
+			return nil, err
+		}
+		users[who] = p
+	}
+	basic := filepath.Join(dir, "kubeconfig-basic-auth")
+	if err := localcluster.WriteBasicAuthKubeconfig(basic, server, caPEM, "alice", "not-a-password"); err != nil {
+		return nil, err
+	}
+	users["basic-auth"] = basic
+	keyPEM, err := pki.KeyPEM(dave.Key)
+	if err != nil {
+		return nil, err
+	}
+	p := filepath.Join(dir, "kubeconfig-dave")
+	if err := localcluster.WriteCertKubeconfig(p, server, caPEM, pki.CertPEM(dave.Cert), keyPEM); err != nil {
+		return nil, err
+	}
+	users["dave"] = p
+	return users, nil
+}
+
+// demoFiles writes the manifests the script uses and returns their
+// placeholders.
+func demoFiles(dir string) (map[string]string, error) {
+	files := map[string]string{
+		"STALE":  `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"kproxy-demo","namespace":"default","resourceVersion":"1"},"data":{"hello":"again"}}`,
+		"BADPOD": `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad","namespace":"default"},"spec":{"containers":[]}}`,
+	}
+	out := map[string]string{}
+	for k, v := range files {
+		p := filepath.Join(dir, strings.ToLower(k)+".json")
+		if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+			return nil, err
+		}
+		out[k] = p
+	}
+	return out, nil
+}
+
+// runSamples runs each command with the real kubectl and collects the
+// records of the requests it made: a command's records are those that
+// arrive before the next command starts (each waits for quiet).
+func runSamples(ctx context.Context, samples []sample, users, files map[string]string, cacheDir string, recs <-chan *record.Record) (map[int][]*record.Record, []*record.Record, error) {
+	kubectl := kubectlPath()
+	byRecord := map[int][]*record.Record{}
+	var all []*record.Record
+	for i, smp := range samples {
+		args := []string{"--kubeconfig", users[smp.who], "--cache-dir", cacheDir}
+		for _, a := range strings.Fields(smp.command) {
+			if f, ok := files[a]; ok {
+				a = f
+			}
+			args = append(args, a)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_ = exec.CommandContext(cctx, kubectl, args...).Run() // refusals are the point
+		cancel()
+		// A request's record arrives once its replay is done.
+		quiet := time.NewTimer(700 * time.Millisecond)
+	collect:
+		for {
+			select {
+			case r := <-recs:
+				byRecord[i] = append(byRecord[i], r)
+				all = append(all, r)
+				quiet.Reset(400 * time.Millisecond)
+			case <-quiet.C:
+				break collect
+			case <-ctx.Done():
+				return nil, nil, ctx.Err()
+			}
+		}
+	}
+	return byRecord, all, nil
 }
 
 func predictedString(p record.Prediction) string {
@@ -342,9 +416,3 @@ func (p prefixed) Write(b []byte) (int, error) {
 }
 
 func prefixWriter(w io.Writer, prefix string) io.Writer { return prefixed{w, prefix} }
-
-func poolOf(c *x509.Certificate) *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(c)
-	return p
-}

@@ -565,3 +565,25 @@ func TokenOf(name string) string {
 	}
 	return ""
 }
+
+// WriteCertKubeconfig writes a kubeconfig for server, trusting caPEM,
+// with a client certificate and its key.
+func WriteCertKubeconfig(path, server string, caPEM, certPEM, keyPEM []byte) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kproxy"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	cfg.Contexts["kproxy"] = &clientcmdapi.Context{Cluster: "kproxy", AuthInfo: "kproxy", Namespace: "default"}
+	cfg.CurrentContext = "kproxy"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// WriteBasicAuthKubeconfig writes a kubeconfig for server with a username
+// and password (which kube-apiserver does not read as credentials).
+func WriteBasicAuthKubeconfig(path, server string, caPEM []byte, user, password string) error {
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["kproxy"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
+	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{Username: user, Password: password}
+	cfg.Contexts["kproxy"] = &clientcmdapi.Context{Cluster: "kproxy", AuthInfo: "kproxy", Namespace: "default"}
+	cfg.CurrentContext = "kproxy"
+	return clientcmd.WriteToFile(*cfg, path)
+}
