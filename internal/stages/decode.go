@@ -8,7 +8,6 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
-	"sigs.k8s.io/yaml"
 )
 
 // decode replays the resource handler up to admission: content type,
@@ -106,41 +105,10 @@ func notWriteReason(req *Request) string {
 // notReplayable says why the write path cannot replay a write, or "".
 func notReplayable(req *Request) string {
 	i := req.Info
-	if i.Resource == "services" && i.Subresource == "" && len(req.HTTP.URL.Query()["dryRun"]) == 0 && explicitAllocation(req.Body) {
-		return "the Service names its own clusterIP or nodePort: the apiserver checks those only when it really allocates them, " +
-			"and kproxy can replay a write only in dry run, where the checks differ"
-	}
 	if i.Resource == "componentstatuses" {
 		return "componentstatuses are probed live by the apiserver: not modelled"
 	}
 	return ""
-}
-
-// explicitAllocation reports a Service body that asks for a specific
-// cluster IP or node port.
-func explicitAllocation(body []byte) bool {
-	var obj struct {
-		Spec struct {
-			ClusterIP  string   `json:"clusterIP"`
-			ClusterIPs []string `json:"clusterIPs"`
-			Ports      []struct {
-				NodePort int `json:"nodePort"`
-			} `json:"ports"`
-		} `json:"spec"`
-	}
-	if yaml.Unmarshal(body, &obj) != nil {
-		return false
-	}
-	sp := obj.Spec
-	if (sp.ClusterIP != "" && sp.ClusterIP != "None") || len(sp.ClusterIPs) > 0 {
-		return true
-	}
-	for _, p := range sp.Ports {
-		if p.NodePort != 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // builtIn reports an API group kube-apiserver serves itself (custom

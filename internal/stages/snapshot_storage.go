@@ -19,12 +19,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/registry/generic"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	serverstorage "k8s.io/apiserver/pkg/server/storage"
 	"k8s.io/apiserver/pkg/storage"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
 )
 
 // snapshotOptions gives every registry store of the write path the
@@ -402,15 +404,28 @@ func (s *snapshotStorage) listViaAPI(ctx context.Context, key string, opts stora
 
 func (s *snapshotStorage) Versioner() storage.Versioner { return storage.APIObjectVersioner{} }
 
-func (s *snapshotStorage) Create(ctx context.Context, key string, _ runtime.Object, _ runtime.Object, _ uint64) error {
+func (s *snapshotStorage) Create(ctx context.Context, key string, obj runtime.Object, out runtime.Object, ttl uint64) error {
+	if allocationProbe(ctx) {
+		return s.asDryRun().Create(ctx, key, obj, out, ttl, true)
+	}
 	return refuseWrite(ctx, "create", key)
+}
+
+// asDryRun answers a write as the registry's dry run does, writing
+// nothing: a Service write whose allocations run for real, in memory
+// (services.go), still stores nothing.
+func (s *snapshotStorage) asDryRun() *genericregistry.DryRunnableStorage {
+	return &genericregistry.DryRunnableStorage{Storage: s, Codec: legacyscheme.Codecs.LegacyCodec(legacyscheme.Scheme.PrioritizedVersionsAllGroups()...)}
 }
 
 func (s *snapshotStorage) Delete(ctx context.Context, key string, _ runtime.Object, _ *storage.Preconditions, _ storage.ValidateObjectFunc, _ runtime.Object, _ storage.DeleteOptions) error {
 	return refuseWrite(ctx, "delete", key)
 }
 
-func (s *snapshotStorage) GuaranteedUpdate(ctx context.Context, key string, _ runtime.Object, _ bool, _ *storage.Preconditions, _ storage.UpdateFunc, _ runtime.Object) error {
+func (s *snapshotStorage) GuaranteedUpdate(ctx context.Context, key string, out runtime.Object, ignoreNotFound bool, pre *storage.Preconditions, tryUpdate storage.UpdateFunc, cached runtime.Object) error {
+	if allocationProbe(ctx) {
+		return s.asDryRun().GuaranteedUpdate(ctx, key, out, ignoreNotFound, pre, tryUpdate, true, cached)
+	}
 	return refuseWrite(ctx, "update", key)
 }
 

@@ -25,12 +25,14 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	"k8s.io/apiserver/pkg/registry/generic"
+	registryrest "k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	genericoptions "k8s.io/apiserver/pkg/server/options"
 	serverstorage "k8s.io/apiserver/pkg/server/storage"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/apiserver/pkg/util/openapi"
+	utilproxy "k8s.io/apiserver/pkg/util/proxy"
 	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -49,6 +51,7 @@ import (
 	kubeapiserveradmission "k8s.io/kubernetes/pkg/kubeapiserver/admission"
 	"k8s.io/kubernetes/pkg/kubeapiserver/admission/exclusion"
 	quotainstall "k8s.io/kubernetes/pkg/quota/v1/install"
+	servicestore "k8s.io/kubernetes/pkg/registry/core/service/storage"
 	netutils "k8s.io/utils/net"
 )
 
@@ -255,6 +258,10 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 		return nil, fmt.Errorf("apiextensions (custom resources): %w", err)
 	}
 
+	endpointSlices, err := utilproxy.NewEndpointSliceIndexerGetter(s.Informers.Discovery().V1().EndpointSlices())
+	if err != nil {
+		return nil, fmt.Errorf("endpoint slices: %w", err)
+	}
 	primary, secondary, apiIP, err := serviceRanges(o.ServiceClusterIPRanges)
 	if err != nil {
 		return nil, err
@@ -269,6 +276,9 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 				// pods/proxy, services/proxy, nodes/proxy: never dialed.
 				ProxyTransport:     refusingTransport(),
 				VersionedInformers: s.Informers,
+				// As kube-apiserver: Services' endpoints from the
+				// EndpointSlices (the proxy subresource).
+				EndpointSliceGetter: endpointSlices,
 				// TokenRequest: the registry's own checks, with a
 				// placeholder in place of the apiserver's signer
 				// (token.go); never a real token.
@@ -304,7 +314,21 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, fmt.Errorf("REST storage: %w", err)
 	}
-	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers); err != nil {
+	// The Service registry allocates for real, in memory (services.go).
+	services := func(storage map[string]registryrest.Storage) error {
+		if _, ok := storage["services"]; !ok {
+			return nil
+		}
+		pods, _ := storage["pods"].(servicestore.PodStorage)
+		sa, status, px, err := newServiceAllocation(gc.RESTOptionsGetter, s, primary, secondary, o.ServiceNodePortRange,
+			endpointSlices, pods)
+		if err != nil {
+			return fmt.Errorf("the Service registry: %w", err)
+		}
+		storage["services"], storage["services/status"], storage["services/proxy"] = allocatingREST{REST: sa.rest, a: sa}, status, px
+		return nil
+	}
+	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers, services); err != nil {
 		return nil, err
 	}
 	served, err := newServedDocs(ctx, s, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Informer(), now)
@@ -443,7 +467,7 @@ func (etcdVersionOnly) Status(context.Context, *etcdserverpb.StatusRequest) (*et
 
 // installAPIs is controlplaneapiserver.Server.InstallAPIs without the
 // post-start hooks (controllers that would write to the cluster).
-func installAPIs(srv *genericapiserver.GenericAPIServer, rc serverstorage.APIResourceConfigSource, getter generic.RESTOptionsGetter, providers []controlplaneapiserver.RESTStorageProvider) error {
+func installAPIs(srv *genericapiserver.GenericAPIServer, rc serverstorage.APIResourceConfigSource, getter generic.RESTOptionsGetter, providers []controlplaneapiserver.RESTStorageProvider, core func(map[string]registryrest.Storage) error) error {
 	eval, err := genericapiserver.NewResourceExpirationEvaluatorFromOptions(genericapiserver.ResourceExpirationEvaluatorOptions{
 		CurrentVersion:                          srv.EffectiveVersion.EmulationVersion(),
 		Prerelease:                              srv.EffectiveVersion.BinaryVersion().PreRelease(),
@@ -469,6 +493,9 @@ func installAPIs(srv *genericapiserver.GenericAPIServer, rc serverstorage.APIRes
 			continue
 		}
 		if p.GroupName() == "" {
+			if err := core(info.VersionedResourcesStorageMap["v1"]); err != nil {
+				return err
+			}
 			if err := srv.InstallLegacyAPIGroup(genericapiserver.DefaultLegacyAPIPrefix, &info); err != nil {
 				return fmt.Errorf("core API: %w", err)
 			}

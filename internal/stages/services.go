@@ -1,0 +1,239 @@
+package stages
+
+import (
+	"context"
+	"net"
+	"sync"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/registry/generic"
+	"k8s.io/apiserver/pkg/registry/rest"
+	"k8s.io/apiserver/pkg/util/proxy"
+	networkingv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	api "k8s.io/kubernetes/pkg/apis/core"
+	"k8s.io/kubernetes/pkg/registry/core/service/allocator"
+	"k8s.io/kubernetes/pkg/registry/core/service/ipallocator"
+	"k8s.io/kubernetes/pkg/registry/core/service/portallocator"
+	servicestore "k8s.io/kubernetes/pkg/registry/core/service/storage"
+	netutils "k8s.io/utils/net"
+)
+
+// Services that name their own cluster IPs or node ports. The apiserver
+// checks those (in range, not taken) only when it really allocates them;
+// a dry run checks neither the owner of an IP nor the range of a node
+// port. kproxy replays every write in dry run, so for a Service write that
+// is not itself a dry run, the replay runs the Service registry's own
+// allocation code as a real allocation, against the cluster's current
+// allocations, in memory:
+//
+//   - cluster IPs: kube-apiserver's MetaAllocator over the cluster's
+//     ServiceCIDRs and IPAddresses (kproxy's informers); the IPAddress it
+//     would create is answered in memory (AlreadyExists when the cluster
+//     has one for another Service), never sent;
+//   - node ports: kube-apiserver's port allocator over --service-node-port-range,
+//     filled afresh for each check with the node ports the cluster's
+//     Services hold;
+//   - the store under the registry answers the write as its dry run does
+//     (allocationProbe), so nothing is written.
+//
+// The admission chain still sees a dry run (webhooks with side effects are
+// never called). An allocation the request itself made (its IPAddress, or
+// its Service's ports, already visible when the replay reads) is its own,
+// not a conflict.
+
+// allocationProbeKey marks a Service write whose registry runs as a real
+// allocation over in-memory allocators.
+type allocationProbeKey struct{}
+
+func allocationProbe(ctx context.Context) bool { v, _ := ctx.Value(allocationProbeKey{}).(bool); return v }
+
+// serviceAllocation is the Service registry the replay installs in place of
+// the provider's: the same REST code, with allocators that check the
+// cluster's current allocations.
+type serviceAllocation struct {
+	mu    sync.Mutex // one Service write at a time: the allocators know whose it is
+	ports *currentPorts
+	rest  *servicestore.REST
+}
+
+// newServiceAllocation builds the Service registry over the replay's
+// storage with in-memory allocators.
+func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, primary, secondary net.IPNet, nodePorts utilnet.PortRange,
+	endpoints proxy.EndpointSliceGetter, pods servicestore.PodStorage) (*serviceAllocation, *servicestore.StatusREST, rest.Storage, error) {
+	nw := s.Informers.Networking().V1()
+	mem := memNetworking{NetworkingV1Interface: s.Client.NetworkingV1(), ips: nw.IPAddresses().Lister()}
+	ipAllocs := map[api.IPFamily]ipallocator.Interface{}
+	for _, r := range []net.IPNet{primary, secondary} {
+		if r.IP == nil {
+			continue
+		}
+		a, err := ipallocator.NewMetaAllocator(mem, nw.ServiceCIDRs(), nw.IPAddresses(), netutils.IsIPv6CIDR(&r), nil)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if _, ok := ipAllocs[a.IPFamily()]; !ok {
+			ipAllocs[a.IPFamily()] = a
+		}
+	}
+	family := api.IPv4Protocol
+	if netutils.IsIPv6CIDR(&primary) {
+		family = api.IPv6Protocol
+	}
+	ports := &currentPorts{rng: nodePorts, services: s.Informers.Core().V1().Services().Lister()}
+	svc, status, px, err := servicestore.NewREST(getter, family, ipAllocs, ports, endpoints, pods, refusingTransport())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return &serviceAllocation{ports: ports, rest: svc}, status, px, nil
+}
+
+// probe reports whether a Service write's registry runs as a real
+// allocation: the request itself is not a dry run.
+func probe(ctx context.Context) bool {
+	run := runFrom(ctx)
+	return run != nil && !run.dryRun && !run.read
+}
+
+// allocatingREST is the Service registry of the replay: a write that is
+// not a dry run allocates for real, in memory.
+type allocatingREST struct {
+	*servicestore.REST
+	a *serviceAllocation
+}
+
+func (r allocatingREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
+	if !probe(ctx) {
+		return r.REST.Create(ctx, obj, createValidation, options)
+	}
+	r.a.mu.Lock()
+	defer r.a.mu.Unlock()
+	if svc, ok := obj.(*api.Service); ok {
+		r.a.ports.own = svc.Namespace + "/" + svc.Name
+		if svc.Namespace == "" {
+			ns, _ := genericapirequest.NamespaceFrom(ctx)
+			r.a.ports.own = ns + "/" + svc.Name
+		}
+	}
+	o := options.DeepCopy()
+	o.DryRun = nil
+	return r.REST.Create(context.WithValue(ctx, allocationProbeKey{}, true), obj, createValidation, o)
+}
+
+func (r allocatingREST) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc, updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, options *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	if !probe(ctx) {
+		return r.REST.Update(ctx, name, objInfo, createValidation, updateValidation, forceAllowCreate, options)
+	}
+	r.a.mu.Lock()
+	defer r.a.mu.Unlock()
+	ns, _ := genericapirequest.NamespaceFrom(ctx)
+	r.a.ports.own = ns + "/" + name
+	o := options.DeepCopy()
+	o.DryRun = nil
+	return r.REST.Update(context.WithValue(ctx, allocationProbeKey{}, true), name, objInfo, createValidation, updateValidation, forceAllowCreate, o)
+}
+
+// memNetworking answers the IP allocator's IPAddress writes in memory: a
+// create succeeds unless the cluster holds that address for another
+// Service, a delete (a rollback) does nothing.
+type memNetworking struct {
+	networkingv1client.NetworkingV1Interface
+	ips networkinglisters.IPAddressLister
+}
+
+func (m memNetworking) IPAddresses() networkingv1client.IPAddressInterface {
+	return memIPAddresses{IPAddressInterface: m.NetworkingV1Interface.IPAddresses(), ips: m.ips}
+}
+
+type memIPAddresses struct {
+	networkingv1client.IPAddressInterface
+	ips networkinglisters.IPAddressLister
+}
+
+func (m memIPAddresses) Create(_ context.Context, ip *networkingv1.IPAddress, _ metav1.CreateOptions) (*networkingv1.IPAddress, error) {
+	if have, err := m.ips.Get(ip.Name); err == nil && !sameParent(have.Spec.ParentRef, ip.Spec.ParentRef) {
+		return nil, apierrors.NewAlreadyExists(networkingv1.Resource("ipaddresses"), ip.Name)
+	}
+	return ip.DeepCopy(), nil
+}
+
+func (m memIPAddresses) Delete(context.Context, string, metav1.DeleteOptions) error { return nil }
+
+// sameParent reports an IPAddress held by the very Service being written:
+// the request's own allocation, already visible.
+func sameParent(a, b *networkingv1.ParentReference) bool {
+	return a != nil && b != nil && a.Group == b.Group && a.Resource == b.Resource && a.Namespace == b.Namespace && a.Name == b.Name
+}
+
+// currentPorts is a node-port allocator that answers each call with
+// kube-apiserver's port allocator filled with the node ports the cluster's
+// Services hold now (but the written Service's own), and remembers
+// nothing.
+type currentPorts struct {
+	rng      utilnet.PortRange
+	services corelisters.ServiceLister
+	own      string // namespace/name of the Service being written
+}
+
+var _ portallocator.Interface = (*currentPorts)(nil)
+
+func (c *currentPorts) now() *portallocator.PortAllocator {
+	pa, err := portallocator.New(c.rng, func(max int, rangeSpec string, offset int) (allocator.Interface, error) {
+		return allocator.NewAllocationMapWithOffset(max, rangeSpec, offset), nil
+	})
+	if err != nil {
+		return nil
+	}
+	svcs, _ := c.services.List(labels.Everything())
+	for _, s := range svcs {
+		if s.Namespace+"/"+s.Name == c.own {
+			continue
+		}
+		for _, p := range s.Spec.Ports {
+			if p.NodePort != 0 {
+				_ = pa.Allocate(int(p.NodePort))
+			}
+		}
+		if hc := s.Spec.HealthCheckNodePort; hc != 0 {
+			_ = pa.Allocate(int(hc))
+		}
+	}
+	return pa
+}
+
+func (c *currentPorts) Allocate(port int) error {
+	if pa := c.now(); pa != nil {
+		return pa.Allocate(port)
+	}
+	return portallocator.ErrAllocated
+}
+
+func (c *currentPorts) AllocateNext() (int, error) {
+	if pa := c.now(); pa != nil {
+		return pa.AllocateNext()
+	}
+	return 0, portallocator.ErrFull
+}
+
+func (c *currentPorts) Release(int) error { return nil }
+
+func (c *currentPorts) ForEach(f func(int)) {
+	if pa := c.now(); pa != nil {
+		pa.ForEach(f)
+	}
+}
+
+func (c *currentPorts) Has(port int) bool {
+	pa := c.now()
+	return pa != nil && pa.Has(port)
+}
+
+func (c *currentPorts) Destroy()       {}
+func (c *currentPorts) EnableMetrics() {}
