@@ -53,7 +53,10 @@ import (
 // allocation over in-memory allocators.
 type allocationProbeKey struct{}
 
-func allocationProbe(ctx context.Context) bool { v, _ := ctx.Value(allocationProbeKey{}).(bool); return v }
+func allocationProbe(ctx context.Context) bool {
+	v, _ := ctx.Value(allocationProbeKey{}).(bool)
+	return v
+}
 
 // serviceAllocation is the Service registry the replay installs in place of
 // the provider's: the same REST code, with allocators that check the
