@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 )
 
@@ -47,7 +48,16 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error())
 	}
 	if i := req.Info; i.IsResourceRequest && !builtIn(i.APIGroup) && !d.m.write.servesCustom(i.APIGroup, i.Resource) {
-		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition (an aggregated API): not modelled", i.Resource+"."+i.APIGroup))
+		if s, ok, why := d.m.write.aggregatedFor(i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
+			return aggregatedAPI(s, req.Info.Path)
+		} else if why != "" {
+			return Unknown(why)
+		}
+		if d.m.write.groupUnknown(i.APIGroup) {
+			st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
+			return Reject(st, fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup))
+		}
+		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition or an APIService kproxy can see: not modelled", i.Resource+"."+i.APIGroup))
 	}
 	run := d.m.write.runRequest(ctx, req, d.m.now)
 	req.run = run

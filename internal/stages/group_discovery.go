@@ -1,11 +1,14 @@
 package stages
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	apiregistrationv1helper "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1/helper"
 )
 
 // Discovery of API groups the replay server does not serve itself: groups
@@ -55,11 +58,69 @@ func (d decode) groupDiscovery(req *Request) Result {
 			if s.Spec.Service == nil {
 				return Unknown("APIService " + s.Name + " is served by kube-apiserver itself: its discovery of " + req.Info.Path + " is not modelled")
 			}
-			return Unknown("APIService " + s.Name + " sends " + req.Info.Path + " to Service " + s.Spec.Service.Namespace + "/" + s.Spec.Service.Name + ": only it answers from here (an aggregated API)")
+			if version == "" {
+				return Unknown("discovery of the aggregated group " + group + " (APIService " + s.Name + "): not modelled")
+			}
+			return aggregatedAPI(s, req.Info.Path)
 		}
 	}
 	st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
 	return Reject(st, "no built-in group, CustomResourceDefinition or APIService serves "+req.Info.Path+": the apiserver's mux answers 404 page not found")
+}
+
+// aggregatedAPI is the aggregator's answer to a request for an API
+// another server provides (an APIService with a Service): while the
+// APIService is not Available, the aggregator itself answers 503; else
+// the request goes to that server, which alone answers.
+func aggregatedAPI(s *apiregistrationv1.APIService, path string) Result {
+	if !apiregistrationv1helper.IsAPIServiceConditionTrue(s, apiregistrationv1.Available) {
+		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusServiceUnavailable, Message: "service unavailable"}
+		why := "APIService " + s.Name + " is not Available"
+		for _, c := range s.Status.Conditions {
+			if c.Type == apiregistrationv1.Available {
+				why += fmt.Sprintf(" (%s: %s)", c.Reason, c.Message)
+			}
+		}
+		return Reject(st, why+": the aggregator answers "+path+" itself, 503 service unavailable")
+	}
+	return Unknown("APIService " + s.Name + " sends " + path + " to Service " + s.Spec.Service.Namespace + "/" + s.Spec.Service.Name + ": only it answers from here (an aggregated API)")
+}
+
+// aggregatedFor finds the APIService of group/version, if the replay can
+// see the aggregator's APIServices.
+func (w *writePath) aggregatedFor(group, version string) (*apiregistrationv1.APIService, bool, string) {
+	if w.served == nil || !w.served.apiServicesSynced() {
+		return nil, false, "the aggregator's APIServices have not synced yet"
+	}
+	s, err := w.served.apiServices.Get("v" + strings.TrimPrefix(version, "v") + "." + group)
+	if err != nil || s.Spec.Group != group || s.Spec.Version != version {
+		return nil, false, ""
+	}
+	return s, true, ""
+}
+
+// groupUnknown reports a group no CustomResourceDefinition (in any state)
+// and no APIService names: the apiserver routes nothing there.
+func (w *writePath) groupUnknown(group string) bool {
+	crds, err := w.crds.List(labels.Everything())
+	if err != nil || w.served == nil || !w.served.apiServicesSynced() {
+		return false
+	}
+	for _, crd := range crds {
+		if crd.Spec.Group == group {
+			return false
+		}
+	}
+	services, err := w.served.apiServices.List(labels.Everything())
+	if err != nil {
+		return false
+	}
+	for _, s := range services {
+		if s.Spec.Group == group {
+			return false
+		}
+	}
+	return true
 }
 
 // discoveryAcceptable reports an Accept header discovery is served in.
