@@ -541,9 +541,14 @@ func orDefault(s, d string) string {
 // bearer token: the form the tests, the demo and the benchmarks hand to
 // kproxy and kubectl.
 func WriteKubeconfig(path, server string, caPEM []byte, token string) error {
+	return writeKubeconfig(path, server, caPEM, &clientcmdapi.AuthInfo{Token: token})
+}
+
+// writeKubeconfig writes a one-context kubeconfig for server with auth.
+func writeKubeconfig(path, server string, caPEM []byte, auth *clientcmdapi.AuthInfo) error {
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["kproxy"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{Token: token}
+	cfg.AuthInfos["kproxy"] = auth
 	cfg.Contexts["kproxy"] = &clientcmdapi.Context{Cluster: "kproxy", AuthInfo: "kproxy", Namespace: "default"}
 	cfg.CurrentContext = "kproxy"
 	return clientcmd.WriteToFile(*cfg, path)
@@ -569,21 +574,11 @@ func TokenOf(name string) string {
 // WriteCertKubeconfig writes a kubeconfig for server, trusting caPEM,
 // with a client certificate and its key.
 func WriteCertKubeconfig(path, server string, caPEM, certPEM, keyPEM []byte) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kproxy"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
-	cfg.Contexts["kproxy"] = &clientcmdapi.Context{Cluster: "kproxy", AuthInfo: "kproxy", Namespace: "default"}
-	cfg.CurrentContext = "kproxy"
-	return clientcmd.WriteToFile(*cfg, path)
+	return writeKubeconfig(path, server, caPEM, &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM})
 }
 
 // WriteBasicAuthKubeconfig writes a kubeconfig for server with a username
 // and password (which kube-apiserver does not read as credentials).
 func WriteBasicAuthKubeconfig(path, server string, caPEM []byte, user, password string) error {
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["kproxy"] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: caPEM}
-	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{Username: user, Password: password}
-	cfg.Contexts["kproxy"] = &clientcmdapi.Context{Cluster: "kproxy", AuthInfo: "kproxy", Namespace: "default"}
-	cfg.CurrentContext = "kproxy"
-	return clientcmd.WriteToFile(*cfg, path)
+	return writeKubeconfig(path, server, caPEM, &clientcmdapi.AuthInfo{Username: user, Password: password})
 }

@@ -125,14 +125,21 @@ func (w *writePath) groupUnknown(group string) bool {
 
 // discoveryAcceptable reports an Accept header discovery is served in.
 func discoveryAcceptable(accept string) bool {
+	return acceptsAny(accept, "*/*", "application/*", "application/json", "application/vnd.kubernetes.protobuf", "application/yaml")
+}
+
+// acceptsAny reports an Accept header that is empty or names one of
+// mediaTypes (parameters aside).
+func acceptsAny(accept string, mediaTypes ...string) bool {
 	if accept == "" {
 		return true
 	}
 	for _, part := range strings.Split(accept, ",") {
 		mt, _, _ := strings.Cut(strings.TrimSpace(part), ";")
-		switch strings.ToLower(mt) {
-		case "*/*", "application/*", "application/json", "application/vnd.kubernetes.protobuf", "application/yaml":
-			return true
+		for _, want := range mediaTypes {
+			if strings.EqualFold(mt, want) {
+				return true
+			}
 		}
 	}
 	return false

@@ -216,18 +216,8 @@ func (d decode) conditionalIndex(ctx context.Context, req *Request, header strin
 // openAPIAcceptable reports an Accept header the OpenAPI handlers serve
 // (JSON or their protobuf, or anything).
 func openAPIAcceptable(accept string) bool {
-	if accept == "" {
-		return true
-	}
-	for _, part := range strings.Split(accept, ",") {
-		mt, _, _ := strings.Cut(strings.TrimSpace(part), ";")
-		switch strings.ToLower(mt) {
-		case "*/*", "application/*", "application/json", "application/com.github.proto-openapi.spec.v3@v1.0+protobuf",
-			"application/com.github.proto-openapi.spec.v2@v1.0+protobuf", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf":
-			return true
-		}
-	}
-	return false
+	return acceptsAny(accept, "*/*", "application/*", "application/json", "application/com.github.proto-openapi.spec.v3@v1.0+protobuf",
+		"application/com.github.proto-openapi.spec.v2@v1.0+protobuf", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
 }
 
 // conditionalHeader names a header that makes a request conditional or
