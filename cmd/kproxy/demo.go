@@ -201,13 +201,12 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 		for _, r := range byRecord[i] {
 			if smp.showStorage && r.Request.Resource == "secrets" {
 				for _, st := range r.Stages {
-					if st.Name == "storage" {
+					if st.Name == record.StageStorage {
 						fmt.Fprintf(out, "\n%q: storage says:\n  %s\n", smp.command, st.Explanation)
 					}
 				}
 			}
-			switch r.Predicted.Stage {
-			case "", record.StageUnknown, "authentication", "impersonation", "flowcontrol", "authorization":
+			if p := r.Predicted.Stage; p == "" || p == record.StageUnknown || record.BeforeHandler(p) {
 				continue
 			}
 			for _, st := range r.Stages {

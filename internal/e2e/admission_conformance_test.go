@@ -15,7 +15,7 @@ import (
 )
 
 // writeStages are the stages the admission corpus checks.
-var writeStages = []string{"decode", "mutating-admission", "validation", "validating-admission", "storage"}
+var writeStages = record.StageOrder[4:]
 
 // TestAdmissionConformance runs every case of testdata/conformance/admission
 // through kproxy in front of the real apiserver, against the objects of
@@ -82,7 +82,7 @@ func checkWritePrediction(t *testing.T, c corpusCase, rec *record.Record) {
 	for _, name := range writeStages {
 		want := record.Pass
 		read := rec.Request.Verb == "get" || rec.Request.Verb == "list" || rec.Request.Verb == "watch"
-		if nonResource := rec.Request.Resource == ""; (read || nonResource) && name != "decode" && name != "storage" {
+		if nonResource := rec.Request.Resource == ""; (read || nonResource) && name != record.StageDecode && name != record.StageStorage {
 			want = record.Skip // reads and non-resource requests are not admitted
 		}
 		if s := stage[name]; s.Outcome != want {

@@ -64,10 +64,10 @@ func TestNonDefaultFlags(t *testing.T) {
 		}
 		rec := waitRecord(t, recs, id)
 		p, a := rec.Predicted, rec.Actual
-		if p.Status != a.Status || p.Stage != "authentication" || p.Reason != a.Reason || p.Message != a.Message {
+		if p.Status != a.Status || p.Stage != record.StageAuthentication || p.Reason != a.Reason || p.Message != a.Message {
 			t.Errorf("%s: predicted %+v, actual %+v", path, p, a)
 		}
-		if an := stageNamed(rec, "authentication"); an.Explanation == "" {
+		if an := stageNamed(rec, record.StageAuthentication); an.Explanation == "" {
 			t.Errorf("%s: no authentication explanation", path)
 		}
 	}

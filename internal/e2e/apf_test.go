@@ -108,7 +108,7 @@ func TestAPFRejection(t *testing.T) {
 	if p.FlowSchema != "e2e-tiny" || p.PriorityLevel != "e2e-tiny" || a.FlowSchema != "e2e-tiny" || a.PriorityLevel != "e2e-tiny" {
 		t.Errorf("classification: predicted %s/%s, actual %s/%s, want e2e-tiny", p.FlowSchema, p.PriorityLevel, a.FlowSchema, a.PriorityLevel)
 	}
-	fc := stageNamed(rec, "flowcontrol")
+	fc := stageNamed(rec, record.StageFlowControl)
 	if !strings.Contains(fc.Explanation, `PriorityLevel "e2e-tiny"`) || !strings.Contains(fc.Explanation, "depends on the apiserver's load") ||
 		!strings.Contains(fc.Explanation, "rule 0: subject user loader, verbs [*] on [*]") {
 		t.Errorf("flowcontrol explanation: %s", fc.Explanation)

@@ -48,7 +48,7 @@ type corpusCase struct {
 
 // replayed are the stages this corpus checks; later stages are not
 // modelled yet and make a passing request's prediction unknown.
-var replayed = []string{"authentication", "impersonation", "flowcontrol", "authorization"}
+var replayed = record.StageOrder[:4]
 
 func loadCorpus(t *testing.T, dir string) map[string][]corpusCase {
 	t.Helper()
@@ -239,7 +239,7 @@ func checkPrediction(t *testing.T, c corpusCase, rec *record.Record) {
 	}
 	// Each authenticator kube-apiserver unions reports its own answer, in
 	// its order; anonymous comes last when nothing else decided.
-	if an := stage["authentication"]; an.Outcome == record.Pass || an.Outcome == record.Reject {
+	if an := stage[record.StageAuthentication]; an.Outcome == record.Pass || an.Outcome == record.Reject {
 		var names []string
 		decided := ""
 		for _, ch := range an.Children {
@@ -259,7 +259,7 @@ func checkPrediction(t *testing.T, c corpusCase, rec *record.Record) {
 		}
 	}
 	// Each authorizer of the chain reports its own verdict, in order.
-	if az := stage["authorization"]; az.Outcome == record.Pass || az.Outcome == record.Reject {
+	if az := stage[record.StageAuthorization]; az.Outcome == record.Pass || az.Outcome == record.Reject {
 		var names []string
 		for _, ch := range az.Children {
 			names = append(names, ch.Name)
@@ -268,7 +268,7 @@ func checkPrediction(t *testing.T, c corpusCase, rec *record.Record) {
 			t.Errorf("authorization children %v, want %v", names, want)
 		}
 	}
-	if c.Stage != "authentication" && c.Stage != "impersonation" && a.FlowSchema != "" {
+	if c.Stage != record.StageAuthentication && c.Stage != record.StageImpersonation && a.FlowSchema != "" {
 		if p.FlowSchema != a.FlowSchema || p.PriorityLevel != a.PriorityLevel {
 			t.Errorf("APF: predicted %s/%s, actual %s/%s", p.FlowSchema, p.PriorityLevel, a.FlowSchema, a.PriorityLevel)
 		}

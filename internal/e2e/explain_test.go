@@ -58,7 +58,7 @@ func TestAuthorizationExplanations(t *testing.T) {
 				t.Fatalf("status %d, want 403", ex.status)
 			}
 			rec := waitRecord(t, recs, id)
-			authz := stageNamed(rec, "authorization")
+			authz := stageNamed(rec, record.StageAuthorization)
 			for _, w := range c.want {
 				if !strings.Contains(authz.Explanation, w) {
 					t.Errorf("explanation lacks %q:\n%s", w, authz.Explanation)
@@ -176,10 +176,10 @@ func TestAuthenticationExplanations(t *testing.T) {
 			}
 			do(t, r.client(cert), r.base, request{method: "GET", path: "/api/v1/namespaces/corpus/pods", header: h})
 			rec := waitRecord(t, recs, id)
-			authn := stageNamed(rec, "authentication")
+			authn := stageNamed(rec, record.StageAuthentication)
 			if c.as == "alice" {
 				// alice may list pods in corpus: the allow names the rule.
-				authz := stageNamed(rec, "authorization").Explanation
+				authz := stageNamed(rec, record.StageAuthorization).Explanation
 				for _, w := range []string{`RBAC: allowed by RoleBinding "alice-pod-reader/corpus"`,
 					`Role pod-reader via RoleBinding corpus/alice-pod-reader: {apiGroups [""] resources [pods] verbs [get list watch]}`} {
 					if !strings.Contains(authz, w) {

@@ -99,7 +99,7 @@ func TestStorageWithoutEncryptionConfig(t *testing.T) {
 	if p := rec.Predicted; p.Status != 201 || p.Stage != "" {
 		t.Errorf("write predicted %+v, want 201", p)
 	}
-	if s := stageNamed(rec, "storage"); !strings.Contains(s.Explanation, "encryption at rest not applied: --encryption-provider-config") {
+	if s := stageNamed(rec, record.StageStorage); !strings.Contains(s.Explanation, "encryption at rest not applied: --encryption-provider-config") {
 		t.Errorf("storage does not say the encryption configuration is missing: %s", s.Explanation)
 	}
 	ex := do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces/sto/secrets/db", user: "admin", header: http.Header{"Audit-Id": {"noenc-read"}}})

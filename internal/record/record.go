@@ -1,6 +1,8 @@
 // Package record defines the capture record, the one data shape behind the
-// capture file, the live event stream, the TUI, `kproxy check` and the spans
-// (see ../shared/design/contract.md: fields may be added, never renamed).
+// capture file, the live event stream, kproxy explain, the tests and the
+// spans (docs/capture-format.md: fields may be added, never renamed), and
+// the contract's vocabulary: the stage names in the apiserver's order and
+// the stage outcomes.
 package record
 
 import (
@@ -14,6 +16,36 @@ const (
 	Skip   = "skip"
 	Error  = "error"
 )
+
+// The stage names (docs/labelling.md), in the apiserver's order.
+const (
+	StageAuthentication      = "authentication"
+	StageImpersonation       = "impersonation"
+	StageFlowControl         = "flowcontrol"
+	StageAuthorization       = "authorization"
+	StageDecode              = "decode"
+	StageMutatingAdmission   = "mutating-admission"
+	StageValidation          = "validation"
+	StageValidatingAdmission = "validating-admission"
+	StageStorage             = "storage"
+)
+
+// StageOrder lists the stage names in the apiserver's order: every record
+// has one result per stage, in this order.
+var StageOrder = [...]string{
+	StageAuthentication, StageImpersonation, StageFlowControl, StageAuthorization,
+	StageDecode, StageMutatingAdmission, StageValidation, StageValidatingAdmission, StageStorage,
+}
+
+// BeforeHandler reports the stages of the apiserver's filter chain, which
+// decide before its resource handler runs.
+func BeforeHandler(stage string) bool {
+	switch stage {
+	case StageAuthentication, StageImpersonation, StageFlowControl, StageAuthorization:
+		return true
+	}
+	return false
+}
 
 // StageUnknown is predicted.stage when kproxy cannot predict.
 const StageUnknown = "unknown"

@@ -53,7 +53,7 @@ func newAuthentication(m *machinery) Stage {
 	return a
 }
 
-func (authentication) Name() string { return "authentication" }
+func (authentication) Name() string { return record.StageAuthentication }
 
 func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	if a.m.authnErr != nil {

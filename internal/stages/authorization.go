@@ -47,7 +47,7 @@ func newAuthorization(m *machinery) Stage {
 	return a
 }
 
-func (authorization) Name() string { return "authorization" }
+func (authorization) Name() string { return record.StageAuthorization }
 
 func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	if a.m.authzErr != nil {

@@ -9,6 +9,8 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // decode replays the resource handler up to admission: content type,
@@ -22,7 +24,7 @@ type decode struct{ m *machinery }
 
 func newDecode(m *machinery) Stage { return decode{m} }
 
-func (decode) Name() string { return "decode" }
+func (decode) Name() string { return record.StageDecode }
 
 func (decode) recorded() {}
 
@@ -68,9 +70,9 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 		res = Unknown(run.unknown)
 	case run.status != nil && discoveryRoot(req):
 		res = Unknown("the apiserver's aggregator serves " + req.Info.Path + "; its refusals (here " + statusMessage(run.status) + " from kube-apiserver's own handler) are not replayed")
-	case run.decided == "decode" && run.read:
+	case run.decided == record.StageDecode && run.read:
 		res = Reject(run.status, "the apiserver's handler refuses the request's options before reading storage: "+statusMessage(run.status))
-	case run.decided == "decode":
+	case run.decided == record.StageDecode:
 		res = Reject(run.status, "the apiserver's handler refuses the request before admission: "+statusMessage(run.status))
 	case !req.Info.IsResourceRequest:
 		res = d.discovery(ctx, req, run)

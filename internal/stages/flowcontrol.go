@@ -9,6 +9,8 @@ import (
 	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	utilflowcontrol "k8s.io/apiserver/pkg/util/flowcontrol"
 	fcrequest "k8s.io/apiserver/pkg/util/flowcontrol/request"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // flowControl replays API Priority and Fairness classification with the
@@ -36,7 +38,7 @@ var longRunning = genericfilters.BasicLongRunningRequestCheck(
 
 func newFlowControl(m *machinery) Stage { return &flowControl{m: m, opts: m.opts} }
 
-func (flowControl) Name() string { return "flowcontrol" }
+func (flowControl) Name() string { return record.StageFlowControl }
 
 func (f *flowControl) Run(ctx context.Context, req *Request) Result {
 	if f.opts != nil && !f.opts.EnablePriorityAndFairness {

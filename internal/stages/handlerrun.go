@@ -39,7 +39,7 @@ const (
 	phaseStorage           // the dry-run store
 )
 
-var phaseStage = [...]string{"decode", "mutating-admission", "validation", "validating-admission", "storage"}
+var phaseStage = [...]string{record.StageDecode, record.StageMutatingAdmission, record.StageValidation, record.StageValidatingAdmission, record.StageStorage}
 
 // handlerRun is what one replay of a request saw go by in the apiserver's
 // resource handler: the phases with their times, every admission plugin's
@@ -529,25 +529,25 @@ func (r *handlerRun) attribute(st *metav1.Status) string {
 	switch st.Reason {
 	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:
 		if len(r.reads) == 0 && r.phase == phaseDecode {
-			return "decode" // no route: the version or resource is not served
+			return record.StageDecode // no route: the version or resource is not served
 		}
-		return "storage"
+		return record.StageStorage
 	case metav1.StatusReasonForbidden:
 		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") ||
 			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule") {
-			return "authorization"
+			return record.StageAuthorization
 		}
 	case metav1.StatusReasonInvalid:
 		// A patch that parses but cannot be applied to the stored object
 		// (a failing JSON-patch test) is refused after the read.
 		if r.verb == "patch" && r.phase == phaseDecode && len(r.reads) > 0 {
-			return "storage"
+			return record.StageStorage
 		}
 	case metav1.StatusReasonRequestEntityTooLarge:
 		if r.phase < phaseValidation {
-			return "decode"
+			return record.StageDecode
 		}
-		return "storage"
+		return record.StageStorage
 	}
 	return phaseStage[r.phase]
 }

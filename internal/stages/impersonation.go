@@ -10,6 +10,8 @@ import (
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	genericfeatures "k8s.io/apiserver/pkg/features"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // impersonationStage replays Impersonate-* headers with the apiserver's own
@@ -37,7 +39,7 @@ func newImpersonation(m *machinery) Stage {
 	return s
 }
 
-func (impersonationStage) Name() string { return "impersonation" }
+func (impersonationStage) Name() string { return record.StageImpersonation }
 
 func (s *impersonationStage) Run(ctx context.Context, req *Request) Result {
 	if !hasImpersonateHeaders(req.HTTP.Header) {

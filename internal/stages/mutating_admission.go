@@ -15,7 +15,7 @@ type mutatingAdmission struct{ m *machinery }
 
 func newMutatingAdmission(m *machinery) Stage { return mutatingAdmission{m} }
 
-func (mutatingAdmission) Name() string { return "mutating-admission" }
+func (mutatingAdmission) Name() string { return record.StageMutatingAdmission }
 
 func (mutatingAdmission) recorded() {}
 

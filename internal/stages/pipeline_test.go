@@ -18,12 +18,17 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 )
 
+// contractOrder is the contract's vocabulary, spelled out: the JSON other
+// tools read (docs/capture-format.md).
 var contractOrder = []string{"authentication", "impersonation", "flowcontrol", "authorization", "decode",
 	"mutating-admission", "validation", "validating-admission", "storage"}
 
 func TestNewHasContractStagesInOrder(t *testing.T) {
 	if got := New(context.Background(), Config{}).Names(); !slices.Equal(got, contractOrder) {
 		t.Fatalf("stages %v, want %v", got, contractOrder)
+	}
+	if !slices.Equal(record.StageOrder[:], contractOrder) {
+		t.Fatalf("record.StageOrder %v, want the contract's %v", record.StageOrder, contractOrder)
 	}
 }
 

@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/storage"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // storage reports the storage part of the handler's run. For a write:
@@ -23,7 +25,7 @@ type storageStage struct{ m *machinery }
 
 func newStorage(m *machinery) Stage { return storageStage{m} }
 
-func (storageStage) Name() string { return "storage" }
+func (storageStage) Name() string { return record.StageStorage }
 
 func (storageStage) recorded() {}
 
@@ -67,7 +69,7 @@ func (st storageStage) Run(ctx context.Context, req *Request) Result {
 	etcd, spans, current := st.inspectWrite(ctx, req, run)
 	var res Result
 	switch {
-	case run.decided == "storage":
+	case run.decided == record.StageStorage:
 		res = Reject(run.status, "storage refuses: "+statusMessage(run.status)+explainReads(reads)+etcd)
 	case run.decided != "":
 		res = Skip(notReached(run))
@@ -161,7 +163,7 @@ func (st storageStage) reportRead(run *handlerRun) Result {
 	switch {
 	case run.unknown != "":
 		res = Unknown(run.unknown)
-	case run.decided == "storage":
+	case run.decided == record.StageStorage:
 		res = Reject(run.status, "storage refuses: "+statusMessage(run.status)+whyRefused(run)+"; "+strings.Join(append(reads, parts...), "; "))
 	case run.decided != "":
 		res = Skip(notReached(run))

@@ -1,6 +1,10 @@
 package stages
 
-import "context"
+import (
+	"context"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
 
 // validatingAdmission reports the admission chain's validating phase of
 // the write path's run (ResourceQuota, PodSecurity, LimitRanger's checks,
@@ -10,7 +14,7 @@ type validatingAdmission struct{ m *machinery }
 
 func newValidatingAdmission(m *machinery) Stage { return validatingAdmission{m} }
 
-func (validatingAdmission) Name() string { return "validating-admission" }
+func (validatingAdmission) Name() string { return record.StageValidatingAdmission }
 
 func (validatingAdmission) recorded() {}
 

@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // validation reports the registry strategy's part of the write path's
@@ -14,7 +16,7 @@ type validation struct{ m *machinery }
 
 func newValidation(m *machinery) Stage { return validation{m} }
 
-func (validation) Name() string { return "validation" }
+func (validation) Name() string { return record.StageValidation }
 
 func (validation) recorded() {}
 
@@ -26,7 +28,7 @@ func (validation) Run(_ context.Context, req *Request) Result {
 	start, end, reached := run.phaseTimes(phaseValidation)
 	var res Result
 	switch {
-	case run.decided == "validation":
+	case run.decided == record.StageValidation:
 		res = Reject(run.status, "the "+req.Info.Resource+" strategy refuses the object: "+fieldErrors(run.status))
 	case !reached:
 		res = Skip(notReached(run))
