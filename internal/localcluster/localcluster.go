@@ -28,6 +28,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -335,18 +336,17 @@ func (p *process) stop() {
 // waitHTTP polls url until it answers 200, the process dies, or the
 // timeout passes.
 func waitHTTP(ctx context.Context, url string, client *http.Client, timeout time.Duration, p *process, hdr ...http.Header) error {
-	if client == nil {
-		client = http.DefaultClient
+	// A copy with a short timeout per probe: the caller's client (or the
+	// default one) is left as it is.
+	c := &http.Client{Timeout: 5 * time.Second}
+	if client != nil {
+		c.Transport = client.Transport
 	}
-	client.Timeout = 5 * time.Second
-	deadline := time.Now().Add(timeout)
 	var last string
-	for time.Now().Before(deadline) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited: %v", p.name, p.err)
-		case <-ctx.Done():
-			return ctx.Err()
+			return false, fmt.Errorf("%s exited: %v", p.name, p.err)
 		default:
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -355,20 +355,23 @@ func waitHTTP(ctx context.Context, url string, client *http.Client, timeout time
 				req.Header[k] = v
 			}
 		}
-		resp, err := client.Do(req)
-		if err == nil {
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
-		} else {
+		resp, err := c.Do(req)
+		if err != nil {
 			last = err.Error()
+			return false, nil
 		}
-		time.Sleep(200 * time.Millisecond)
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return true, nil
+		}
+		last = fmt.Sprintf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+		return false, nil
+	})
+	if err != nil && wait.Interrupted(err) {
+		return fmt.Errorf("timed out after %v; last answer: %s", timeout, last)
 	}
-	return fmt.Errorf("timed out after %v; last answer: %s", timeout, last)
+	return err
 }
 
 // FreePorts finds n free loopback TCP ports.

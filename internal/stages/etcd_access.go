@@ -26,6 +26,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 	"k8s.io/client-go/transport"
 	"k8s.io/client-go/util/flowcontrol"
+	"k8s.io/utils/clock"
 
 	kdecode "github.com/kproxy/kproxy/internal/decode"
 )
@@ -44,6 +45,7 @@ type etcdAccess struct {
 	// limiter sheds the replay's reads past --replay-etcd-qps.
 	limiter flowcontrol.RateLimiter
 	qps     float64
+	clock   clock.PassiveClock
 }
 
 // admit takes a token for one read, or says why the read is shed.
@@ -89,7 +91,7 @@ func loadTransformers(ctx context.Context, o *APIServerOptions) (map[schema.Grou
 
 // newEtcdAccess is nil without --etcd-servers: the replay then reads
 // through the apiserver and says so.
-func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[schema.GroupResource]value.Transformer) (*etcdAccess, error) {
+func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[schema.GroupResource]value.Transformer, clk clock.PassiveClock) (*etcdAccess, error) {
 	if len(o.EtcdServers) == 0 {
 		return nil, nil
 	}
@@ -108,12 +110,12 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[sc
 		raw.Close()
 		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v)", o.EtcdServers, err)
 	}
-	raw.KV = recordingKV{raw.KV}
+	raw.KV = recordingKV{KV: raw.KV, clock: clk}
 	qps := o.ReplayEtcdQPS
 	if qps <= 0 {
 		qps = DefaultReplayEtcdQPS
 	}
-	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers, kube: &kubernetes.Client{Client: raw},
+	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers, kube: &kubernetes.Client{Client: raw}, clock: clk,
 		limiter: flowcontrol.NewTokenBucketRateLimiter(float32(qps), int(2*qps)), qps: qps}
 	a.kube.Kubernetes = a.kube
 	go func() { <-ctx.Done(); raw.Close() }()
@@ -195,14 +197,17 @@ func withCapture(ctx context.Context, c *etcdCapture) context.Context {
 
 // recordingKV is the etcd client's KV, recording reads made under an
 // etcdCapture.
-type recordingKV struct{ clientv3.KV }
+type recordingKV struct {
+	clientv3.KV
+	clock clock.PassiveClock
+}
 
 func (r recordingKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
-	start := time.Now()
+	start := r.clock.Now()
 	resp, err := r.KV.Get(ctx, key, opts...)
 	if c, ok := ctx.Value(captureKey{}).(*etcdCapture); ok {
 		c.mu.Lock()
-		c.reads = append(c.reads, capturedRead{key: key, resp: resp, err: err, start: start, latency: time.Since(start)})
+		c.reads = append(c.reads, capturedRead{key: key, resp: resp, err: err, start: start, latency: r.clock.Since(start)})
 		c.mu.Unlock()
 	}
 	return resp, err
@@ -252,9 +257,9 @@ func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV 
 	}
 	ctx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
 	defer cancel()
-	start := time.Now()
+	start := a.clock.Now()
 	resp, err := a.raw.Get(ctx, key, opts...)
-	kv.Latency = time.Since(start)
+	kv.Latency = a.clock.Since(start)
 	if err != nil {
 		kv.Err = err
 		return kv

@@ -30,6 +30,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/serviceaccount"
 	"k8s.io/kubernetes/pkg/features"
 	"k8s.io/kubernetes/plugin/pkg/auth/authenticator/token/bootstrap"
+	"k8s.io/utils/clock"
 )
 
 // replayServerID names kproxy's replay where the apiserver's code wants an
@@ -68,6 +69,7 @@ type machinery struct {
 	state *ClusterState
 	opts  *APIServerOptions
 	now   func() time.Time
+	clock clock.PassiveClock
 }
 
 func buildMachinery(ctx context.Context, cfg Config) *machinery {
@@ -76,10 +78,11 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 		tp = noop.NewTracerProvider()
 	}
 	m := &machinery{state: cfg.State, opts: cfg.APIServer, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages")}
-	m.now = time.Now
-	if cfg.Clock != nil {
-		m.now = cfg.Clock.Now
+	m.clock = cfg.Clock
+	if m.clock == nil {
+		m.clock = clock.RealClock{}
 	}
+	m.now = m.clock.Now
 	o := cfg.APIServer
 	switch {
 	case o == nil || !o.AuthenticationGiven():
@@ -103,7 +106,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	case m.authnErr != nil:
 		m.writeErr = fmt.Errorf("it needs the authenticator: %w", m.authnErr)
 	default:
-		m.write, m.writeErr = buildWritePath(ctx, o, cfg.State, m.authn, m.authz, m.rules, tp, m.now)
+		m.write, m.writeErr = buildWritePath(ctx, o, cfg.State, m.authn, m.authz, m.rules, tp, m.clock)
 	}
 	if cfg.State != nil && (o == nil || o.EnablePriorityAndFairness) {
 		m.buildFlowControl(ctx, cfg.State)

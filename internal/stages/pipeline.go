@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
 
@@ -335,14 +336,10 @@ func (p *Pipeline) WaitReady(ctx context.Context, timeout time.Duration) bool {
 	if p.m == nil || p.m.apfReady == nil {
 		return true
 	}
-	deadline := time.Now().Add(timeout)
-	for !p.m.apfReady() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		return p.m.apfReady(), nil
+	})
+	return err == nil
 }
 
 // StorageAccess says how the storage stage reads: etcd directly (the

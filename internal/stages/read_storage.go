@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -25,7 +24,7 @@ import (
 
 func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key string, opts storage.GetOptions, out runtime.Object) error {
 	run.enter(phaseStorage)
-	read := storageRead{Key: key, Start: time.Now(), Options: rvOption(opts.ResourceVersion, "")}
+	read := storageRead{Key: key, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, "")}
 	read.Path, _, _, _ = s.apiPath(key, false)
 	read.NoEtcd = s.noEtcd
 	defer func() { run.addRead(read) }()
@@ -55,7 +54,7 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key stri
 		return read.Err
 	}
 	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(read.Path).SetHeader("Accept", "application/json").Do(ctx).Raw()
-	read.Duration = time.Since(read.Start)
+	read.Duration = s.clock.Since(read.Start)
 	switch {
 	case apierrors.IsNotFound(err):
 		return settleRead(&read, storage.NewKeyNotFoundError(key, 0), out)
@@ -75,7 +74,7 @@ const needsEtcd = "kproxy predicts resourceVersion semantics only by reading etc
 
 func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key string, opts storage.ListOptions, listObj runtime.Object) error {
 	run.enter(phaseStorage)
-	read := storageRead{Key: key, List: true, Start: time.Now(), Options: rvOption(opts.ResourceVersion, string(opts.ResourceVersionMatch))}
+	read := storageRead{Key: key, List: true, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, string(opts.ResourceVersionMatch))}
 	if opts.Predicate.Continue != "" {
 		read.Options += ", continue token"
 	}
@@ -106,7 +105,7 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 		return read.Err
 	}
 	err := s.listViaAPI(ctx, key, opts, listObj)
-	read.Duration = time.Since(read.Start)
+	read.Duration = s.clock.Since(read.Start)
 	if err != nil {
 		read.Err = err
 		return err
@@ -131,7 +130,7 @@ func (s *snapshotStorage) etcdRead(ctx context.Context, read *storageRead, call 
 	defer cancel()
 	capture := &etcdCapture{}
 	err = call(withCapture(ectx, capture), st)
-	read.Duration = time.Since(read.Start)
+	read.Duration = s.clock.Since(read.Start)
 	c, ok := capture.first()
 	return c, ok && c.err == nil, err
 }

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -27,6 +26,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
+	"k8s.io/utils/clock"
 )
 
 // snapshotOptions gives every registry store of the write path the
@@ -50,6 +50,8 @@ type snapshotOptions struct {
 	stores       *storeRegistry
 	transformers map[schema.GroupResource]value.Transformer
 	encErr       error // why the encryption configuration is not loaded
+	// clock times the reads (the replay's injected clock).
+	clock clock.PassiveClock
 }
 
 // storeRegistry holds the storage under each resource's registry store.
@@ -92,7 +94,10 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, _ func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, _ storage.AttrFunc, _ storage.IndexerFuncs, _ *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
 		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder,
-			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource], noEtcd: o.noEtcd}
+			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource], noEtcd: o.noEtcd, clock: o.clock}
+		if s.clock == nil {
+			s.clock = clock.RealClock{}
+		}
 		if o.etcd != nil {
 			cfg := *config
 			s.etcd = &lazyStore{open: func() (storage.Interface, error) { return o.etcd.store(cfg, newFunc, newListFunc, resourcePrefix) }}
@@ -143,6 +148,7 @@ type snapshotStorage struct {
 	access      *etcdAccess
 	etcd        *lazyStore
 	noEtcd      string
+	clock       clock.PassiveClock
 }
 
 var errReplayWrite = errors.New("the kproxy replay never writes to the cluster")
@@ -196,10 +202,10 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		return err
 	}
 	run := runFrom(ctx)
-	start := time.Now()
+	start := s.clock.Now()
 	read := storageRead{Key: key, Path: p}
 	defer func() {
-		read.Duration = time.Since(start)
+		read.Duration = s.clock.Since(start)
 		if run != nil {
 			run.addRead(read)
 		}

@@ -107,7 +107,7 @@ func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *hand
 	if r.Snapshot != "" {
 		fmt.Sscan(r.Snapshot, &rev)
 	}
-	start := time.Now()
+	start := st.m.clock.Now()
 	kv := w.etcd.inspect(ctx, w.etcd.key(r.Key), rev)
 	out := "; " + kv.String()
 	if kv.Found && run.bodyRV != "" && fmt.Sprint(kv.ModRevision) != run.bodyRV {
@@ -117,7 +117,7 @@ func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *hand
 }
 
 func etcdSpan(name string, kv etcdKV, start time.Time) childSpan {
-	c := childSpan{Name: name, Start: start, End: start.Add(kv.Latency), Outcome: "pass",
+	c := childSpan{Name: name, Start: start, End: start.Add(kv.Latency), Outcome: record.Pass,
 		Attrs: []attribute.KeyValue{
 			attribute.String("etcd.key", kv.Key), attribute.Bool("etcd.found", kv.Found),
 			attribute.Int64("etcd.revision", kv.Revision), attribute.Int64("etcd.mod_revision", kv.ModRevision),
@@ -143,14 +143,14 @@ func (st storageStage) reportRead(run *handlerRun) Result {
 		reads = append(reads, describeRead(r))
 		if r.FromEtcd {
 			spans = append(spans, childSpan{Name: "etcd3 store " + map[bool]string{true: "list", false: "get"}[r.List],
-				Start: r.Start, End: r.Start.Add(r.Duration), Outcome: "pass",
+				Start: r.Start, End: r.Start.Add(r.Duration), Outcome: record.Pass,
 				Attrs: []attribute.KeyValue{attribute.String("storage.key", r.Key), attribute.String("storage.options", r.Options),
 					attribute.Int64("etcd.latency_us", r.Duration.Microseconds())}})
 			switch {
 			case r.Etcd != nil:
 				spans = append(spans, etcdSpan("etcd get", *r.Etcd, r.EtcdStart))
 			case r.EtcdRev != 0:
-				spans = append(spans, childSpan{Name: "etcd range", Start: r.EtcdStart, End: r.EtcdStart.Add(r.EtcdLatency), Outcome: "pass",
+				spans = append(spans, childSpan{Name: "etcd range", Start: r.EtcdStart, End: r.EtcdStart.Add(r.EtcdLatency), Outcome: record.Pass,
 					Attrs: []attribute.KeyValue{attribute.String("etcd.prefix", r.EtcdPrefix), attribute.Int64("etcd.revision", r.EtcdRev),
 						attribute.Int64("etcd.count", r.EtcdCount), attribute.Int64("etcd.latency_us", r.EtcdLatency.Microseconds())}})
 			}

@@ -52,6 +52,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubeapiserver/admission/exclusion"
 	quotainstall "k8s.io/kubernetes/pkg/quota/v1/install"
 	servicestore "k8s.io/kubernetes/pkg/registry/core/service/storage"
+	"k8s.io/utils/clock"
 	netutils "k8s.io/utils/net"
 )
 
@@ -133,7 +134,7 @@ func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
 // BuildGenericConfig with the parts that touch the outside world replaced:
 // the loopback client is kproxy's read-only client, the storage is
 // snapshotStorage.
-func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, authn authenticator.Request, authz authorizer.Authorizer, rules authorizer.RuleResolver, tp trace.TracerProvider, now func() time.Time) (*writePath, error) {
+func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, authn authenticator.Request, authz authorizer.Authorizer, rules authorizer.RuleResolver, tp trace.TracerProvider, clk clock.PassiveClock) (*writePath, error) {
 	// Process-global, as in kube-apiserver: privileged containers pass
 	// validation only with --allow-privileged.
 	capabilities.Setup(o.AllowPrivileged, 0)
@@ -192,7 +193,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	// Without etcd access the replay reads through the apiserver, and
 	// says why.
 	noEtcd := " (kproxy was not given --etcd-servers)"
-	access, err := newEtcdAccess(ctx, o, transformers)
+	access, err := newEtcdAccess(ctx, o, transformers, clk)
 	switch {
 	case err != nil:
 		noEtcd = " (" + err.Error() + ")"
@@ -202,7 +203,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	snapshots := &snapshotOptions{
 		inner: &genericoptions.StorageFactoryRestOptionsFactory{Options: *etcd, StorageFactory: sf},
 		state: s, resources: gc.MergedResourceConfig, scheme: legacyscheme.Scheme, decoder: legacyscheme.Codecs.UniversalDecoder(),
-		etcd: access, noEtcd: noEtcd, stores: &storeRegistry{}, transformers: transformers, encErr: encErr,
+		etcd: access, noEtcd: noEtcd, stores: &storeRegistry{}, transformers: transformers, encErr: encErr, clock: clk,
 	}
 	gc.RESTOptionsGetter = snapshots
 
@@ -331,7 +332,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers, services); err != nil {
 		return nil, err
 	}
-	served, err := newServedDocs(ctx, s, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Informer(), now)
+	served, err := newServedDocs(ctx, s, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Informer(), clk.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -380,11 +381,11 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 	s := kube.state
 	gc.RESTOptionsGetter = &snapshotOptions{inner: gc.RESTOptionsGetter, state: s, resources: gc.MergedResourceConfig,
 		scheme: apiextensionsapiserver.Scheme, decoder: apiextensionsapiserver.Codecs.UniversalDecoder(), etcd: kube.etcd, stores: kube.stores,
-		transformers: kube.transformers, noEtcd: kube.noEtcd}
+		transformers: kube.transformers, noEtcd: kube.noEtcd, clock: kube.clock}
 	cfg := &apiextensionsapiserver.Config{
 		GenericConfig: &genericapiserver.RecommendedConfig{Config: gc, SharedInformerFactory: s.Informers},
 		ExtraConfig: apiextensionsapiserver.ExtraConfig{
-			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s, etcd: kube.etcd, stores: kube.stores, transformers: kube.transformers, noEtcd: kube.noEtcd},
+			CRDRESTOptionsGetter: &snapshotOptions{inner: apiextensionsoptions.NewCRDRESTOptionsGetter(etcd, nil, nil), state: s, etcd: kube.etcd, stores: kube.stores, transformers: kube.transformers, noEtcd: kube.noEtcd, clock: kube.clock},
 			MasterCount:          1,
 			AuthResolverWrapper:  authWrapper,
 			ServiceResolver:      svcResolver,
