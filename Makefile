@@ -25,6 +25,10 @@ help: ## List the targets.
 .PHONY: tools
 tools: $(BIN_DIR)/kube-apiserver $(BIN_DIR)/kubectl $(BIN_DIR)/etcd $(BIN_DIR)/jaeger ## Build etcd, kube-apiserver, kubectl and jaeger (cached in .cache/bin).
 
+$(BIN_DIR)/golangci-lint: tools/golangci-lint/go.mod tools/golangci-lint/go.sum
+	@echo ">> building golangci-lint (pinned in tools/golangci-lint)"
+	cd tools/golangci-lint && $(GO) build -trimpath -o $@ github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
 $(BIN_DIR)/kube-apiserver: go.mod go.sum
 	@echo ">> building kube-apiserver $(KUBE_VERSION) (a cold build takes ~5 min on 2 cores)"
 	$(GO) build -trimpath -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kube-apiserver
@@ -64,9 +68,15 @@ bench: tools ## Benchmarks: direct vs kproxy vs kubectl proxy against the real a
 demo: tools build ## Start a local cluster with kproxy in front, send sample requests, print the table.
 	./bin/kproxy demo --dir .cache/demo
 
+.PHONY: check
+check: $(BIN_DIR)/golangci-lint ## gofmt/goimports, go vet and golangci-lint (.golangci.yml); CI runs it before the tests.
+	@out=$$($(BIN_DIR)/golangci-lint fmt --diff ./... 2>&1); if [ -n "$$out" ]; then echo "$$out"; echo ">> not formatted: run make fmt"; exit 1; fi
+	$(GO) vet ./...
+	$(BIN_DIR)/golangci-lint run ./...
+
 .PHONY: fmt
-fmt: ## gofmt the tree.
-	gofmt -w $$(git ls-files '*.go')
+fmt: $(BIN_DIR)/golangci-lint ## gofmt and goimports the tree.
+	$(BIN_DIR)/golangci-lint fmt ./...
 
 .PHONY: clean
 clean: ## Remove built binaries (keeps the Go module cache).

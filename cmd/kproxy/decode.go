@@ -56,7 +56,7 @@ column). A watch stream prints one document per event (type and object).
 			default:
 				return fmt.Errorf("-o %q: use yaml, json, table or wide", output)
 			}
-			var in io.Reader = cmd.InOrStdin()
+			in := cmd.InOrStdin()
 			name := "standard input"
 			if len(args) == 1 && args[0] != "-" {
 				f, err := os.Open(args[0])

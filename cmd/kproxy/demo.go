@@ -192,7 +192,9 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 			}
 		}
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	fmt.Fprintf(out, "\n%d requests from %d kubectl commands: %d predicted as the apiserver answered, %d unknown, %d predicted wrong\n",
 		len(recorded), len(samples), agree, unknown, len(recorded)-agree-unknown)
 	// The explanation of each refusal past authorization, from the stage

@@ -125,7 +125,7 @@ func (o *etcdOptions) get(ctx context.Context, out io.Writer, args []string) err
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	key, err := o.key(args)
 	if err != nil {
 		return err
@@ -207,7 +207,7 @@ func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string) erro
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	resp, err := c.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithLimit(10000))

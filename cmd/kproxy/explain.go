@@ -313,7 +313,9 @@ func printExplanation(w io.Writer, format, method, path string, out stages.Outco
 			details = append(details, s.Name+":\n"+indent(rest, "  "))
 		}
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "PREDICTION:", predictedString(out.Predicted))
 	if out.Predicted.Message != "" {

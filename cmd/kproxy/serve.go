@@ -9,9 +9,10 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages"
-	"sigs.k8s.io/yaml"
 
 	corev1 "k8s.io/api/core/v1"
 )

@@ -105,13 +105,13 @@ func TestGoldenEtcdValues(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			plain := raw
 			if g.Encryption != nil {
 				providers[g.Encryption.Provider+":"+g.Encryption.Version] = true
 				if d.Format != Encrypted || !reflect.DeepEqual(d.Encryption, *g.Encryption) {
 					t.Fatalf("%s %+v, want encrypted %+v", d.Format, d.Encryption, *g.Encryption)
 				}
-				if plain, err = dec.Decrypt(context.Background(), g.Key, raw); err != nil {
+				plain, err := dec.Decrypt(context.Background(), g.Key, raw)
+				if err != nil {
 					t.Fatal(err)
 				}
 				if d, err = Payload(plain); err != nil {

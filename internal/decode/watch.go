@@ -37,7 +37,7 @@ func WatchStream(r io.Reader, contentType string, fn func(Event) error) error {
 	if !ok {
 		rc = io.NopCloser(r)
 	}
-	dec := streaming.NewDecoder(info.StreamSerializer.Framer.NewFrameReader(rc), info.StreamSerializer.Serializer)
+	dec := streaming.NewDecoder(info.StreamSerializer.NewFrameReader(rc), info.StreamSerializer.Serializer)
 	for {
 		var ev metav1.WatchEvent
 		obj, _, err := dec.Decode(nil, &ev)

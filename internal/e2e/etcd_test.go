@@ -23,18 +23,18 @@ import (
 func TestEtcdDecrypt(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
-	sec, err := cs.CoreV1().Secrets(testNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "enc-secret"},
+	_, err := cs.CoreV1().Secrets(testNS).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "enc-secret"},
 		StringData: map[string]string{"password": "hunter2"}}, createOpts)
 	if err != nil && !strings.Contains(err.Error(), "already exists") {
 		t.Fatal(err)
 	}
-	cm, err := cs.CoreV1().ConfigMaps(testNS).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "enc-cm"},
+	_, err = cs.CoreV1().ConfigMaps(testNS).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "enc-cm"},
 		Data: map[string]string{"colour": "blue"}}, createOpts)
 	if err != nil && !strings.Contains(err.Error(), "already exists") {
 		t.Fatal(err)
 	}
-	sec, _ = cs.CoreV1().Secrets(testNS).Get(ctx, "enc-secret", metav1.GetOptions{})
-	cm, _ = cs.CoreV1().ConfigMaps(testNS).Get(ctx, "enc-cm", metav1.GetOptions{})
+	sec, _ := cs.CoreV1().Secrets(testNS).Get(ctx, "enc-secret", metav1.GetOptions{})
+	cm, _ := cs.CoreV1().ConfigMaps(testNS).Get(ctx, "enc-cm", metav1.GetOptions{})
 	etcd := etcdClient(t)
 	dec, err := decode.LoadDecrypter(ctx, encryptionConfig)
 	if err != nil {

@@ -358,7 +358,7 @@ func waitHTTP(ctx context.Context, url string, client *http.Client, timeout time
 		resp, err := c.Do(req)
 		if err != nil {
 			last = err.Error()
-			return false, nil
+			return false, nil //nolint:nilerr // not up yet: poll again
 		}
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()

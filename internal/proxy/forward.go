@@ -53,6 +53,7 @@ func NewForwardServer(h http.Handler, target string, tlsCfg *tls.Config, addr ne
 
 func (f *ForwardServer) handleConnect(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 	if !sameHostPort(host, f.target) {
+		//nolint:bodyclose // goproxy writes and closes the refusal it is handed
 		ctx.Resp = goproxy.NewResponse(ctx.Req, goproxy.ContentTypeText, http.StatusForbidden,
 			fmt.Sprintf("kproxy forwards only to the apiserver %s, not %s\n", f.target, host))
 		return goproxy.RejectConnect, host
@@ -88,7 +89,7 @@ func (f *ForwardServer) Serve(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	_ = outer.Shutdown(sctx)
 	_ = f.inner.Shutdown(sctx)
-	f.ln.Close()
+	_ = f.ln.Close()
 	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
 		return nil
 	}

@@ -414,7 +414,7 @@ func serveDebug(ctx context.Context, addr string, log *slog.Logger) {
 	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
-		srv.Close()
+		_ = srv.Close()
 	}()
 	log.Info("debug endpoints", "addr", addr, "pprof", "/debug/pprof/", "expvar", "/debug/vars")
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {

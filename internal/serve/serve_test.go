@@ -3,10 +3,11 @@ package serve
 import (
 	"os"
 
-	"github.com/kproxy/kproxy/internal/stages"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kproxy/kproxy/internal/stages"
 )
 
 func TestValidate(t *testing.T) {

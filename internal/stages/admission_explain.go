@@ -3,11 +3,12 @@ package stages
 import (
 	"fmt"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"regexp"
 	"sort"
 	"strings"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"k8s.io/apiserver/pkg/admission"
 	admissionregistrationlisters "k8s.io/client-go/listers/admissionregistration/v1"
@@ -45,16 +46,16 @@ func (e *admissionExplainer) explain(plugin string, a admission.Attributes, err 
 		return ""
 	}
 	msg := err.Error()
-	switch {
-	case plugin == "MutatingAdmissionWebhook" || plugin == "ValidatingAdmissionWebhook":
+	switch plugin {
+	case "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook":
 		if m := webhookNamed.FindStringSubmatch(msg); m != nil {
 			return "the " + e.webhook(m[1])
 		}
-	case plugin == "ValidatingAdmissionPolicy":
+	case "ValidatingAdmissionPolicy":
 		if m := policyNamed.FindStringSubmatch(msg); m != nil {
 			return e.describePolicy(m[1], m[2])
 		}
-	case plugin == "PodSecurity":
+	case "PodSecurity":
 		return e.describePodSecurity(a.GetNamespace())
 	}
 	return ""

@@ -3,9 +3,10 @@ package stages
 import (
 	"errors"
 	"fmt"
-	genericoptions "k8s.io/apiserver/pkg/server/options"
 	"strings"
 	"sync"
+
+	genericoptions "k8s.io/apiserver/pkg/server/options"
 
 	"github.com/spf13/pflag"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"

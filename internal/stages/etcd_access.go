@@ -107,7 +107,7 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[sc
 	pctx, cancel := context.WithTimeout(ctx, etcdProbeTimeout)
 	defer cancel()
 	if _, err := raw.Get(pctx, o.EtcdPrefix, clientv3.WithCountOnly()); err != nil {
-		raw.Close()
+		_ = raw.Close()
 		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v)", o.EtcdServers, err)
 	}
 	raw.KV = recordingKV{KV: raw.KV, clock: clk}
@@ -118,7 +118,7 @@ func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[sc
 	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers, kube: &kubernetes.Client{Client: raw}, clock: clk,
 		limiter: flowcontrol.NewTokenBucketRateLimiter(float32(qps), int(2*qps)), qps: qps}
 	a.kube.Kubernetes = a.kube
-	go func() { <-ctx.Done(); raw.Close() }()
+	go func() { <-ctx.Done(); _ = raw.Close() }()
 	return a, nil
 }
 

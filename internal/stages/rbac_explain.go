@@ -136,7 +136,7 @@ func hint(b binding, rules []rbacv1.PolicyRule) bool {
 		}
 	}
 	for _, s := range b.subjects {
-		if !strings.HasPrefix(s.Name, "system:") && !(s.Kind == rbacv1.ServiceAccountKind && s.Namespace == "kube-system") {
+		if !strings.HasPrefix(s.Name, "system:") && (s.Kind != rbacv1.ServiceAccountKind || s.Namespace != "kube-system") {
 			return true
 		}
 	}
@@ -214,7 +214,7 @@ func (e rbacExplainer) rules(b binding) ([]rbacv1.PolicyRule, error) {
 	case "Role":
 		role, err := r.Roles().Lister().Roles(b.namespace).Get(b.roleRef.Name)
 		if err != nil {
-			return nil, fmt.Errorf("Role %s/%s not found", b.namespace, b.roleRef.Name)
+			return nil, fmt.Errorf("role %s/%s not found", b.namespace, b.roleRef.Name)
 		}
 		return role.Rules, nil
 	}

@@ -2,9 +2,10 @@ package stages
 
 import (
 	"context"
-	"go.opentelemetry.io/otel/attribute"
 	"net/http"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/authentication/user"

@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -105,7 +106,7 @@ func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *hand
 	r := run.reads[len(run.reads)-1]
 	var rev int64
 	if r.Snapshot != "" {
-		fmt.Sscan(r.Snapshot, &rev)
+		rev, _ = strconv.ParseInt(r.Snapshot, 10, 64) // "last-existing" and such read the latest
 	}
 	start := st.m.clock.Now()
 	kv := w.etcd.inspect(ctx, w.etcd.key(r.Key), rev)

@@ -513,7 +513,7 @@ func installAPIs(srv *genericapiserver.GenericAPIServer, rc serverstorage.APIRes
 // identity (system:masters) in the authorizer.
 func loopbackConfig(c *rest.Config) *rest.Config {
 	c = rest.CopyConfig(c)
-	c.ContentConfig.ContentType = "application/vnd.kubernetes.protobuf"
+	c.ContentType = "application/vnd.kubernetes.protobuf"
 	if tok := c.BearerToken; tok != "" {
 		c.BearerToken = ""
 		c.Wrap(func(rt http.RoundTripper) http.RoundTripper {
