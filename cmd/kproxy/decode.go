@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -74,23 +75,21 @@ column). A watch stream prints one document per event (type and object).
 				fmt.Fprintf(cmd.ErrOrStderr(), "# watch stream, %s\n", ct)
 				return printWatch(cmd.OutOrStdout(), b, ct, output)
 			}
-			d, err := decode.Payload(b)
-			if err != nil {
+			var dec *decode.Decrypter
+			if encryptionConfig != "" {
+				if dec, err = decode.LoadDecrypter(cmd.Context(), encryptionConfig); err != nil {
+					return err
+				}
+			}
+			d, enc, err := decode.DecodeStored(cmd.Context(), dec, key, b)
+			switch {
+			case errors.Is(err, decode.ErrNotDecrypted):
+				// Shown as encrypted: the provider and key are the news.
+			case err != nil:
 				return fmt.Errorf("%s: %w", name, err)
 			}
 			note := string(d.Format)
-			if d.Format == decode.Encrypted && encryptionConfig != "" {
-				dec, err := decode.LoadDecrypter(cmd.Context(), encryptionConfig)
-				if err != nil {
-					return err
-				}
-				if b, err = dec.Decrypt(cmd.Context(), key, b); err != nil {
-					return fmt.Errorf("%s: %w", name, err)
-				}
-				enc := d.Encryption
-				if d, err = decode.Payload(b); err != nil {
-					return fmt.Errorf("%s, decrypted: %w", name, err)
-				}
+			if enc != nil && err == nil {
 				note = fmt.Sprintf("encrypted (%s %s %s), decrypted: %s", enc.Provider, enc.Version, enc.KeyName, d.Format)
 			}
 			if d.GVK.Kind != "" {

@@ -164,33 +164,26 @@ func (o *etcdOptions) get(ctx context.Context, out io.Writer, args []string) err
 // describe fills in the value's encoding, encryption and object,
 // decrypting with --encryption-provider-config when given.
 func (o *etcdOptions) describe(ctx context.Context, e *entry, v []byte) {
-	d, err := decode.Payload(v)
-	if err != nil {
-		e.Encoding, e.Error = "unknown", err.Error()
-		return
-	}
-	e.Encoding = string(d.Format)
-	if d.Format == decode.Encrypted {
-		enc := d.Encryption
-		e.Encryption = &enc
-		if o.apiserver.EncryptionProviderConfig == "" {
-			e.Error = "encrypted at rest: give --encryption-provider-config (the apiserver's) to decrypt"
-			return
-		}
-		dec, err := decode.LoadDecrypter(ctx, o.apiserver.EncryptionProviderConfig)
-		if err == nil {
-			v, err = dec.Decrypt(ctx, e.Key, v)
-		}
-		if err != nil {
+	var dec *decode.Decrypter
+	if o.apiserver.EncryptionProviderConfig != "" {
+		var err error
+		if dec, err = decode.LoadDecrypter(ctx, o.apiserver.EncryptionProviderConfig); err != nil {
 			e.Error = err.Error()
 			return
 		}
-		if d, err = decode.Payload(v); err != nil {
-			e.Error = "decrypted, but: " + err.Error()
-			return
-		}
-		e.Decrypted, e.Encoding = true, string(d.Format)
 	}
+	d, enc, err := decode.DecodeStored(ctx, dec, e.Key, v)
+	e.Encryption = enc
+	switch {
+	case d == nil:
+		e.Encoding, e.Error = "unknown", err.Error()
+		return
+	case err != nil:
+		e.Encoding, e.Error = string(d.Format), err.Error()
+		return
+	}
+	e.Encoding = string(d.Format)
+	e.Decrypted = enc != nil
 	if d.GVK.Kind != "" {
 		e.StorageVersion = d.GVK.GroupVersion().String() + " " + d.GVK.Kind
 	}

@@ -23,11 +23,7 @@ func InConfig(cfg *rest.Config) bool {
 // client-go's own transport wrappers, so the request is the one kubectl
 // with that kubeconfig would send.
 func FromConfig(cfg *rest.Config) (http.Header, *tls.Certificate, error) {
-	var seen http.Header
-	capture := roundTripperFunc(func(r *http.Request) (*http.Response, error) {
-		seen = r.Header.Clone()
-		return &http.Response{StatusCode: http.StatusNoContent, Body: http.NoBody, Request: r}, nil
-	})
+	capture := &capturing{}
 	rt, err := rest.HTTPWrappersForConfig(cfg, capture)
 	if err != nil {
 		return nil, nil, fmt.Errorf("the kubeconfig's credentials: %w", err)
@@ -39,7 +35,7 @@ func FromConfig(cfg *rest.Config) (http.Header, *tls.Certificate, error) {
 	}
 	resp.Body.Close()
 	h := http.Header{}
-	for k, v := range seen {
+	for k, v := range capture.header {
 		switch {
 		case k == "Authorization", len(k) > len("Impersonate-") && k[:len("Impersonate-")] == "Impersonate-":
 			h[k] = v
@@ -66,6 +62,11 @@ func FromConfig(cfg *rest.Config) (http.Header, *tls.Certificate, error) {
 	return h, cert, nil
 }
 
-type roundTripperFunc func(*http.Request) (*http.Response, error)
+// capturing is the end of client-go's transport chain in FromConfig: it
+// keeps the headers the chain set, and sends nothing.
+type capturing struct{ header http.Header }
 
-func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+func (c *capturing) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.header = r.Header.Clone()
+	return &http.Response{StatusCode: http.StatusNoContent, Body: http.NoBody, Request: r}, nil
+}

@@ -175,7 +175,7 @@ func (d *Decrypter) Decrypt(ctx context.Context, key string, v []byte) ([]byte, 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", orUnknownKey(key), err)
 	}
-	prefix := prefixOf(v)
+	prefix := EncryptionPrefix(v)
 	grs := d.prefixes[prefix]
 	if len(grs) == 0 {
 		return nil, fmt.Errorf("%s is encrypted with %s (%s), which the encryption configuration %s does not have (it has %s): "+
@@ -246,19 +246,33 @@ func reachable(endpoint string) error {
 	return c.Close()
 }
 
-// prefixOf is the value's "k8s:enc:<provider>:<version>:<key>:" prefix.
-func prefixOf(v []byte) string {
-	n := 0
-	for i, c := range v {
-		if c == ':' {
-			n++
-			if n == 5 {
-				return string(v[:i+1])
-			}
-		}
-		if i > 256 {
-			break
-		}
+// ErrNotDecrypted is DecodeStored's answer for a value encrypted at rest
+// when it has no Decrypter: the Decoded says how the value is encrypted.
+var ErrNotDecrypted = errors.New("encrypted at rest: give --encryption-provider-config (the apiserver's) to decrypt")
+
+// DecodeStored decodes a value as etcd stores it: detected, decrypted
+// with dec when it is encrypted at rest, and decoded. enc is how it was
+// encrypted (nil when it was not). With a nil dec an encrypted value comes
+// back undecoded with ErrNotDecrypted. key is the value's etcd key
+// (AES-GCM authenticates it).
+func DecodeStored(ctx context.Context, dec *Decrypter, key string, v []byte) (d *Decoded, enc *EncryptionInfo, err error) {
+	if d, err = Payload(v); err != nil {
+		return nil, nil, err
 	}
-	return "k8s:enc:..."
+	if d.Format != Encrypted {
+		return d, nil, nil
+	}
+	info := d.Encryption
+	if dec == nil {
+		return d, &info, ErrNotDecrypted
+	}
+	plain, err := dec.Decrypt(ctx, key, v)
+	if err != nil {
+		return d, &info, err
+	}
+	clear, err := Payload(plain)
+	if err != nil {
+		return d, &info, fmt.Errorf("decrypted, but: %w", err)
+	}
+	return clear, &info, nil
 }

@@ -138,6 +138,24 @@ func Payload(b []byte) (*Decoded, error) {
 	return d, nil
 }
 
+// EncryptionPrefix is the "k8s:enc:<provider>:<version>:<key name>:"
+// prefix of a value encrypted at rest, or "k8s:enc:" when the value is cut
+// short before it ends (the one parser of the prefix, in kproxy).
+func EncryptionPrefix(v []byte) string {
+	n := 0
+	for i, c := range v[:min(len(v), 256)] {
+		if c == ':' {
+			if n++; n == 5 {
+				return string(v[:i+1])
+			}
+		}
+	}
+	return encryptedPrefix
+}
+
+// IsEncrypted reports a value stored encrypted at rest.
+func IsEncrypted(v []byte) bool { return bytes.HasPrefix(v, []byte(encryptedPrefix)) }
+
 func parseEncryption(b []byte) (EncryptionInfo, error) {
 	// k8s:enc:<provider>:<version>:<key name>:<ciphertext>
 	parts := strings.SplitN(string(b[len(encryptedPrefix):min(len(b), 512)]), ":", 4)

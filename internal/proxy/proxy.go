@@ -137,7 +137,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:   p.rewrite,
-		Transport: roundTripperFunc(p.roundTrip),
+		Transport: upstreamTransport{p},
 		// ReverseProxy flushes every write of a response of unknown length
 		// (watches, streamed LISTs: chunked) at once, headers included;
 		// a response of known length is written as it comes, without a
@@ -522,9 +522,12 @@ func newID() string {
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-type roundTripperFunc func(*http.Request) (*http.Response, error)
+// upstreamTransport is ReverseProxy's transport: Proxy.roundTrip.
+type upstreamTransport struct{ p *Proxy }
 
-func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+func (t upstreamTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	return t.p.roundTrip(r)
+}
 
 // responseRecorder notes the status and size of what reaches the client.
 // Unwrap lets http.ResponseController reach Flush and Hijack underneath,

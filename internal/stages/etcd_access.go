@@ -275,10 +275,10 @@ func (a *etcdAccess) kvInfo(ctx context.Context, key string, resp *clientv3.GetR
 	}
 	v := resp.Kvs[0]
 	kv.Found, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease, kv.Size = true, v.CreateRevision, v.ModRevision, v.Version, v.Lease, len(v.Value)
-	if bytes.HasPrefix(v.Value, []byte("k8s:enc:")) {
-		kv.Encryption = encryptionPrefix(v.Value)
+	if kdecode.IsEncrypted(v.Value) {
+		kv.Encryption = kdecode.EncryptionPrefix(v.Value)
 		for _, t := range a.transformers {
-			if out, _, err := t.TransformFromStorage(ctx, v.Value, value.DefaultContext(key)); err == nil && !bytes.HasPrefix(out, []byte("k8s:enc:")) {
+			if out, _, err := t.TransformFromStorage(ctx, v.Value, value.DefaultContext(key)); err == nil && !kdecode.IsEncrypted(out) {
 				kv.Encoding, _ = kdecode.Detect(out)
 				kv.StoredAs = storedKind(out)
 				break
@@ -338,19 +338,6 @@ func storedKind(b []byte) string {
 		return ""
 	}
 	return tm.APIVersion + " " + tm.Kind
-}
-
-// encryptionPrefix is a value's "k8s:enc:<provider>:<version>:<key>:".
-func encryptionPrefix(v []byte) string {
-	n := 0
-	for i, c := range v[:min(len(v), 256)] {
-		if c == ':' {
-			if n++; n == 5 {
-				return string(v[:i+1])
-			}
-		}
-	}
-	return "k8s:enc:"
 }
 
 // readOnlyStore is an etcd3 store that only reads.

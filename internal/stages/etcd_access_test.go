@@ -10,6 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	_ "k8s.io/kubernetes/pkg/apis/core/install"
+
+	kdecode "github.com/kproxy/kproxy/internal/decode"
 )
 
 func TestStoredKind(t *testing.T) {
@@ -50,7 +52,7 @@ func TestEncryptionPrefix(t *testing.T) {
 		{"k8s:enc:truncated", "k8s:enc:"},
 	}
 	for _, c := range cases {
-		if got := encryptionPrefix([]byte(c.value)); got != c.want {
+		if got := kdecode.EncryptionPrefix([]byte(c.value)); got != c.want {
 			t.Errorf("encryptionPrefix(%q) = %q, want %q", c.value, got, c.want)
 		}
 	}

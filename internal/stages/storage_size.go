@@ -1,7 +1,6 @@
 package stages
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -137,8 +136,8 @@ func storedTxnSize(ctx context.Context, s *snapshotStorage, obj runtime.Object, 
 		if data, err = t.TransformToStorage(ctx, data, value.DefaultContext(etcdKey)); err != nil {
 			return 0, 0, "", fmt.Errorf("encrypting as the apiserver would: %w", err)
 		}
-		if bytes.HasPrefix(data, []byte("k8s:enc:")) {
-			prefix = encryptionPrefix(data)
+		if kdecode.IsEncrypted(data) {
+			prefix = kdecode.EncryptionPrefix(data)
 		}
 	}
 	r := &etcdserverpb.TxnRequest{

@@ -37,6 +37,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
 	basecompatibility "k8s.io/component-base/compatibility"
 	aggregatorapiserver "k8s.io/kube-aggregator/pkg/apiserver"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
@@ -516,20 +517,10 @@ func loopbackConfig(c *rest.Config) *rest.Config {
 	c.ContentType = "application/vnd.kubernetes.protobuf"
 	if tok := c.BearerToken; tok != "" {
 		c.BearerToken = ""
-		c.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-			return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
-				r = r.Clone(r.Context())
-				r.Header.Set("Authorization", "Bearer "+tok)
-				return rt.RoundTrip(r)
-			})
-		})
+		c.Wrap(func(rt http.RoundTripper) http.RoundTripper { return transport.NewBearerAuthRoundTripper(tok, rt) })
 	}
 	return c
 }
-
-type roundTripperFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // serviceRanges is kube-apiserver's getServiceIPAndRanges for
 // --service-cluster-ip-range.
