@@ -179,10 +179,7 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	etcd.StorageConfig.Transport.ServerList = []string{nowhere}
 	etcd.StorageConfig.CompactionInterval = 0
 	etcd.StorageConfig.DBMetricPollInterval = 0
-	sfc := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
-	sfc.APIResourceConfig = gc.MergedResourceConfig
-	sfc.DefaultResourceEncoding.SetEffectiveVersion(ev)
-	sf, err := sfc.Complete(etcd).New()
+	sf, err := storageFactory(ev, etcd, gc.MergedResourceConfig)
 	if err != nil {
 		return nil, fmt.Errorf("storage factory: %w", err)
 	}
@@ -551,6 +548,15 @@ func serviceRanges(flag string) (primary, secondary net.IPNet, apiServerIP net.I
 	return primary, secondary, apiServerIP, nil
 }
 
+// storageFactory is kube-apiserver's storage factory (etcd keys, storage
+// versions and encodings per resource) for the resources served.
+func storageFactory(ev basecompatibility.EffectiveVersion, etcd *genericoptions.EtcdOptions, resources *serverstorage.ResourceConfig) (*serverstorage.DefaultStorageFactory, error) {
+	sfc := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
+	sfc.APIResourceConfig = resources
+	sfc.DefaultResourceEncoding.SetEffectiveVersion(ev)
+	return sfc.Complete(etcd).New()
+}
+
 // EtcdKey is the etcd key under which the apiserver stores an object,
 // from its own storage factory (special prefixes such as services/specs
 // and minions, --etcd-prefix); resource is "pods", "deployments.apps", or
@@ -562,9 +568,7 @@ func EtcdKey(o *APIServerOptions, resource, namespace, name string) (string, err
 	if builtIn(gr.Group) {
 		ev := basecompatibility.NewEffectiveVersionFromString(strings.TrimPrefix(KubernetesVersion, "v"), "", "")
 		etcd := genericoptions.NewEtcdOptions(storagebackend.NewDefaultConfig(o.EtcdPrefix, nil))
-		sfc := kubeapiserver.NewStorageFactoryConfigEffectiveVersion(ev)
-		sfc.APIResourceConfig = controlplane.DefaultAPIResourceConfigSource()
-		sf, err := sfc.Complete(etcd).New()
+		sf, err := storageFactory(ev, etcd, controlplane.DefaultAPIResourceConfigSource())
 		if err != nil {
 			return "", err
 		}
