@@ -161,6 +161,8 @@ func New(cfg Config) (*Proxy, error) {
 // hooks and the finisher.
 type exchange struct {
 	rec     *record.Record
+	span    trace.Span              // the server span
+	info    *apirequest.RequestInfo // the request as the apiserver resolves it
 	ident   identity
 	actAs   user.Info // the user forwarded by impersonation
 	auditID string
@@ -191,8 +193,24 @@ func exchangeFrom(ctx context.Context) *exchange {
 	return ex
 }
 
-// ServeHTTP forwards one request and records it.
+// ServeHTTP forwards one request and records it, in three steps: begin
+// (the record, the span, who is calling, the replay's copy of the
+// request), answer (refuse what the apiserver would refuse before any
+// upstream sees it, else forward), finish (complete the record's actual
+// side once the response is relayed).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ex, r, rw := p.begin(w, r)
+	defer func() { p.finish(ex, rw, recover()) }()
+	p.answer(rw, r, ex)
+}
+
+// begin starts the exchange: the record and the server span, the
+// replay's copy of the request (taken before anything here touches it),
+// the caller's identity, and the body tee that hands the replay the body
+// the apiserver reads. The replay runs in one goroutine per request, which
+// then waits for the response to be relayed and writes the record: the
+// client never waits for it.
+func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.Request, *responseRecorder) {
 	start := p.clock.Now()
 	ctx := p.propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	info, _ := stages.ResolveRequestInfo(r)
@@ -212,6 +230,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			KubernetesVersion: stages.KubernetesVersion,
 			Request:           requestFields(r, info),
 		},
+		span:  span,
+		info:  info,
 		start: start,
 		done:  make(chan struct{}),
 	}
@@ -223,28 +243,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	rw := &responseRecorder{ResponseWriter: w, keepBody: stages.IsWrite(info)}
 
-	// The replay sees a copy taken before anything here touches r. It
-	// runs in one goroutine per request, which then waits for the response
-	// to be relayed and writes the record: the client never waits for it.
 	replayReq := &stages.Request{ID: id, Arrival: start, HTTP: r.Clone(context.WithoutCancel(ctx)), Info: info}
 	replayReq.HTTP.Body = nil
 	if rw.keepBody {
 		// A write's replay reads the cluster as it was on arrival: it
 		// tells its own write apart by the resourceVersion the apiserver
 		// answered with (stages.Request.Actual).
-		replayReq.Actual = func(ctx context.Context) (stages.ActualWrite, bool) {
-			select {
-			case <-ex.done:
-				ex.rvOnce.Do(func() {
-					if ex.actualWrite.Status < 300 && len(ex.okBody) > 0 {
-						ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
-					}
-				})
-				return ex.actualWrite, true
-			case <-ctx.Done():
-				return stages.ActualWrite{}, false
-			}
-		}
+		replayReq.Actual = ex.actualAnswer
 	}
 	p.pending.Add(1)
 	startReplay := func(body []byte, truncated bool) {
@@ -264,41 +269,39 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else {
 		startReplay(nil, false)
 	}
+	return ex, r.WithContext(context.WithValue(ctx, exchangeKey{}, ex)), rw
+}
 
-	defer func() {
-		v := recover()
-		if ex.body != nil {
-			ex.body.finish()
-			ex.rec.Request.BodyBytes = ex.body.bytesRead()
-		}
-		if v != nil {
-			ex.rec.Actual.Error = fmt.Sprintf("response aborted: %v", v)
-		}
-		ex.rec.Actual.Status = rw.status
-		ex.rec.Actual.ResponseBytes = rw.bytes
-		ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
-		ex.actualWrite, ex.okBody = stages.ActualWrite{Status: rw.status}, rw.okBody
-		span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
-		span.End()
-		ex.end = p.clock.Now()
-		close(ex.done)
-		if v != nil {
-			// http.ErrAbortHandler (client gone mid-stream) must reach
-			// net/http so it drops the connection instead of ending the
-			// stream as if it were complete.
-			panic(v)
-		}
-	}()
+// actualAnswer is stages.Request.Actual for a write: the apiserver's
+// status and, decoded only when the replay asks (off the response's
+// path), the resourceVersion it answered with.
+func (ex *exchange) actualAnswer(ctx context.Context) (stages.ActualWrite, bool) {
+	select {
+	case <-ex.done:
+		ex.rvOnce.Do(func() {
+			if ex.actualWrite.Status < 300 && len(ex.okBody) > 0 {
+				ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
+			}
+		})
+		return ex.actualWrite, true
+	case <-ctx.Done():
+		return stages.ActualWrite{}, false
+	}
+}
 
-	r = r.WithContext(context.WithValue(ctx, exchangeKey{}, ex))
+// answer refuses what the apiserver would refuse before the upstream sees
+// it (a certificate it would reject: its 401; a certificate caller's
+// impersonation it would not allow: its 403), and forwards the rest, as
+// the caller or, for a verified certificate caller, by impersonation.
+func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 	switch ex.ident.kind {
 	case IdentityRejected:
 		ex.rec.Actual.Error = "answered by kproxy: the apiserver's 401 for " + ex.ident.cred.Describe() + ": " + ex.ident.err.Error()
 		ex.rec.Actual.AuditID = ex.auditID
 		rw.Header().Set("Audit-Id", ex.auditID)
 		rw.Header().Set("Cache-Control", "no-cache, private")
-		unauthorized(rw, r, info)
-		p.log.Info("client certificate rejected", "id", id, "reason", ex.ident.err)
+		unauthorized(rw, r, ex.info)
+		p.log.Info("client certificate rejected", "id", ex.rec.ID, "reason", ex.ident.err)
 		return
 	case IdentityCertificate:
 		if p.impersonating == nil {
@@ -307,7 +310,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if hasImpersonation(r.Header) {
-			p.withCallerImpersonation(rw, r, info, ex.ident.user, func(w http.ResponseWriter, r *http.Request, u user.Info) {
+			p.withCallerImpersonation(rw, r, ex.info, ex.ident.user, func(w http.ResponseWriter, r *http.Request, u user.Info) {
 				ex.actAs = u
 				p.forward(w, r, ex)
 			})
@@ -319,6 +322,32 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ex.actAs = ex.ident.user
 	}
 	p.forward(rw, r, ex)
+}
+
+// finish completes the record's actual side once the response has been
+// relayed, ends the server span and releases the replay to write the
+// record. v is a panic from the relay: http.ErrAbortHandler (the client
+// went away mid-stream) must reach net/http so that it drops the
+// connection instead of ending the stream as if it were complete.
+func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
+	if ex.body != nil {
+		ex.body.finish()
+		ex.rec.Request.BodyBytes = ex.body.bytesRead()
+	}
+	if v != nil {
+		ex.rec.Actual.Error = fmt.Sprintf("response aborted: %v", v)
+	}
+	ex.rec.Actual.Status = rw.status
+	ex.rec.Actual.ResponseBytes = rw.bytes
+	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
+	ex.actualWrite, ex.okBody = stages.ActualWrite{Status: rw.status}, rw.okBody
+	ex.span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
+	ex.span.End()
+	ex.end = p.clock.Now()
+	close(ex.done)
+	if v != nil {
+		panic(v)
+	}
 }
 
 // forward sends the request upstream inside the upstream span.
