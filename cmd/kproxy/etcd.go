@@ -23,14 +23,15 @@ import (
 // its manifest.
 type etcdOptions struct {
 	apiserver *stages.APIServerOptions
-	manifest  string
+	config    *apiserverConfig
 	output    string
 	namespace string
-	flags     *pflag.FlagSet
+	logLevel  string
 }
 
 func newEtcdCommand() *cobra.Command {
-	o := &etcdOptions{apiserver: stages.NewAPIServerOptions()}
+	a := newAPIServerConfig()
+	o := &etcdOptions{apiserver: a.opts, config: a}
 	cmd := &cobra.Command{
 		Use:   "etcd",
 		Short: "Read what the apiserver stored in etcd: keys, revisions, encoding, encryption, decoded objects",
@@ -44,11 +45,10 @@ Give the apiserver's etcd flags, or its manifest:
   kproxy etcd get secrets -n default db --apiserver-manifest kube-apiserver.yaml
   kproxy etcd ls /registry/configmaps/default --etcd-servers https://127.0.0.1:2379 ...`,
 	}
-	pf := cmd.PersistentFlags()
-	o.apiserver.AddFlags(pf)
-	o.flags = pf
-	pf.StringVar(&o.manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest to read --etcd-* and --encryption-provider-config from")
-	pf.StringVarP(&o.output, "output", "o", "yaml", "yaml, json or raw (the stored bytes)")
+	own := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
+	own.StringVarP(&o.output, "output", "o", "yaml", "yaml, json or raw (the stored bytes)")
+	own.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	a.addFlags(cmd, own, "kube-apiserver static-pod manifest to read --etcd-* and --encryption-provider-config from", false)
 	get := &cobra.Command{
 		Use:   "get KEY | get RESOURCE[.GROUP] [-n NAMESPACE] NAME",
 		Short: "Show one key, decoded",
@@ -71,14 +71,8 @@ Give the apiserver's etcd flags, or its manifest:
 }
 
 func (o *etcdOptions) client() (*clientv3.Client, error) {
-	if o.manifest != "" {
-		args, err := manifestArgs(o.manifest)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := o.apiserver.ParseAPIServerArgs(o.flags, args); err != nil {
-			return nil, fmt.Errorf("--apiserver-manifest=%s: %w", o.manifest, err)
-		}
+	if err := o.config.load(newLogger(o.logLevel), false); err != nil {
+		return nil, err
 	}
 	c, err := stages.NewEtcdClient(o.apiserver)
 	if err != nil {

@@ -37,11 +37,12 @@ type explainOptions struct {
 	output     string
 	contentTy  string
 	logLevel   string
-	manifest   string
+	apiserver  *apiserverConfig
 }
 
 func newExplainCommand() *cobra.Command {
-	o := &explainOptions{serve: serve.Options{APIServer: stages.NewAPIServerOptions()}}
+	a := newAPIServerConfig()
+	o := &explainOptions{serve: serve.Options{APIServer: a.opts}, apiserver: a}
 	cmd := &cobra.Command{
 		Use:   "explain METHOD PATH",
 		Short: "Replay one request through the apiserver's stages, without sending it, and say what would happen and why",
@@ -55,7 +56,7 @@ Exit status: 0 when the request is predicted to succeed, 3 when it is
 predicted to be refused, 4 when kproxy cannot predict it (the output says
 why), 1 for bad input or when the replay cannot run.
 
-The identity comes from --token, or --client-cert (and --client-key), or,
+The identity comes from --token, or --client-certificate (and --client-key), or,
 when neither is given, from kproxy's own kubeconfig credentials;
 --as/--as-group/--as-uid add Impersonate-* headers as kubectl --as does.
 The apiserver's configuration comes from the mirrored flags or
@@ -63,7 +64,7 @@ The apiserver's configuration comes from the mirrored flags or
 
   kproxy explain GET /api/v1/namespaces/default/pods --token "$TOKEN" --apiserver-manifest kube-apiserver.yaml
   kproxy explain DELETE /api/v1/namespaces/prod/pods/web-0 --as alice --as-group devs -o yaml
-  kproxy explain POST /api/v1/namespaces/default/configmaps -f cm.json --client-cert dave.crt`,
+  kproxy explain POST /api/v1/namespaces/default/configmaps -f cm.json --client-certificate dave.crt`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) != 2 {
 				return fmt.Errorf("want METHOD PATH, e.g. `kproxy explain GET /api/v1/namespaces/default/pods`; got %d arguments", len(args))
@@ -79,8 +80,11 @@ The apiserver's configuration comes from the mirrored flags or
 	f.StringVar(&o.serve.UpstreamContext, "upstream-context", "", "context in --upstream-kubeconfig")
 	f.StringVar(&o.serve.Upstream, "upstream", "", "the apiserver's URL (default: the kubeconfig's server)")
 	f.StringVar(&o.token, "token", "", "bearer token to authenticate the request with")
-	f.StringVar(&o.clientCert, "client-cert", "", "client certificate (PEM) to authenticate the request with")
-	f.StringVar(&o.clientKey, "client-key", "", "the client certificate's key, checked to match it")
+	f.StringVar(&o.clientCert, "client-certificate", "", "client certificate (PEM) to authenticate the request with, as kubectl --client-certificate")
+	f.StringVar(&o.clientKey, "client-key", "", "the client certificate's key, checked to match it, as kubectl --client-key")
+	// The name it had before kubectl's was adopted.
+	f.StringVar(&o.clientCert, "client-cert", "", "")
+	_ = f.MarkDeprecated("client-cert", "use --client-certificate, as kubectl")
 	f.StringVar(&o.as, "as", "", "impersonate this user (Impersonate-User), as kubectl --as")
 	f.StringSliceVar(&o.asGroups, "as-group", nil, "impersonate this group (repeatable), as kubectl --as-group")
 	f.StringVar(&o.asUID, "as-uid", "", "impersonate this UID, as kubectl --as-uid")
@@ -88,10 +92,7 @@ The apiserver's configuration comes from the mirrored flags or
 	f.StringVar(&o.contentTy, "content-type", "", "the body's Content-Type (default: from the file: application/json or application/yaml)")
 	f.StringVarP(&o.output, "output", "o", "table", "table, json or yaml")
 	f.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
-	f.StringVar(&o.manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest to read the apiserver's flags from")
-	apiserver := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
-	o.serve.APIServer.AddFlags(apiserver)
-	groupedFlags(cmd, f, apiserver)
+	a.addFlags(cmd, f, "kube-apiserver static-pod manifest to read the apiserver's flags from", true)
 	return cmd
 }
 
@@ -103,17 +104,7 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	}
 	log := newLogger(o.logLevel)
 	serve.RouteKlog(log)
-	reportIgnored(cmd.Flags(), log)
-	if o.manifest != "" {
-		args, err := manifestArgs(o.manifest)
-		if err != nil {
-			return err
-		}
-		if _, err := o.serve.APIServer.ParseAPIServerArgs(cmd.Flags(), args); err != nil {
-			return fmt.Errorf("--apiserver-manifest=%s: %w", o.manifest, err)
-		}
-	}
-	if err := o.serve.APIServer.Complete(); err != nil {
+	if err := o.apiserver.load(log, true); err != nil {
 		return err
 	}
 	u, err := url.ParseRequestURI(path)
@@ -222,7 +213,7 @@ func (o *explainOptions) request(method string, u *url.URL, kubeHeader http.Head
 	if o.clientCert != "" {
 		certPEM, err := os.ReadFile(o.clientCert)
 		if err != nil {
-			return nil, fmt.Errorf("--client-cert: %w", err)
+			return nil, fmt.Errorf("--client-certificate: %w", err)
 		}
 		if o.clientKey != "" {
 			keyPEM, err := os.ReadFile(o.clientKey)
@@ -230,12 +221,12 @@ func (o *explainOptions) request(method string, u *url.URL, kubeHeader http.Head
 				return nil, fmt.Errorf("--client-key: %w", err)
 			}
 			if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
-				return nil, fmt.Errorf("--client-cert and --client-key do not match: %w", err)
+				return nil, fmt.Errorf("--client-certificate and --client-key do not match: %w", err)
 			}
 		}
 		certs, err := parseCerts(certPEM)
 		if err != nil {
-			return nil, fmt.Errorf("--client-cert %s: %w", o.clientCert, err)
+			return nil, fmt.Errorf("--client-certificate %s: %w", o.clientCert, err)
 		}
 		req.TLS = &tls.ConnectionState{HandshakeComplete: true, PeerCertificates: certs}
 	}

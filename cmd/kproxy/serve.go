@@ -4,24 +4,22 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages"
 
-	corev1 "k8s.io/api/core/v1"
 )
 
 const kubeVersion = stages.KubernetesVersion
 
 func newServeCommand() *cobra.Command {
-	o := &serve.Options{APIServer: stages.NewAPIServerOptions()}
-	var logLevel, manifest string
+	a := newAPIServerConfig()
+	o := &serve.Options{APIServer: a.opts}
+	var logLevel string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run kproxy in front of an apiserver",
@@ -49,18 +47,8 @@ exported.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = newLogger(logLevel)
 			serve.RouteKlog(o.Log)
-			reportIgnored(cmd.Flags(), o.Log)
-			if manifest != "" {
-				args, err := manifestArgs(manifest)
-				if err != nil {
-					return err
-				}
-				ignored, err := o.APIServer.ParseAPIServerArgs(cmd.Flags(), args)
-				if err != nil {
-					return fmt.Errorf("--apiserver-manifest=%s: %w", manifest, err)
-				}
-				o.Log.Info("read the apiserver's flags from its manifest", "file", manifest, "ignored", len(ignored))
-				o.Log.Debug("apiserver flags kproxy does not mirror", "flags", strings.Join(ignored, " "))
+			if err := a.load(o.Log, false); err != nil {
+				return err
 			}
 			s, err := serve.New(cmd.Context(), o)
 			if err != nil {
@@ -71,75 +59,9 @@ exported.`,
 	}
 	own := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
 	addServeFlags(own, o)
-	own.StringVar(&manifest, "apiserver-manifest", "", "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): read the apiserver's flags from it; flags given here win")
 	own.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
-	apiserver := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
-	o.APIServer.AddFlags(apiserver)
-	groupedFlags(cmd, own, apiserver)
+	a.addFlags(cmd, own, "kube-apiserver static-pod manifest (kubeadm: /etc/kubernetes/manifests/kube-apiserver.yaml): read the apiserver's flags from it; flags given here win", true)
 	return cmd
-}
-
-// groupedFlags adds kproxy's own flags and the mirrored kube-apiserver
-// flags to cmd, and lists them apart in --help. Every other kube-apiserver
-// flag is accepted, hidden, and reported as unused (reportIgnored), so an
-// apiserver's flag list can be handed over as is; any other flag is an
-// error that names the nearest real one (a mistyped --token must never
-// silently run as someone else).
-func groupedFlags(cmd *cobra.Command, own, apiserver *pflag.FlagSet) {
-	cmd.Flags().AddFlagSet(own)
-	cmd.Flags().AddFlagSet(apiserver)
-	stages.AddOtherAPIServerFlags(cmd.Flags())
-	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		if name, ok := strings.CutPrefix(err.Error(), "unknown flag: --"); ok {
-			if near := nearestFlag(c.Flags(), name); near != "" {
-				return fmt.Errorf("%w (did you mean --%s?); see %s --help", err, near, c.CommandPath())
-			}
-			return fmt.Errorf("%w: it is neither a kproxy flag nor a kube-apiserver flag; see %s --help", err, c.CommandPath())
-		}
-		return fmt.Errorf("%w; see %s --help", err, c.CommandPath())
-	})
-	cmd.SetUsageFunc(func(c *cobra.Command) error {
-		w := c.OutOrStderr()
-		fmt.Fprintf(w, "Usage:\n  %s\n\nkproxy flags:\n%s\n", c.UseLine(), own.FlagUsages())
-		fmt.Fprintf(w, "kube-apiserver flags kproxy mirrors (parsed by kube-apiserver's own options; give them as the apiserver has them, or use --apiserver-manifest;\nother kube-apiserver flags are accepted and ignored):\n%s", apiserver.FlagUsages())
-		return nil
-	})
-}
-
-// nearestFlag is the visible flag whose name is closest to name, if it
-// is close enough to be a typo.
-func nearestFlag(fs *pflag.FlagSet, name string) string {
-	best, bestD := "", 3
-	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Hidden {
-			return
-		}
-		if d := editDistance(name, f.Name); d < bestD {
-			best, bestD = f.Name, d
-		}
-	})
-	return best
-}
-
-// editDistance is the Levenshtein distance of a and b.
-func editDistance(a, b string) int {
-	prev := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur := make([]int, len(b)+1)
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev = cur
-	}
-	return prev[len(b)]
 }
 
 func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
@@ -158,14 +80,6 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	o.Telemetry.Version = version
 }
 
-// reportIgnored names the kube-apiserver flags kproxy accepted without
-// using them.
-func reportIgnored(fs *pflag.FlagSet, log *slog.Logger) {
-	if ignored := stages.GivenOtherAPIServerFlags(fs); len(ignored) > 0 {
-		log.Info("kube-apiserver flags kproxy does not use (ignored)", "flags", strings.Join(ignored, " "))
-	}
-}
-
 func newLogger(level string) *slog.Logger {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
@@ -175,21 +89,3 @@ func newLogger(level string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
 }
 
-// manifestArgs reads the kube-apiserver container's command line from a
-// static-pod manifest.
-func manifestArgs(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--apiserver-manifest: %w", err)
-	}
-	var pod corev1.Pod
-	if err := yaml.Unmarshal(b, &pod); err != nil {
-		return nil, fmt.Errorf("--apiserver-manifest=%s is not a Pod manifest: %w", path, err)
-	}
-	for _, c := range pod.Spec.Containers {
-		if c.Name == "kube-apiserver" || len(pod.Spec.Containers) == 1 {
-			return append(append([]string{}, c.Command...), c.Args...), nil
-		}
-	}
-	return nil, fmt.Errorf("--apiserver-manifest=%s has no kube-apiserver container", path)
-}

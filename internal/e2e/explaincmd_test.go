@@ -73,7 +73,7 @@ func TestExplainCommand(t *testing.T) {
 		{"bad token", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "nope"}, 401, "authentication", "Unauthorized"},
 		{"as another user", []string{"GET", "/api/v1/namespaces/corpus/secrets/s2", "--as", "carol"}, 403, "authorization", `User "carol" cannot get resource "secrets"`},
 		{"impersonation refused", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token", "--as", "erin"}, 403, "impersonation", `User "alice" cannot impersonate`},
-		{"certificate", []string{"GET", "/api/v1/namespaces/corpus/pods", "--client-cert", certFile}, 403, "authorization", `User "dave" cannot list resource "pods"`},
+		{"certificate", []string{"GET", "/api/v1/namespaces/corpus/pods", "--client-certificate", certFile}, 403, "authorization", `User "dave" cannot list resource "pods"`},
 		{"allowed read", []string{"GET", "/api/v1/namespaces/corpus/pods", "--token", "alice-token"}, 200, "", ""},
 		{"read of a missing object", []string{"GET", "/api/v1/namespaces/corpus/configmaps/missing", "--token", "admin-token"}, 404, "storage", `configmaps "missing" not found`},
 		{"write refused by admission", []string{"POST", "/api/v1/namespaces/nowhere/configmaps", "--token", "admin-token", "-f", cmFile}, 404, "mutating-admission", `namespaces "nowhere" not found`},
@@ -109,7 +109,7 @@ func TestExplainCommand(t *testing.T) {
 			}
 		})
 	}
-	// Without --token or --client-cert the request is the one kubectl
+	// Without --token or --client-certificate the request is the one kubectl
 	// would send with the kubeconfig, whatever kind of credential it holds
 	// (here a token file): never an anonymous request in its place.
 	tokenFile := filepath.Join(dir, "kproxy.token")

@@ -62,7 +62,7 @@ type APIServerOptions struct {
 	// it, reads are shed (predictions unknown) rather than load etcd.
 	ReplayEtcdQPS float64
 
-	authnFlags, authzFlags, writeFlags *pflag.FlagSet
+	authnFlags, authzFlags, writeFlags, replayFlags *pflag.FlagSet
 	fs                                 *pflag.FlagSet
 }
 
@@ -116,8 +116,6 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 	o.writeFlags.StringSliceVar(&o.Kubelet.PreferredAddressTypes, "kubelet-preferred-address-types", o.Kubelet.PreferredAddressTypes, "kube-apiserver's --kubelet-preferred-address-types: which node address the apiserver connects to a kubelet at")
 	o.writeFlags.UintVar(&o.Kubelet.Port, "kubelet-port", o.Kubelet.Port, "kube-apiserver's --kubelet-port (deprecated there)")
 	o.writeFlags.UintVar(&o.Kubelet.ReadOnlyPort, "kubelet-read-only-port", o.Kubelet.ReadOnlyPort, "kube-apiserver's --kubelet-read-only-port (deprecated there)")
-	o.writeFlags.Float64Var(&o.ReplayEtcdQPS, "replay-etcd-qps", o.ReplayEtcdQPS, "kproxy's own: the most etcd reads per second the replay makes (bursts of twice that); past it, the storage stage sheds reads and says unknown rather than load etcd")
-	o.writeFlags.IntVar(&o.EtcdMaxRequestBytes, "etcd-max-request-bytes", o.EtcdMaxRequestBytes, "etcd's own --max-request-bytes (not a kube-apiserver flag): the largest value etcd stores")
 	fs.AddFlagSet(o.authnFlags)
 	fs.AddFlagSet(o.authzFlags)
 	fs.AddFlagSet(o.writeFlags)
@@ -125,6 +123,15 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 		utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
 	}
 	o.fs = fs
+}
+
+// AddReplayFlags adds kproxy's own knobs of the replay (not kube-apiserver
+// flags): how hard it may read etcd, and etcd's own size limit.
+func (o *APIServerOptions) AddReplayFlags(fs *pflag.FlagSet) {
+	o.replayFlags = pflag.NewFlagSet("replay", pflag.ContinueOnError)
+	o.replayFlags.Float64Var(&o.ReplayEtcdQPS, "replay-etcd-qps", o.ReplayEtcdQPS, "the most etcd reads per second the replay makes (bursts of twice that); past it, the storage stage sheds reads and says unknown rather than load etcd")
+	o.replayFlags.IntVar(&o.EtcdMaxRequestBytes, "etcd-max-request-bytes", o.EtcdMaxRequestBytes, "etcd's own --max-request-bytes (not a kube-apiserver flag): the largest value etcd stores, for the size check")
+	fs.AddFlagSet(o.replayFlags)
 }
 
 // GivenFeatureGates are the gates set with --feature-gates: they win over
@@ -264,7 +271,8 @@ func (o *APIServerOptions) ParseAPIServerArgs(fs *pflag.FlagSet, args []string) 
 func (o *APIServerOptions) mirrors(name string) bool {
 	return name == "feature-gates" || (o.authnFlags != nil && o.authnFlags.Lookup(name) != nil) ||
 		(o.authzFlags != nil && o.authzFlags.Lookup(name) != nil) ||
-		(o.writeFlags != nil && o.writeFlags.Lookup(name) != nil)
+		(o.writeFlags != nil && o.writeFlags.Lookup(name) != nil) ||
+		(o.replayFlags != nil && o.replayFlags.Lookup(name) != nil) // kproxy's own, given with them (tests, scripts)
 }
 
 // APIServerOptionsFromArgs is NewAPIServerOptions with a kube-apiserver
@@ -273,6 +281,7 @@ func APIServerOptionsFromArgs(args []string) (*APIServerOptions, []string, error
 	o := NewAPIServerOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
 	o.AddFlags(fs)
+	o.AddReplayFlags(fs)
 	ignored, err := o.ParseAPIServerArgs(fs, args)
 	return o, ignored, err
 }

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// run executes kproxy in process, as the binary would with args.
+func run(t *testing.T, stdin string, args ...string) (stdout string, err error) {
+	t.Helper()
+	cmd := newRootCommand()
+	var out, errOut bytes.Buffer
+	cmd.SetArgs(args)
+	cmd.SetOut(&out)
+	cmd.SetErr(&errOut)
+	cmd.SetIn(strings.NewReader(stdin))
+	err = cmd.ExecuteContext(context.Background())
+	return out.String(), err
+}
+
+func TestFlags(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr string // "" : no flag error (the command may fail later)
+	}{
+		{"a mistyped flag names the one meant", []string{"explain", "GET", "/api", "--tokn", "x"}, "unknown flag: --tokn (did you mean --token?)"},
+		{"serve too", []string{"serve", "--captur", "x"}, "unknown flag: --captur (did you mean --capture?)"},
+		{"nothing near", []string{"explain", "GET", "/api", "--zzzzzzzzzz"}, "neither a kproxy flag nor a kube-apiserver flag"},
+		{"etcd subcommands too", []string{"etcd", "get", "/registry/x", "--etcd-server", "http://127.0.0.1:1"}, "did you mean --etcd-servers?"},
+		{"a kube-apiserver flag kproxy does not use is accepted", []string{"explain", "GET", "/api", "--secure-port", "6443", "--profiling=false", "--upstream", "https://127.0.0.1:1", "--upstream-kubeconfig", "/nonexistent"}, ""},
+		{"explain takes METHOD PATH", []string{"explain", "GET"}, "want METHOD PATH"},
+		{"explain -o", []string{"explain", "GET", "/api", "-o", "csv"}, `-o "csv": use table, json or yaml`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := run(t, "", tc.args...)
+			switch {
+			case tc.wantErr == "" && err != nil && strings.Contains(err.Error(), "unknown flag"):
+				t.Errorf("%v: %v", tc.args, err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, err := run(t, "", "version")
+	if err != nil || !strings.Contains(out, "replays Kubernetes "+kubeVersion) {
+		t.Errorf("kproxy version: %q, %v", out, err)
+	}
+}
+
+func TestDecodeInProcess(t *testing.T) {
+	cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"default"},"data":{"a":"b"}}`
+	out, err := run(t, cm, "decode", "-o", "yaml", "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "kind: ConfigMap") || !strings.Contains(out, "a: b") {
+		t.Errorf("kproxy decode -o yaml:\n%s", out)
+	}
+}
