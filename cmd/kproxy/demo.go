@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -164,13 +163,12 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KUBECTL	METHOD	PATH	CALLER	PREDICTED	ACTUAL	LATENCY")
+	var rows [][]any
 	agree, unknown := 0, 0
 	for i, smp := range samples {
 		label := smp.who + ": " + smp.command
 		if len(byRecord[i]) == 0 {
-			fmt.Fprintf(tw, "%s	(no request reached the apiserver)					\n", label)
+			rows = append(rows, []any{label, "(no request reached the apiserver)", "", "", "", "", ""})
 		}
 		for _, r := range byRecord[i] {
 			caller := r.Identity
@@ -181,8 +179,8 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 			if len(path) > 48 {
 				path = path[:47] + "…"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", label, r.Request.Method, path, caller,
-				predictedString(r.Predicted), actualString(r.Actual), time.Duration(r.Latency.TotalNs).Round(10*time.Microsecond))
+			rows = append(rows, []any{label, r.Request.Method, path, caller, predictedString(r.Predicted), actualString(r.Actual),
+				time.Duration(r.Latency.TotalNs).Round(10 * time.Microsecond).String()})
 			label = ""
 			switch {
 			case r.Predicted.Stage == record.StageUnknown:
@@ -192,7 +190,7 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 			}
 		}
 	}
-	if err := tw.Flush(); err != nil {
+	if err := printTable(out, []string{"Kubectl", "Method", "Path", "Caller", "Predicted", "Actual", "Latency"}, rows); err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "\n%d requests from %d kubectl commands: %d predicted as the apiserver answered, %d unknown, %d predicted wrong\n",

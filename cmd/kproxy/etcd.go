@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/decode"
 	"github.com/kproxy/kproxy/internal/stages"
@@ -24,7 +22,7 @@ import (
 type etcdOptions struct {
 	apiserver *stages.APIServerOptions
 	config    *apiserverConfig
-	output    string
+	output    *outputFlags
 	namespace string
 	logLevel  string
 }
@@ -46,7 +44,8 @@ Give the apiserver's etcd flags, or its manifest:
   kproxy etcd ls /registry/configmaps/default --etcd-servers https://127.0.0.1:2379 ...`,
 	}
 	own := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
-	own.StringVarP(&o.output, "output", "o", "yaml", "yaml, json or raw (the stored bytes)")
+	o.output = newOutputFlags("raw", "yaml") // raw: the stored bytes
+	o.output.addFlags(own)
 	own.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	a.addFlags(cmd, own, "kube-apiserver static-pod manifest to read --etcd-* and --encryption-provider-config from", false)
 	get := &cobra.Command{
@@ -110,10 +109,8 @@ type entry struct {
 }
 
 func (o *etcdOptions) get(ctx context.Context, out io.Writer, args []string) error {
-	switch o.output {
-	case "yaml", "json", "raw":
-	default:
-		return fmt.Errorf("-o %q: use yaml, json or raw", o.output)
+	if err := o.output.validate(); err != nil {
+		return err
 	}
 	c, err := o.client()
 	if err != nil {
@@ -134,25 +131,14 @@ func (o *etcdOptions) get(ctx context.Context, out io.Writer, args []string) err
 		return fmt.Errorf("etcd has no key %s (at revision %d)", key, resp.Header.Revision)
 	}
 	kv := resp.Kvs[0]
-	if o.output == "raw" {
+	if o.output.isHuman() {
 		_, err := out.Write(kv.Value)
 		return err
 	}
 	e := entry{Key: string(kv.Key), CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision,
 		Version: kv.Version, Lease: kv.Lease, Size: len(kv.Value)}
 	o.describe(ctx, &e, kv.Value)
-	var b []byte
-	if o.output == "json" {
-		b, err = json.MarshalIndent(e, "", "  ")
-		b = append(b, '\n')
-	} else {
-		b, err = yaml.Marshal(e)
-	}
-	if err != nil {
-		return err
-	}
-	_, err = out.Write(b)
-	return err
+	return o.output.printDocument(out, "EtcdEntry", e)
 }
 
 // describe fills in the value's encoding, encryption and object,
@@ -201,8 +187,7 @@ func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string) erro
 	if err != nil {
 		return fmt.Errorf("etcd get --prefix %s: %w", prefix, err)
 	}
-	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tCREATE\tMOD\tVERSION\tLEASE\tSIZE\tENCODING\tENCRYPTION")
+	var rows [][]any
 	for _, kv := range resp.Kvs {
 		enc, encryption := "unknown", "-"
 		if f, err := decode.Detect(kv.Value); err == nil {
@@ -213,10 +198,13 @@ func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string) erro
 				}
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", kv.Key, kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease, len(kv.Value), enc, encryption)
+		rows = append(rows, []any{string(kv.Key), kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease, len(kv.Value), enc, encryption})
+	}
+	if err := printTable(out, []string{"Key", "Create", "Mod", "Version", "Lease", "Size", "Encoding", "Encryption"}, rows); err != nil {
+		return err
 	}
 	if resp.More {
-		fmt.Fprintf(tw, "... more keys under %s (first %d shown)\n", prefix, len(resp.Kvs))
+		fmt.Fprintf(out, "... more keys under %s (first %d shown)\n", prefix, len(resp.Kvs))
 	}
-	return tw.Flush()
+	return nil
 }

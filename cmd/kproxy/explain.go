@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -11,13 +10,11 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace/noop"
-	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/credential"
 	"github.com/kproxy/kproxy/internal/record"
@@ -34,7 +31,7 @@ type explainOptions struct {
 	asGroups   []string
 	asUID      string
 	file       string
-	output     string
+	output     *outputFlags
 	contentTy  string
 	logLevel   string
 	apiserver  *apiserverConfig
@@ -90,17 +87,16 @@ The apiserver's configuration comes from the mirrored flags or
 	f.StringVar(&o.asUID, "as-uid", "", "impersonate this UID, as kubectl --as-uid")
 	f.StringVarP(&o.file, "filename", "f", "", "request body from this file (- for stdin)")
 	f.StringVar(&o.contentTy, "content-type", "", "the body's Content-Type (default: from the file: application/json or application/yaml)")
-	f.StringVarP(&o.output, "output", "o", "table", "table, json or yaml")
+	o.output = newOutputFlags("table", "table")
+	o.output.addFlags(f)
 	f.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	a.addFlags(cmd, f, "kube-apiserver static-pod manifest to read the apiserver's flags from", true)
 	return cmd
 }
 
 func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) error {
-	switch o.output {
-	case "table", "json", "yaml":
-	default:
-		return fmt.Errorf("-o %q: use table, json or yaml", o.output)
+	if err := o.output.validate(); err != nil {
+		return err
 	}
 	log := newLogger(o.logLevel)
 	serve.RouteKlog(log)
@@ -276,35 +272,20 @@ type explanation struct {
 	Stages    []record.StageResult `json:"stages"`
 }
 
-func printExplanation(w io.Writer, format, method, path string, out stages.Outcome) error {
-	doc := explanation{Method: method, Path: path, Predicted: out.Predicted, Stages: out.Stages}
-	switch format {
-	case "json":
-		b, err := json.MarshalIndent(doc, "", "  ")
-		if err != nil {
-			return err
-		}
-		_, err = fmt.Fprintln(w, string(b))
-		return err
-	case "yaml":
-		b, err := yaml.Marshal(doc)
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(b)
-		return err
+func printExplanation(w io.Writer, output *outputFlags, method, path string, out stages.Outcome) error {
+	if !output.isHuman() {
+		return output.printDocument(w, "Explanation", explanation{Method: method, Path: path, Predicted: out.Predicted, Stages: out.Stages})
 	}
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STAGE\tOUTCOME\tTIME\tEXPLANATION")
+	var rows [][]any
 	var details []string
 	for _, s := range out.Stages {
 		first, rest, _ := strings.Cut(s.Explanation, "\n")
-		fmt.Fprintf(tw, "%s\t%s\t%v\t%s\n", s.Name, s.Outcome, time.Duration(s.DurationNs).Round(time.Microsecond), first)
+		rows = append(rows, []any{s.Name, s.Outcome, time.Duration(s.DurationNs).Round(time.Microsecond).String(), first})
 		if rest != "" {
 			details = append(details, s.Name+":\n"+indent(rest, "  "))
 		}
 	}
-	if err := tw.Flush(); err != nil {
+	if err := printTable(w, []string{"Stage", "Outcome", "Time", "Explanation"}, rows); err != nil {
 		return err
 	}
 	fmt.Fprintln(w)

@@ -32,7 +32,8 @@ func TestFlags(t *testing.T) {
 		{"etcd subcommands too", []string{"etcd", "get", "/registry/x", "--etcd-server", "http://127.0.0.1:1"}, "did you mean --etcd-servers?"},
 		{"a kube-apiserver flag kproxy does not use is accepted", []string{"explain", "GET", "/api", "--secure-port", "6443", "--profiling=false", "--upstream", "https://127.0.0.1:1", "--upstream-kubeconfig", "/nonexistent"}, ""},
 		{"explain takes METHOD PATH", []string{"explain", "GET"}, "want METHOD PATH"},
-		{"explain -o", []string{"explain", "GET", "/api", "-o", "csv"}, `-o "csv": use table, json or yaml`},
+		{"explain -o", []string{"explain", "GET", "/api", "-o", "csv"}, `-o "csv": use table, json, yaml, jsonpath=..., go-template=...`},
+		{"explain -o jsonpath is kubectl's", []string{"explain", "GET", "/api", "-o", "jsonpath={.predicted.status}", "--upstream-kubeconfig", "/nonexistent"}, "the mirrored kube-apiserver flags are not valid"}, // past -o
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

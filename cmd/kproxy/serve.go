@@ -8,10 +8,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages"
-
 )
 
 const kubeVersion = stages.KubernetesVersion
@@ -88,4 +86,3 @@ func newLogger(level string) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
 }
-

@@ -23,20 +23,22 @@ func TestRenderTable(t *testing.T) {
 		wide, headers bool
 		want          string
 	}{
+		// As kubectl get prints them (its own table printer): a multi-line
+		// cell shows its first line and "...", a tab stays a tab.
 		{"default", false, true, "" +
-			"NAME                 READY              RESTARTS\n" +
-			"web-1                1/1                0\n" +
-			"a-much-longer-name                      12\n" +
-			"short                0/1\\nsecond line\n"},
+			"NAME                 READY             RESTARTS\n" +
+			"web-1                1/1               0\n" +
+			"a-much-longer-name                     12\n" +
+			"short                0/1...\n"},
 		{"wide", true, true, "" +
-			"NAME                 READY              NODE                 RESTARTS\n" +
-			"web-1                1/1                node-a               0\n" +
-			"a-much-longer-name                      node-b\\twith\\ttabs   12\n" +
-			"short                0/1\\nsecond line\n"},
+			"NAME                 READY             NODE               RESTARTS\n" +
+			"web-1                1/1               node-a             0\n" +
+			"a-much-longer-name                     node-b             with   tabs   12\n" +
+			"short                0/1...\n"},
 		{"no headers", false, false, "" +
-			"web-1                1/1                0\n" +
-			"a-much-longer-name                      12\n" +
-			"short                0/1\\nsecond line\n"},
+			"web-1                1/1               0\n" +
+			"a-much-longer-name                     12\n" +
+			"short                0/1...\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer

@@ -63,7 +63,7 @@ type APIServerOptions struct {
 	ReplayEtcdQPS float64
 
 	authnFlags, authzFlags, writeFlags, replayFlags *pflag.FlagSet
-	fs                                 *pflag.FlagSet
+	fs                                              *pflag.FlagSet
 }
 
 // DefaultEtcdMaxRequestBytes is etcd's default --max-request-bytes.
