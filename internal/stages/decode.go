@@ -13,56 +13,56 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 )
 
-// decode replays the resource handler up to admission: content type,
+// decode reports the resource handler up to admission: content type,
 // body decoding and strict field validation, defaulting, conversion,
-// query options, patch parsing. It is the first of the five write-path
-// stages, and runs the whole write path once (writePath.runRequest); the
-// stages after it read their part of that run. A read (get, list, watch)
-// runs the same handler: decode reports its query options, storage the
-// read.
+// query options, patch parsing; for a read (get, list, watch) its query
+// options. When the handler is not run, decode says why (the
+// resourceHandler's verdict before any run).
 type decode struct{ m *machinery }
-
-func newDecode(m *machinery) Stage { return decode{m} }
 
 func (decode) Name() string { return record.StageDecode }
 
-func (decode) recorded() {}
-
-func (d decode) Run(ctx context.Context, req *Request) Result {
+// before decides what the handler cannot be asked: requests the replay
+// answers from elsewhere (the apiserver's own non-resource handlers,
+// group discovery, aggregated APIs) or not at all. ok means run the
+// handler.
+func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) {
 	switch {
 	case req.Info != nil && !req.Info.IsResourceRequest && d.m.write != nil && d.m.write.servesDiscovery(req):
-		// Discovery and /version: the replay server's own handlers.
+		return Result{}, true // discovery and /version: the replay server's own handlers
 	case req.Info == nil:
-		return Unknown("the request could not be resolved as the apiserver resolves it")
+		return Unknown("the request could not be resolved as the apiserver resolves it"), false
 	case !req.Info.IsResourceRequest && d.m.write == nil:
-		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error())
+		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error()), false
 	case !req.Info.IsResourceRequest && !strings.HasPrefix(req.Info.Path, "/apis/"):
-		return d.nonResource(ctx, req)
+		return d.nonResource(ctx, req), false
 	case !req.Info.IsResourceRequest:
-		return d.groupDiscovery(req)
+		return d.groupDiscovery(req), false
 	case !IsWrite(req.Info) && !IsRead(req.Info):
-		return Unknown("the " + req.Info.Verb + " verb: not modelled")
+		return Unknown("the " + req.Info.Verb + " verb: not modelled"), false
 	}
-	if why := notReplayable(req); req.Info.IsResourceRequest && why != "" {
-		return Unknown(why)
+	if why := notReplayable(req); why != "" {
+		return Unknown(why), false
 	}
 	if d.m.write == nil {
-		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error())
+		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error()), false
 	}
-	if i := req.Info; i.IsResourceRequest && !builtIn(i.APIGroup) && !d.m.write.servesCustom(i.APIGroup, i.Resource) {
+	if i := req.Info; !builtIn(i.APIGroup) && !d.m.write.servesCustom(i.APIGroup, i.Resource) {
 		if s, ok, why := d.m.write.aggregatedFor(i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
-			return aggregatedAPI(s, req.Info.Path)
+			return aggregatedAPI(s, req.Info.Path), false
 		} else if why != "" {
-			return Unknown(why)
+			return Unknown(why), false
 		}
 		if d.m.write.groupUnknown(i.APIGroup) {
 			st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
-			return Reject(st, fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup))
+			return Reject(st, fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup)), false
 		}
-		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition or an APIService kproxy can see: not modelled", i.Resource+"."+i.APIGroup))
+		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition or an APIService kproxy can see: not modelled", i.Resource+"."+i.APIGroup)), false
 	}
-	run := d.m.write.runRequest(ctx, req, d.m.now)
-	req.run = run
+	return Result{}, true
+}
+
+func (d decode) report(ctx context.Context, req *Request, run *handlerRun) Result {
 	start, end, _ := run.phaseTimes(phaseDecode)
 	var res Result
 	switch {
@@ -80,6 +80,9 @@ func (d decode) Run(ctx context.Context, req *Request) Result {
 		res = Pass("the handler accepts the " + req.Info.Verb + "'s options")
 	default:
 		res = Pass(decodedWhat(req))
+	}
+	if res.Outcome == record.Pass && run.code >= 200 && run.code < 400 {
+		res.Answer = run.code
 	}
 	res.Began, res.Ended = start, end
 	return res

@@ -570,20 +570,6 @@ func (w *warningRecorder) list() []string {
 	return append([]string(nil), w.w...)
 }
 
-// handlerRunOf is the run a write-path stage reports on, or, when there is
-// none to report on (not a write, or decode could not replay it), the
-// stage's result.
-func handlerRunOf(req *Request) (*handlerRun, Result) {
-	switch run := req.run; {
-	case !IsWrite(req.Info):
-		return nil, Skip(notWriteReason(req))
-	case run == nil || run.unknown != "":
-		return nil, Skip("not replayed (see decode)")
-	default:
-		return run, Result{}
-	}
-}
-
 // phaseTimes returns when a stage's phase began and ended in the run.
 func (r *handlerRun) phaseTimes(phase int) (start, end time.Time, reached bool) {
 	r.mu.Lock()

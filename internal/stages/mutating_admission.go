@@ -13,19 +13,17 @@ import (
 // changed in the object (a JSON patch).
 type mutatingAdmission struct{ m *machinery }
 
-func newMutatingAdmission(m *machinery) Stage { return mutatingAdmission{m} }
+func newMutatingAdmission(m *machinery) handlerStage { return mutatingAdmission{m} }
 
 func (mutatingAdmission) Name() string { return record.StageMutatingAdmission }
 
-func (mutatingAdmission) recorded() {}
-
-func (s mutatingAdmission) Run(_ context.Context, req *Request) Result {
-	return admissionPhase(req, phaseMutating, false)
+func (s mutatingAdmission) report(_ context.Context, req *Request, run *handlerRun) Result {
+	return admissionPhase(req, run, phaseMutating, false)
 }
 
 // admissionPhase reports one admission phase of the run.
-func admissionPhase(req *Request, phase int, validating bool) Result {
-	run, none := handlerRunOf(req)
+func admissionPhase(req *Request, run *handlerRun, phase int, validating bool) Result {
+	run, none := handlerRunOf(req, run)
 	if run == nil {
 		return none
 	}

@@ -204,8 +204,9 @@ func (d decode) conditionalIndex(ctx context.Context, req *Request, header strin
 	what := fmt.Sprintf("the OpenAPI v3 index last changed at %s (ETag %.12s…); the request's %s: %s", mod.UTC().Format(time.RFC3339), strings.Trim(doc.header.Get("Etag"), `"`), header, req.HTTP.Header.Get(header))
 	switch {
 	case w.Code == http.StatusNotModified:
-		req.successCode = http.StatusNotModified
-		return Pass(what + ": the client's copy is current, 304 Not Modified")
+		res := Pass(what + ": the client's copy is current, 304 Not Modified")
+		res.Answer = http.StatusNotModified
+		return res
 	case w.Code < 300:
 		return Pass(what + ": the index is sent again")
 	}

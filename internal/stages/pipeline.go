@@ -51,13 +51,16 @@ const DefaultBudget = 40 * time.Second
 
 // Pipeline runs the stages in the apiserver's order.
 type Pipeline struct {
-	stages []Stage
-	tracer trace.Tracer
-	clock  clock.PassiveClock
-	budget time.Duration
-	state  *ClusterState
-	log    *slog.Logger
-	m      *machinery
+	// stages are the filter stages, in the apiserver's order; handler the
+	// resource handler after them (nil in tests of the loop alone).
+	stages  []Stage
+	handler *resourceHandler
+	tracer  trace.Tracer
+	clock   clock.PassiveClock
+	budget  time.Duration
+	state   *ClusterState
+	log     *slog.Logger
+	m       *machinery
 }
 
 // New builds the pipeline. The order is the apiserver's: its handler chain
@@ -70,17 +73,17 @@ type Pipeline struct {
 // cfg.State is started.
 func New(ctx context.Context, cfg Config) *Pipeline {
 	m := buildMachinery(ctx, cfg)
+	// The handler chain (DefaultBuildHandlerChain, read bottom-up) ...
 	p := newPipeline(cfg,
 		newAuthentication(m),
 		newImpersonation(m),
 		newFlowControl(m),
 		newAuthorization(m),
-		newDecode(m),
-		newMutatingAdmission(m),
-		newValidation(m),
-		newValidatingAdmission(m),
-		newStorage(m),
 	)
+	// ... then the resource handler, run once and reported as its five
+	// stages: decode, mutating-admission, validation,
+	// validating-admission, storage (handler.go).
+	p.handler = newResourceHandler(m)
 	p.m = m
 	return p
 }
@@ -106,15 +109,27 @@ func newPipeline(cfg Config, stages ...Stage) *Pipeline {
 
 // Names lists the stage names in order.
 func (p *Pipeline) Names() []string {
-	n := make([]string, len(p.stages))
-	for i, s := range p.stages {
-		n[i] = s.Name()
+	n := make([]string, 0, len(p.stages)+5)
+	for _, s := range p.stages {
+		n = append(n, s.Name())
+	}
+	if p.handler != nil {
+		n = append(n, p.handler.names()...)
 	}
 	return n
 }
 
+// step is one stage's verdict and how long it took.
+type step struct {
+	name string
+	res  Result
+	d    time.Duration
+}
+
 // Outcome is the replay's result for one request.
 type Outcome struct {
+	// answer is the success status a stage decided (a 304), or 0.
+	answer    int
 	Predicted record.Prediction
 	Stages    []record.StageResult
 	Duration  time.Duration
@@ -135,44 +150,76 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		attribute.String("kproxy.kubernetes_version", KubernetesVersion)))
 	defer span.End()
 
-	out := Outcome{Stages: make([]record.StageResult, 0, len(p.stages))}
+	out := Outcome{Stages: make([]record.StageResult, 0, len(p.stages)+5)}
 	var decided *Result
 	var decidedBy, stopped string
 	var unknown []string
+	var run *handlerRun
+	// Each element (a filter stage, or the resource handler and its five
+	// stages) runs unless an earlier stage decided or the budget ran out.
+	elements := make([]func() []step, 0, len(p.stages)+1)
+	names := make([][]string, 0, len(p.stages)+1)
 	for _, s := range p.stages {
-		switch {
-		case decided != nil:
-			out.Stages = append(out.Stages, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + decidedBy + " decides the request"})
-			continue
-		case stopped != "":
-			out.Stages = append(out.Stages, record.StageResult{Name: s.Name(), Outcome: record.Skip, Explanation: "not reached: " + stopped})
-			continue
-		}
-		res, d := p.runStage(ctx, s, req)
-		if ctx.Err() != nil && res.Outcome != record.Error {
-			stopped = fmt.Sprintf("replay budget exceeded (%v)", p.budget)
-			res = Failed(stopped)
-		}
-		out.Stages = append(out.Stages, record.StageResult{
-			Name: s.Name(), Outcome: res.Outcome, DurationNs: d.Nanoseconds(),
-			Explanation: res.Explanation, Children: res.Children,
+		elements = append(elements, func() []step {
+			res, d := p.runStage(ctx, s, req)
+			return []step{{s.Name(), res, d}}
 		})
-		switch {
-		case res.Outcome == record.Error:
-			unknown = append(unknown, fmt.Sprintf("%s failed: %s", s.Name(), res.Explanation))
-		case res.Unknown:
-			unknown = append(unknown, s.Name()+": "+res.Explanation)
-		case res.Outcome == record.Reject:
-			r := res
-			decided, decidedBy = &r, s.Name()
+		names = append(names, []string{s.Name()})
+	}
+	if p.handler != nil {
+		elements = append(elements, func() []step {
+			var steps []step
+			run, steps = p.runHandler(ctx, req)
+			return steps
+		})
+		names = append(names, p.handler.names())
+	}
+	for i, element := range elements {
+		if decided != nil || stopped != "" {
+			for _, name := range names[i] {
+				out.Stages = append(out.Stages, notReachedResult(name, decidedBy, stopped))
+			}
+			continue
+		}
+		steps := element()
+		for _, st := range steps {
+			if decided != nil || stopped != "" {
+				out.Stages = append(out.Stages, notReachedResult(st.name, decidedBy, stopped))
+				continue
+			}
+			res := st.res
+			if ctx.Err() != nil && res.Outcome != record.Error {
+				stopped = fmt.Sprintf("replay budget exceeded (%v)", p.budget)
+				res = Failed(stopped)
+			}
+			out.Stages = append(out.Stages, record.StageResult{
+				Name: st.name, Outcome: res.Outcome, DurationNs: st.d.Nanoseconds(),
+				Explanation: res.Explanation, Children: res.Children,
+			})
+			switch {
+			case res.Outcome == record.Error:
+				unknown = append(unknown, fmt.Sprintf("%s failed: %s", st.name, res.Explanation))
+			case res.Unknown:
+				unknown = append(unknown, st.name+": "+res.Explanation)
+			case res.Outcome == record.Reject:
+				r := res
+				decided, decidedBy = &r, st.name
+			case res.Answer != 0:
+				out.answer = res.Answer
+			}
+		}
+		// The handler stops at its first refusal: the stages after it
+		// were not reached.
+		for _, name := range names[i][len(steps):] {
+			out.Stages = append(out.Stages, notReachedResult(name, decidedBy, stopped))
 		}
 	}
 	if decided == nil && len(unknown) == 0 {
-		if r, name := lateDecision(req, out.Stages); r != nil {
+		if r, name := lateDecision(req, run, out.Stages); r != nil {
 			decided, decidedBy = r, name
 		}
 	}
-	out.Predicted = predict(req, decided, decidedBy, unknown)
+	out.Predicted = predict(req, out.answer, decided, decidedBy, unknown)
 	out.Predicted.FlowSchema, out.Predicted.PriorityLevel = req.FlowSchema, req.PriorityLevel
 	out.Caller, out.ActingAs = req.Caller, req.User
 	out.Duration = p.clock.Since(start)
@@ -188,8 +235,7 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 // authorization (it is authorization logic). The authorization stage's
 // verdict becomes that refusal, with what would allow the write; the
 // stages that ran before the registry keep their verdicts.
-func lateDecision(req *Request, results []record.StageResult) (*Result, string) {
-	run := req.run
+func lateDecision(req *Request, run *handlerRun, results []record.StageResult) (*Result, string) {
 	if run == nil || run.status == nil || run.decided == "" {
 		return nil, ""
 	}
@@ -225,7 +271,7 @@ func escalationAdvice(req *Request) string {
 // predict turns the stage verdicts into the record's prediction. A reject
 // counts only when every stage before it was known: a stage we could not
 // replay might have rejected first.
-func predict(req *Request, decided *Result, decidedBy string, unknown []string) record.Prediction {
+func predict(req *Request, answer int, decided *Result, decidedBy string, unknown []string) record.Prediction {
 	if len(unknown) > 0 {
 		return record.Prediction{Stage: record.StageUnknown,
 			Message: "cannot predict: " + strings.Join(unknown, "; ")}
@@ -237,18 +283,15 @@ func predict(req *Request, decided *Result, decidedBy string, unknown []string) 
 		}
 		return pr
 	}
-	return record.Prediction{Status: successStatus(req)}
+	return record.Prediction{Status: successStatus(req, answer)}
 }
 
 // successStatus is the status the apiserver answers a successful request
 // with: the handler's (201 for a create that stores a new object, 304 for
 // a conditional request whose cached copy is current), else 200.
-func successStatus(req *Request) int {
-	if req.successCode != 0 {
-		return req.successCode
-	}
-	if req.run != nil && req.run.code >= 200 && req.run.code < 400 {
-		return req.run.code
+func successStatus(req *Request, answer int) int {
+	if answer != 0 {
+		return answer
 	}
 	if req.Info != nil && req.Info.Verb == "create" && req.HTTP.Method == http.MethodPost {
 		return http.StatusCreated
@@ -256,34 +299,56 @@ func successStatus(req *Request) int {
 	return http.StatusOK
 }
 
-// runStage runs one stage in its own span, turning a panic into an error
-// result.
+// runStage runs one filter stage in its own span, turning a panic into
+// an error result.
 func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Result, d time.Duration) {
-	if _, ok := s.(recordedStage); ok {
-		return p.runRecordedStage(ctx, s, req)
-	}
 	ctx, span := p.tracer.Start(ctx, s.Name())
 	start := p.clock.Now()
-	res = p.protect(ctx, s, req)
+	res = p.protect(s.Name(), req, func() Result { return s.Run(ctx, req) })
 	d = p.clock.Since(start)
 	endStageSpan(span, res)
 	span.End()
 	return res, d
 }
 
-// recordedStage is a stage whose work happened before it is asked (the
-// write path runs once for decode through storage): its span is made
+// runHandler runs the resource handler once and reports it as its five
+// stages. Their work happened in that one run, so their spans are made
 // after the fact, with the times the work really took.
-type recordedStage interface{ recorded() }
-
-func (p *Pipeline) runRecordedStage(ctx context.Context, s Stage, req *Request) (Result, time.Duration) {
+func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*handlerRun, []step) {
+	h := p.handler
 	now := p.clock.Now()
-	res := p.protect(ctx, s, req)
+	var run *handlerRun
+	var pre *Result
+	if r := p.protect(record.StageDecode, req, func() Result {
+		run, pre = h.run(ctx, req)
+		return Result{}
+	}); r.Outcome == record.Error {
+		pre = &r
+	}
+	steps := make([]step, 0, len(h.stages))
+	for i, s := range h.stages {
+		var res Result
+		if i == 0 && pre != nil {
+			res = *pre
+		} else {
+			res = p.protect(s.Name(), req, func() Result { return s.report(ctx, req, run) })
+		}
+		steps = append(steps, step{s.Name(), res, p.recordSpans(ctx, s.Name(), res, now)})
+		if res.Outcome == record.Reject {
+			break // the stages after it were not reached
+		}
+	}
+	return run, steps
+}
+
+// recordSpans makes a handler stage's span and its children's after the
+// fact and returns the stage's duration.
+func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, now time.Time) time.Duration {
 	began, ended := res.Began, res.Ended
 	if began.IsZero() {
 		began, ended = now, p.clock.Now()
 	}
-	sctx, span := p.tracer.Start(ctx, s.Name(), trace.WithTimestamp(began))
+	sctx, span := p.tracer.Start(ctx, name, trace.WithTimestamp(began))
 	for _, c := range res.Spans {
 		_, cs := p.tracer.Start(sctx, c.Name, trace.WithTimestamp(c.Start))
 		cs.SetAttributes(attribute.String("kproxy.stage.outcome", c.Outcome))
@@ -295,20 +360,30 @@ func (p *Pipeline) runRecordedStage(ctx context.Context, s Stage, req *Request) 
 	}
 	endStageSpan(span, res)
 	span.End(trace.WithTimestamp(ended))
-	return res, ended.Sub(began)
+	return ended.Sub(began)
+}
+
+// notReachedResult is a stage after the one that decided, or after the
+// replay stopped.
+func notReachedResult(name, decidedBy, stopped string) record.StageResult {
+	why := "not reached: " + stopped
+	if stopped == "" {
+		why = "not reached: " + decidedBy + " decides the request"
+	}
+	return record.StageResult{Name: name, Outcome: record.Skip, Explanation: why}
 }
 
 // protect runs the stage, turning a panic into an error result. The
 // panic and its stack go to kproxy's log, never into the record: a stack
 // is no explanation, and the values it was handling may be secrets.
-func (p *Pipeline) protect(ctx context.Context, s Stage, req *Request) (res Result) {
+func (p *Pipeline) protect(stage string, req *Request, f func() Result) (res Result) {
 	defer func() {
 		if v := recover(); v != nil {
-			p.log.Error("replay stage panicked (a kproxy bug)", "stage", s.Name(), "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			p.log.Error("replay stage panicked (a kproxy bug)", "stage", stage, "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			res = Failed(PanicExplanation(v, req.ID))
 		}
 	}()
-	return s.Run(ctx, req)
+	return f()
 }
 
 // PanicExplanation says a replay failed on a panic, for a record: what

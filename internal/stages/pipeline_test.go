@@ -157,18 +157,21 @@ func TestRun(t *testing.T) {
 func TestSuccessStatus(t *testing.T) {
 	for _, tc := range []struct {
 		method, path string
+		answer       int // what a stage decided, or 0
 		want         int
 	}{
-		{"POST", "/api/v1/namespaces/default/configmaps", 201},
-		{"GET", "/api/v1/namespaces/default/configmaps", 200},
-		{"PUT", "/api/v1/namespaces/default/configmaps/x", 200},
+		{"POST", "/api/v1/namespaces/default/configmaps", 0, 201},
+		{"GET", "/api/v1/namespaces/default/configmaps", 0, 200},
+		{"PUT", "/api/v1/namespaces/default/configmaps/x", 0, 200},
+		{"GET", "/apis", 304, 304},
+		{"POST", "/api/v1/namespaces/default/pods/p/binding", 201, 201},
 	} {
 		r := httptest.NewRequest(tc.method, tc.path, nil)
 		info, err := ResolveRequestInfo(r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := successStatus(&Request{HTTP: r, Info: info}); got != tc.want {
+		if got := successStatus(&Request{HTTP: r, Info: info}, tc.answer); got != tc.want {
 			t.Errorf("%s %s: %d, want %d", tc.method, tc.path, got, tc.want)
 		}
 	}

@@ -214,7 +214,7 @@ func (e rbacExplainer) rules(b binding) ([]rbacv1.PolicyRule, error) {
 	case "Role":
 		role, err := r.Roles().Lister().Roles(b.namespace).Get(b.roleRef.Name)
 		if err != nil {
-			return nil, fmt.Errorf("role %s/%s not found", b.namespace, b.roleRef.Name)
+			return nil, fmt.Errorf("Role %s/%s not found", b.namespace, b.roleRef.Name) //nolint:staticcheck // "Role" is the kind, as in the explanation
 		}
 		return role.Rules, nil
 	}

@@ -53,15 +53,6 @@ type Request struct {
 	// ends first). The replay uses it only to tell the request's own
 	// write from the state at arrival, never to predict.
 	Actual func(ctx context.Context) (ActualWrite, bool)
-
-	// successCode is the status of a success a stage decided without the
-	// resource handler (a non-resource handler's 304).
-	successCode int
-
-	// run is the resource handler's run of the request (decode through
-	// storage; a read's decode and storage), set by decode for the stages
-	// after it.
-	run *handlerRun
 }
 
 // ActualWrite is what the apiserver answered a write: the status, and the
@@ -81,6 +72,9 @@ type Result struct {
 	Explanation string
 	// Status is what the real apiserver answers when Outcome is reject.
 	Status *metav1.Status
+	// Answer is the status of a success, when the stage knows it is not
+	// the usual 200 or 201 (a 304, say).
+	Answer int
 	// Children hold finer detail: each authenticator, authorizer, plugin.
 	Children []record.StageResult
 	// Unknown marks a stage that cannot say (not modelled yet, or lacking

@@ -24,23 +24,21 @@ import (
 // read etcd, else the latest state through the apiserver.
 type storageStage struct{ m *machinery }
 
-func newStorage(m *machinery) Stage { return storageStage{m} }
+func newStorage(m *machinery) handlerStage { return storageStage{m} }
 
 func (storageStage) Name() string { return record.StageStorage }
 
-func (storageStage) recorded() {}
-
-func (st storageStage) Run(ctx context.Context, req *Request) Result {
-	if run := req.run; run != nil && run.read {
+func (st storageStage) report(ctx context.Context, req *Request, run *handlerRun) Result {
+	if run != nil && run.read {
 		return st.reportRead(run)
 	}
-	if req.Info != nil && !req.Info.IsResourceRequest && req.run == nil {
+	if req.Info != nil && !req.Info.IsResourceRequest && run == nil {
 		return Pass("a non-resource request: the apiserver's own handler answers without reading storage")
 	}
 	if !IsWrite(req.Info) {
 		return Skip("not replayed (see decode)")
 	}
-	run, none := handlerRunOf(req)
+	run, none := handlerRunOf(req, run)
 	if run == nil {
 		return none
 	}

@@ -12,12 +12,10 @@ import (
 // time and verdict.
 type validatingAdmission struct{ m *machinery }
 
-func newValidatingAdmission(m *machinery) Stage { return validatingAdmission{m} }
+func newValidatingAdmission(m *machinery) handlerStage { return validatingAdmission{m} }
 
 func (validatingAdmission) Name() string { return record.StageValidatingAdmission }
 
-func (validatingAdmission) recorded() {}
-
-func (validatingAdmission) Run(_ context.Context, req *Request) Result {
-	return admissionPhase(req, phaseValidating, true)
+func (validatingAdmission) report(_ context.Context, req *Request, run *handlerRun) Result {
+	return admissionPhase(req, run, phaseValidating, true)
 }

@@ -14,14 +14,12 @@ import (
 // rules, with the apiserver's field error list when it refuses.
 type validation struct{ m *machinery }
 
-func newValidation(m *machinery) Stage { return validation{m} }
+func newValidation(m *machinery) handlerStage { return validation{m} }
 
 func (validation) Name() string { return record.StageValidation }
 
-func (validation) recorded() {}
-
-func (validation) Run(_ context.Context, req *Request) Result {
-	run, none := handlerRunOf(req)
+func (validation) report(_ context.Context, req *Request, run *handlerRun) Result {
+	run, none := handlerRunOf(req, run)
 	if run == nil {
 		return none
 	}
