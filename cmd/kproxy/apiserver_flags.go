@@ -11,7 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kproxy/kproxy/internal/stages"
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // apiserverConfig is how a command learns the apiserver's configuration:
@@ -19,13 +19,13 @@ import (
 // or read from its static-pod manifest (flags given on kproxy's command
 // line win). kube-apiserver's own option structs parse them.
 type apiserverConfig struct {
-	opts     *stages.APIServerOptions
+	opts     *apiserver.Options
 	manifest string
 	flags    *pflag.FlagSet // where the mirrored flags were added
 }
 
 func newAPIServerConfig() *apiserverConfig {
-	return &apiserverConfig{opts: stages.NewAPIServerOptions()}
+	return &apiserverConfig{opts: apiserver.NewOptions()}
 }
 
 // addFlags gives cmd its flags in two groups for --help: own (kproxy's,
@@ -48,7 +48,7 @@ func (a *apiserverConfig) addFlags(cmd *cobra.Command, own *pflag.FlagSet, manif
 	}
 	fs.AddFlagSet(own)
 	fs.AddFlagSet(mirrored)
-	stages.AddOtherAPIServerFlags(fs)
+	apiserver.AddOtherAPIServerFlags(fs)
 	a.flags = fs
 	cmd.SetFlagErrorFunc(flagError)
 	cmd.SetUsageFunc(func(c *cobra.Command) error {
@@ -88,7 +88,7 @@ func (a *apiserverConfig) load(log *slog.Logger, complete bool) error {
 		log.Info("read the apiserver's flags from its manifest", "file", a.manifest, "ignored", len(ignored))
 		log.Debug("apiserver flags in the manifest kproxy does not mirror", "flags", strings.Join(ignored, " "))
 	}
-	if ignored := stages.GivenOtherAPIServerFlags(a.flags); len(ignored) > 0 {
+	if ignored := apiserver.GivenOtherAPIServerFlags(a.flags); len(ignored) > 0 {
 		log.Info("kube-apiserver flags kproxy does not use (ignored)", "flags", strings.Join(ignored, " "))
 	}
 	if complete {

@@ -21,7 +21,8 @@ import (
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
-	"github.com/kproxy/kproxy/internal/stages"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 func newDemoCommand() *cobra.Command {
@@ -113,7 +114,7 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	defer logFile.Close()
 	// kproxy gets the apiserver's own flag list, as an operator would hand
 	// it over; the flags it does not mirror are ignored.
-	apiserver, _, err := stages.APIServerOptionsFromArgs(c.APIServerFlags)
+	apiserver, _, err := apiserver.OptionsFromArgs(c.APIServerFlags)
 	if err != nil {
 		return err
 	}

@@ -13,14 +13,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kproxy/kproxy/internal/decode"
-	"github.com/kproxy/kproxy/internal/stages"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // etcdOptions are kproxy etcd's flags: the apiserver's own etcd flags
 // (--etcd-servers, --etcd-cafile, ..., --encryption-provider-config), or
 // its manifest.
 type etcdOptions struct {
-	apiserver *stages.APIServerOptions
+	apiserver *apiserver.Options
 	config    *apiserverConfig
 	output    *outputFlags
 	namespace string
@@ -73,7 +74,7 @@ func (o *etcdOptions) client() (*clientv3.Client, error) {
 	if err := o.config.load(newLogger(o.logLevel), false); err != nil {
 		return nil, err
 	}
-	c, err := stages.NewEtcdClient(o.apiserver)
+	c, err := apiserver.NewEtcdClient(o.apiserver)
 	if err != nil {
 		return nil, fmt.Errorf("%w, or --apiserver-manifest", err)
 	}
@@ -89,7 +90,7 @@ func (o *etcdOptions) key(args []string) (string, error) {
 		}
 		return args[0], nil
 	}
-	return stages.EtcdKey(o.apiserver, args[0], o.namespace, args[1])
+	return apiserver.EtcdKey(o.apiserver, args[0], o.namespace, args[1])
 }
 
 // entry is what kproxy etcd shows of one key.

@@ -11,7 +11,8 @@ import (
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
-	"github.com/kproxy/kproxy/internal/stages"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // TestNonDefaultFlags runs a second real apiserver with
@@ -37,7 +38,7 @@ func TestNonDefaultFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiserver, _, err := stages.APIServerOptionsFromArgs(c.APIServerFlags)
+	apiserver, _, err := apiserver.OptionsFromArgs(c.APIServerFlags)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/decode"
-	"github.com/kproxy/kproxy/internal/stages"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // TestEtcdDecrypt reads values the real apiserver wrote into the real etcd
@@ -55,7 +56,7 @@ func TestEtcdDecrypt(t *testing.T) {
 		}},
 	} {
 		t.Run(c.resource, func(t *testing.T) {
-			key, err := stages.EtcdKey(stages.NewAPIServerOptions(), c.resource, testNS, c.name)
+			key, err := apiserver.EtcdKey(apiserver.NewOptions(), c.resource, testNS, c.name)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -22,8 +22,9 @@ import (
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
-	"github.com/kproxy/kproxy/internal/stages"
 	"github.com/kproxy/kproxy/internal/telemetry"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // cluster is shared by every test in the package; idp serves its
@@ -215,7 +216,7 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 		args = append(args, "--etcd-servers="+o.etcdServers)
 	}
 	args = append(slices.Clone(args), o.extraArgs...)
-	apiserver, _, err := stages.APIServerOptionsFromArgs(args)
+	apiserver, _, err := apiserver.OptionsFromArgs(args)
 	if err != nil {
 		t.Fatal(err)
 	}

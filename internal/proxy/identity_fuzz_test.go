@@ -18,6 +18,8 @@ import (
 
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/stages"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // The forwarding decision held against the apiserver's own authenticator.
@@ -92,7 +94,7 @@ func buildIdentityWorld() (*identityWorld, error) {
 		"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-", "--authorization-mode=RBAC",
 	}
-	o, _, err := stages.APIServerOptionsFromArgs(args)
+	o, _, err := apiserver.OptionsFromArgs(args)
 	if err != nil {
 		return nil, err
 	}

@@ -31,6 +31,8 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/stages"
 	"github.com/kproxy/kproxy/internal/telemetry"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // Options are `kproxy serve`'s flags.
@@ -48,7 +50,7 @@ type Options struct {
 
 	// APIServer are the mirrored kube-apiserver flags (parsed by its own
 	// option structs); nil means none were given.
-	APIServer *stages.APIServerOptions
+	APIServer *apiserver.Options
 	// SyncTimeout bounds the wait for the replay's cluster state before
 	// kproxy starts listening (default 60s); predictions are unknown until
 	// it has synced.
@@ -124,21 +126,21 @@ func LoadUpstreamConfig(o *Options) (*rest.Config, error) {
 // syncTimeout (default 60s), for that view to sync. Without credentials
 // there is no view: the stages that need it say "unknown". The pipeline's
 // machinery lives as long as ctx.
-func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, apiserver *stages.APIServerOptions,
+func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, opts *apiserver.Options,
 	tp trace.TracerProvider, syncTimeout time.Duration, log *slog.Logger) (*stages.Pipeline, error) {
-	var state *stages.ClusterState
+	var state *apiserver.ClusterState
 	if hasCredentials {
 		var err error
-		if state, err = stages.NewClusterState(cfg); err != nil {
+		if state, err = apiserver.NewClusterState(cfg); err != nil {
 			return nil, err
 		}
 	}
-	pipeline := stages.New(ctx, stages.Config{TracerProvider: tp, APIServer: apiserver, State: state, Log: log})
+	pipeline := stages.New(ctx, stages.Config{TracerProvider: tp, APIServer: opts, State: state, Log: log})
 	if state == nil {
 		return pipeline, nil
 	}
 	if ok, why := pipeline.StorageAccess(); ok {
-		log.Info("the storage stage reads etcd directly (read-only)", "etcd", apiserver.EtcdServers)
+		log.Info("the storage stage reads etcd directly (read-only)", "etcd", opts.EtcdServers)
 	} else {
 		log.Warn("the storage stage reads through the apiserver: resourceVersion semantics and etcd keys stay unknown", "why", why)
 	}
@@ -362,7 +364,7 @@ func (s *Server) servingCert(upstream *url.URL) (tls.Certificate, error) {
 // the mirrored --client-ca-file and --requestheader-* flags.
 // It also returns every CA the apiserver names in its TLS certificate
 // request (both files), for kproxy to name the same.
-func certAuthenticator(o *stages.APIServerOptions) (authenticator.Request, *x509.CertPool, error) {
+func certAuthenticator(o *apiserver.Options) (authenticator.Request, *x509.CertPool, error) {
 	var clientCA *x509.CertPool
 	var rh *proxy.RequestHeaderOptions
 	var err error

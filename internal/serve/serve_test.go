@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kproxy/kproxy/internal/stages"
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 func TestValidate(t *testing.T) {
@@ -54,7 +54,7 @@ func TestCertAuthenticatorErrorsNameTheFlag(t *testing.T) {
 		{[]string{"--client-ca-file=" + notPEM}, "no PEM certificates"},
 		{[]string{"--requestheader-client-ca-file=" + notPEM}, "--requestheader-client-ca-file="},
 	} {
-		o, _, err := stages.APIServerOptionsFromArgs(tc.args)
+		o, _, err := apiserver.OptionsFromArgs(tc.args)
 		if err != nil {
 			t.Fatal(err)
 		}

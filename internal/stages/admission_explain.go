@@ -13,6 +13,8 @@ import (
 	"k8s.io/apiserver/pkg/admission"
 	admissionregistrationlisters "k8s.io/client-go/listers/admissionregistration/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // admissionExplainer adds to an admission plugin's refusal what the
@@ -20,19 +22,19 @@ import (
 // policy's expressions and binding, the namespace's PodSecurity labels.
 // Quota and LimitRange messages already carry their numbers.
 type admissionExplainer struct {
-	webhook    func(name string) string
-	policies   admissionregistrationlisters.ValidatingAdmissionPolicyLister
-	bindings   admissionregistrationlisters.ValidatingAdmissionPolicyBindingLister
-	namespaces corelisters.NamespaceLister
+	describeWebhook func(name string) string
+	policies        admissionregistrationlisters.ValidatingAdmissionPolicyLister
+	bindings        admissionregistrationlisters.ValidatingAdmissionPolicyBindingLister
+	namespaces      corelisters.NamespaceLister
 }
 
-func newAdmissionExplainer(s *ClusterState) *admissionExplainer {
+func newAdmissionExplainer(s *apiserver.ClusterState) *admissionExplainer {
 	ar := s.Informers.Admissionregistration().V1()
 	return &admissionExplainer{
-		webhook:    webhookDescriber(s),
-		policies:   ar.ValidatingAdmissionPolicies().Lister(),
-		bindings:   ar.ValidatingAdmissionPolicyBindings().Lister(),
-		namespaces: s.Informers.Core().V1().Namespaces().Lister(),
+		describeWebhook: webhookDescriber(s),
+		policies:        ar.ValidatingAdmissionPolicies().Lister(),
+		bindings:        ar.ValidatingAdmissionPolicyBindings().Lister(),
+		namespaces:      s.Informers.Core().V1().Namespaces().Lister(),
 	}
 }
 
@@ -41,7 +43,7 @@ var (
 	policyNamed  = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']+)' with binding '([^']+)'`)
 )
 
-func (e *admissionExplainer) explain(plugin string, a admission.Attributes, err error) string {
+func (e *admissionExplainer) Explain(plugin string, a admission.Attributes, err error) string {
 	if e == nil || err == nil {
 		return ""
 	}
@@ -49,7 +51,7 @@ func (e *admissionExplainer) explain(plugin string, a admission.Attributes, err 
 	switch plugin {
 	case "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook":
 		if m := webhookNamed.FindStringSubmatch(msg); m != nil {
-			return "the " + e.webhook(m[1])
+			return "the " + e.Webhook(m[1])
 		}
 	case "ValidatingAdmissionPolicy":
 		if m := policyNamed.FindStringSubmatch(msg); m != nil {
@@ -108,7 +110,7 @@ func (e *admissionExplainer) describePodSecurity(ns string) string {
 // webhookDescriber names an admission webhook with what decides how the
 // apiserver treats it: its configuration, sideEffects, failurePolicy and
 // timeout.
-func webhookDescriber(s *ClusterState) func(name string) string {
+func webhookDescriber(s *apiserver.ClusterState) func(name string) string {
 	mw := s.Informers.Admissionregistration().V1().MutatingWebhookConfigurations().Lister()
 	vw := s.Informers.Admissionregistration().V1().ValidatingWebhookConfigurations().Lister()
 	describe := func(kind, config, name string, side *admissionregistrationv1.SideEffectClass, fp *admissionregistrationv1.FailurePolicyType, timeout *int32) string {
@@ -150,3 +152,7 @@ func webhookDescriber(s *ClusterState) func(name string) string {
 		return fmt.Sprintf("admission webhook %q", name)
 	}
 }
+
+// Webhook describes an admission webhook by name (its configuration,
+// sideEffects, failurePolicy, timeout).
+func (e *admissionExplainer) Webhook(name string) string { return e.describeWebhook(name) }

@@ -7,13 +7,15 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
-	"k8s.io/apiserver/pkg/apis/apiserver"
+	apiserverconfig "k8s.io/apiserver/pkg/apis/apiserver"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/request/anonymous"
 	"k8s.io/apiserver/pkg/authentication/request/union"
 	kubeauthenticator "k8s.io/kubernetes/pkg/kubeapiserver/authenticator"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // authenticatorMember is one kind of authenticator kube-apiserver unions,
@@ -59,7 +61,7 @@ func buildAuthenticatorChain(ctx context.Context, ac kubeauthenticator.Config) (
 			c.BootstrapToken, c.BootstrapTokenAuthenticator = true, ac.BootstrapTokenAuthenticator
 		}},
 		{"jwt", ac.AuthenticationConfig != nil && len(ac.AuthenticationConfig.JWT) > 0, func(c *kubeauthenticator.Config) {
-			jwtOnly := &apiserver.AuthenticationConfiguration{JWT: ac.AuthenticationConfig.JWT}
+			jwtOnly := &apiserverconfig.AuthenticationConfiguration{JWT: ac.AuthenticationConfig.JWT}
 			c.AuthenticationConfig, c.AuthenticationConfigData, c.OIDCSigningAlgs = jwtOnly, ac.AuthenticationConfigData, ac.OIDCSigningAlgs
 			// The JWT authenticator refuses the service-account issuers.
 			c.ServiceAccountIssuers = ac.ServiceAccountIssuers
@@ -141,13 +143,13 @@ func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticato
 // front-proxy, x509, token file, token webhook and JWT. Tests hold kproxy's
 // own forwarding decisions against it. Service-account and bootstrap
 // tokens need the cluster's state and are left out.
-func APIServerAuthenticator(ctx context.Context, o *APIServerOptions) (authenticator.Request, error) {
+func APIServerAuthenticator(ctx context.Context, o *apiserver.Options) (authenticator.Request, error) {
 	ac, err := o.Authentication.ToAuthenticationConfig()
 	if err != nil {
 		return nil, fmt.Errorf("authentication flags: %w", err)
 	}
 	ac.ServiceAccountPublicKeysGetter, ac.BootstrapToken = nil, false
-	ac.APIServerID = replayServerID
+	ac.APIServerID = apiserver.ServerID
 	a, _, _, _, err := ac.New(ctx)
 	return a, err
 }

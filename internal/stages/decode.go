@@ -11,6 +11,8 @@ import (
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // decode reports the resource handler up to admission: content type,
@@ -28,7 +30,7 @@ func (decode) Name() string { return record.StageDecode }
 // handler.
 func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) {
 	switch {
-	case req.Info != nil && !req.Info.IsResourceRequest && d.m.write != nil && d.m.write.servesDiscovery(req):
+	case req.Info != nil && !req.Info.IsResourceRequest && d.m.write != nil && d.m.write.ServesDiscovery(req.HTTP.Method, req.Info):
 		return Result{}, true // discovery and /version: the replay server's own handlers
 	case req.Info == nil:
 		return Unknown("the request could not be resolved as the apiserver resolves it"), false
@@ -38,7 +40,7 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 		return d.nonResource(ctx, req), false
 	case !req.Info.IsResourceRequest:
 		return d.groupDiscovery(req), false
-	case !IsWrite(req.Info) && !IsRead(req.Info):
+	case !apiserver.IsWrite(req.Info) && !apiserver.IsRead(req.Info):
 		return Unknown("the " + req.Info.Verb + " verb: not modelled"), false
 	}
 	if why := notReplayable(req); why != "" {
@@ -47,13 +49,13 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 	if d.m.write == nil {
 		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error()), false
 	}
-	if i := req.Info; !builtIn(i.APIGroup) && !d.m.write.servesCustom(i.APIGroup, i.Resource) {
-		if s, ok, why := d.m.write.aggregatedFor(i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
+	if i := req.Info; !builtIn(i.APIGroup) && !d.m.write.ServesCustom(i.APIGroup, i.Resource) {
+		if s, ok, why := aggregatedFor(d.m.write, i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
 			return aggregatedAPI(s, req.Info.Path), false
 		} else if why != "" {
 			return Unknown(why), false
 		}
-		if d.m.write.groupUnknown(i.APIGroup) {
+		if groupUnknown(d.m.write, i.APIGroup) {
 			st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
 			return Reject(st, fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup)), false
 		}
@@ -62,27 +64,27 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 	return Result{}, true
 }
 
-func (d decode) report(ctx context.Context, req *Request, run *handlerRun) Result {
-	start, end, _ := run.phaseTimes(phaseDecode)
+func (d decode) report(ctx context.Context, req *Request, run *apiserver.Run) Result {
+	start, end, _ := run.PhaseTimes(apiserver.PhaseDecode)
 	var res Result
 	switch {
-	case run.unknown != "":
-		res = Unknown(run.unknown)
-	case run.status != nil && discoveryRoot(req):
-		res = Unknown("the apiserver's aggregator serves " + req.Info.Path + "; its refusals (here " + statusMessage(run.status) + " from kube-apiserver's own handler) are not replayed")
-	case run.decided == record.StageDecode && run.read:
-		res = Reject(run.status, "the apiserver's handler refuses the request's options before reading storage: "+statusMessage(run.status))
-	case run.decided == record.StageDecode:
-		res = Reject(run.status, "the apiserver's handler refuses the request before admission: "+statusMessage(run.status))
+	case run.Unknown != "":
+		res = Unknown(run.Unknown)
+	case run.Status != nil && apiserver.DiscoveryRoot(req.Info):
+		res = Unknown("the apiserver's aggregator serves " + req.Info.Path + "; its refusals (here " + apiserver.StatusMessage(run.Status) + " from kube-apiserver's own handler) are not replayed")
+	case run.Decided == record.StageDecode && run.Read:
+		res = Reject(run.Status, "the apiserver's handler refuses the request's options before reading storage: "+apiserver.StatusMessage(run.Status))
+	case run.Decided == record.StageDecode:
+		res = Reject(run.Status, "the apiserver's handler refuses the request before admission: "+apiserver.StatusMessage(run.Status))
 	case !req.Info.IsResourceRequest:
 		res = d.discovery(ctx, req, run)
-	case run.read:
+	case run.Read:
 		res = Pass("the handler accepts the " + req.Info.Verb + "'s options")
 	default:
 		res = Pass(decodedWhat(req))
 	}
-	if res.Outcome == record.Pass && run.code >= 200 && run.code < 400 {
-		res.Answer = run.code
+	if res.Outcome == record.Pass && run.Code >= 200 && run.Code < 400 {
+		res.Answer = run.Code
 	}
 	res.Began, res.Ended = start, end
 	return res
@@ -92,20 +94,20 @@ func (d decode) report(ctx context.Context, req *Request, run *handlerRun) Resul
 // conditional request for an aggregated discovery root is answered 304
 // when the client's ETag is the apiserver's current one (the aggregator's
 // document, not the replay server's: see discovery_etag.go).
-func (d decode) discovery(ctx context.Context, req *Request, run *handlerRun) Result {
+func (d decode) discovery(ctx context.Context, req *Request, run *apiserver.Run) Result {
 	inm := req.HTTP.Header.Get("If-None-Match")
-	if !discoveryRoot(req) || (run.code != http.StatusOK && run.code != http.StatusNotModified) || run.etag == "" || inm == "" {
+	if !apiserver.DiscoveryRoot(req.Info) || (run.Code != http.StatusOK && run.Code != http.StatusNotModified) || run.ETag == "" || inm == "" {
 		return Pass("the apiserver's discovery handlers answer " + req.Info.Path)
 	}
-	current, err := d.m.write.served.etag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
+	current, err := d.m.write.Served().ETag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
 	if err != nil {
 		return Unknown("a conditional discovery request (If-None-Match): " + err.Error())
 	}
 	if current == inm {
-		run.code = http.StatusNotModified
+		run.Code = http.StatusNotModified
 		return Pass("the client's cached discovery document of " + req.Info.Path + " is current (If-None-Match is the apiserver's ETag): 304 Not Modified")
 	}
-	run.code = http.StatusOK
+	run.Code = http.StatusOK
 	return Pass("the client's cached discovery document of " + req.Info.Path + " is out of date (If-None-Match is not the apiserver's current ETag): the document is sent again")
 }
 

@@ -30,41 +30,23 @@
 // The replay never writes to the cluster and never changes what is
 // forwarded: it sees a copy of the request.
 //
-// # The write path
+// # The resource handler
 //
 // Decode, mutating-admission, validation, validating-admission and storage
 // are one piece of code in the apiserver: the resource handler calling the
 // registry, which calls admission around the strategy and the store. Taking
 // them apart would mean re-implementing their order, so kproxy does not:
-// writepath.go assembles kube-apiserver's handler for the built-in resources
-// (its REST storage providers, strategies, admission chain and initializers,
-// from the mirrored flags) in a GenericAPIServer that never listens, in
-// front of the apiextensions server for custom resources, with a
-// storage.Interface underneath that only reads the cluster (through the
-// apiserver, as the object was before the request's own write). Every write
-// is replayed in dry run; a decorator on each admission plugin and marks
-// around the chain's two phases record what happened (handlerrun.go), and
-// the five stages then report their part of that one run, each with the
-// times the work really took. Where dry run changes what upstream checks
-// (explicit cluster IPs and node ports), the replay says unknown.
-//
-// # Reads and etcd
-//
-// A get, list or watch runs through the same handler (decode reports its
-// query options, storage the read). Under it, when kproxy has the
-// apiserver's etcd flags, each resource's storage is the apiserver's own
-// etcd3 store on the real etcd, wrapped read-only (etcd_access.go): its
-// code decides NotFound, resourceVersions too large, continue tokens, as
-// it does in the apiserver. What the apiserver's watch cache decides
-// differently is handled where it matters (it parses a get's
-// resourceVersion first; it may still serve a list at a compacted
-// revision from a snapshot, which no outside reader can know: unknown).
-// Lists are narrowed to one item with the same semantics, so the replay
-// never reads a large collection again. Without etcd access the replay
-// reads the latest state through the apiserver and says so. The storage
-// stage also inspects the request's etcd key directly (revisions,
-// encoding, encryption, latency as a span) and sizes a write's value as
-// the etcd3 store would encode and encrypt it, against etcd's limits.
+// package apiserver is kube-apiserver's handler for the built-in resources
+// and custom resources, assembled in process from the mirrored flags, over
+// storage that only reads the cluster. [New] puts it in the pipeline as one
+// element after the four filter stages: it runs once per request and the
+// five stages report their part of that run (handler.go), each with the
+// times the work really took. Reads run through the same handler (decode
+// reports the query options, storage the read through the apiserver's own
+// etcd3 store). Requests the handler does not serve are decode's to
+// answer: the apiserver's own non-resource handlers (nonresource.go),
+// discovery of groups it does not serve and aggregated APIs
+// (group_discovery.go).
 //
 // # Collaborators
 //

@@ -11,6 +11,8 @@ import (
 	fcrequest "k8s.io/apiserver/pkg/util/flowcontrol/request"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // flowControl replays API Priority and Fairness classification with the
@@ -23,7 +25,7 @@ import (
 // passes and says so.
 type flowControl struct {
 	m    *machinery
-	opts *APIServerOptions
+	opts *apiserver.Options
 }
 
 // nonMutatingVerbs are the verbs max-in-flight counts as reads (the

@@ -5,13 +5,15 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // TestMaxInFlight covers --enable-priority-and-fairness=false, where the
 // apiserver counts requests against --max-requests-inflight and
 // --max-mutating-requests-inflight instead of classifying them.
 func TestMaxInFlight(t *testing.T) {
-	o, _, err := APIServerOptionsFromArgs([]string{"--enable-priority-and-fairness=false", "--max-mutating-requests-inflight=7", "--max-requests-inflight=0"})
+	o, _, err := apiserver.OptionsFromArgs([]string{"--enable-priority-and-fairness=false", "--max-mutating-requests-inflight=7", "--max-requests-inflight=0"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	apiregistrationv1helper "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1/helper"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // Discovery of API groups the replay server does not serve itself: groups
@@ -32,12 +34,12 @@ func (d decode) groupDiscovery(req *Request) Result {
 		return Unknown("discovery of " + req.Info.Path + " with Accept " + req.HTTP.Header.Get("Accept") + ": content negotiation not modelled")
 	}
 	w := d.m.write
-	crds, err := w.crds.List(labels.Everything())
+	crds, err := w.CRDs().List(labels.Everything())
 	if err != nil {
 		return Unknown("the cluster's CustomResourceDefinitions: " + err.Error())
 	}
 	for _, crd := range crds {
-		if crd.Spec.Group != group || !established(crd) {
+		if crd.Spec.Group != group || !apiserver.Established(crd) {
 			continue
 		}
 		for _, v := range crd.Spec.Versions {
@@ -46,10 +48,10 @@ func (d decode) groupDiscovery(req *Request) Result {
 			}
 		}
 	}
-	if w.served == nil || !w.served.apiServicesSynced() {
+	if w.Served() == nil || !w.Served().APIServicesSynced() {
 		return Unknown("the aggregator's APIServices have not synced yet")
 	}
-	services, err := w.served.apiServices.List(labels.Everything())
+	services, err := w.Served().APIServices.List(labels.Everything())
 	if err != nil {
 		return Unknown("the aggregator's APIServices: " + err.Error())
 	}
@@ -88,11 +90,11 @@ func aggregatedAPI(s *apiregistrationv1.APIService, path string) Result {
 
 // aggregatedFor finds the APIService of group/version, if the replay can
 // see the aggregator's APIServices.
-func (w *writePath) aggregatedFor(group, version string) (*apiregistrationv1.APIService, bool, string) {
-	if w.served == nil || !w.served.apiServicesSynced() {
+func aggregatedFor(w *apiserver.Server, group, version string) (*apiregistrationv1.APIService, bool, string) {
+	if w.Served() == nil || !w.Served().APIServicesSynced() {
 		return nil, false, "the aggregator's APIServices have not synced yet"
 	}
-	s, err := w.served.apiServices.Get("v" + strings.TrimPrefix(version, "v") + "." + group)
+	s, err := w.Served().APIServices.Get("v" + strings.TrimPrefix(version, "v") + "." + group)
 	if err != nil || s.Spec.Group != group || s.Spec.Version != version {
 		return nil, false, ""
 	}
@@ -101,9 +103,9 @@ func (w *writePath) aggregatedFor(group, version string) (*apiregistrationv1.API
 
 // groupUnknown reports a group no CustomResourceDefinition (in any state)
 // and no APIService names: the apiserver routes nothing there.
-func (w *writePath) groupUnknown(group string) bool {
-	crds, err := w.crds.List(labels.Everything())
-	if err != nil || w.served == nil || !w.served.apiServicesSynced() {
+func groupUnknown(w *apiserver.Server, group string) bool {
+	crds, err := w.CRDs().List(labels.Everything())
+	if err != nil || w.Served() == nil || !w.Served().APIServicesSynced() {
 		return false
 	}
 	for _, crd := range crds {
@@ -111,7 +113,7 @@ func (w *writePath) groupUnknown(group string) bool {
 			return false
 		}
 	}
-	services, err := w.served.apiServices.List(labels.Everything())
+	services, err := w.Served().APIServices.List(labels.Everything())
 	if err != nil {
 		return false
 	}

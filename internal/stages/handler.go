@@ -1,12 +1,16 @@
 package stages
 
-import "context"
+import (
+	"context"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
+)
 
 // One handler run, five verdicts. Decode, mutating admission, validation,
 // validating admission and storage are one piece of code in the
 // apiserver: its resource handler calling the registry, which calls
 // admission around the strategy and the store. The replay runs that
-// handler once per request (writePath.runRequest) and each of the five
+// handler once per request (apiserver.Server.runRequest) and each of the five
 // stages reports its part of the run, with the times the work really
 // took.
 
@@ -15,7 +19,7 @@ import "context"
 // run: decode's verdict says why).
 type handlerStage interface {
 	Name() string
-	report(ctx context.Context, req *Request, run *handlerRun) Result
+	report(ctx context.Context, req *Request, run *apiserver.Run) Result
 }
 
 // resourceHandler is kube-apiserver's resource handler as a pipeline
@@ -48,22 +52,22 @@ func (h *resourceHandler) names() []string {
 
 // run runs the handler once (unless decode decides without it) and
 // returns the run and decode's verdict when there was no run.
-func (h *resourceHandler) run(ctx context.Context, req *Request) (*handlerRun, *Result) {
+func (h *resourceHandler) run(ctx context.Context, req *Request) (*apiserver.Run, *Result) {
 	res, ok := h.decode.before(ctx, req)
 	if !ok {
 		return nil, &res
 	}
-	return h.m.write.runRequest(ctx, req, h.m.now), nil
+	return h.m.write.Run(ctx, req.forServer(), h.m.now), nil
 }
 
 // handlerRunOf is the run a stage after decode reports on, or, when there
 // is none to report on (not a write, or decode could not replay it), the
 // stage's result.
-func handlerRunOf(req *Request, run *handlerRun) (*handlerRun, Result) {
+func handlerRunOf(req *Request, run *apiserver.Run) (*apiserver.Run, Result) {
 	switch {
-	case !IsWrite(req.Info):
+	case !apiserver.IsWrite(req.Info):
 		return nil, Skip(notWriteReason(req))
-	case run == nil || run.unknown != "":
+	case run == nil || run.Unknown != "":
 		return nil, Skip("not replayed (see decode)")
 	default:
 		return run, Result{}

@@ -31,11 +31,9 @@ import (
 	"k8s.io/kubernetes/pkg/features"
 	"k8s.io/kubernetes/plugin/pkg/auth/authenticator/token/bootstrap"
 	"k8s.io/utils/clock"
-)
 
-// replayServerID names kproxy's replay where the apiserver's code wants an
-// apiserver identity (metrics labels, config reload).
-const replayServerID = "kproxy-replay"
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
+)
 
 // machinery is the apiserver's own request machinery, assembled once from
 // the mirrored flags over the cluster state exactly as kube-apiserver
@@ -63,11 +61,11 @@ type machinery struct {
 
 	// write is kube-apiserver's resource handler over read-only storage,
 	// with its admission chain (decode through storage).
-	write    *writePath
+	write    *apiserver.Server
 	writeErr error
 
-	state *ClusterState
-	opts  *APIServerOptions
+	state *apiserver.ClusterState
+	opts  *apiserver.Options
 	now   func() time.Time
 	clock clock.PassiveClock
 }
@@ -86,7 +84,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	o := cfg.APIServer
 	switch {
 	case o == nil || !o.AuthenticationGiven():
-		m.authnErr = notGiven("authentication", "--client-ca-file, --token-auth-file, --service-account-key-file, --authentication-config, ...")
+		m.authnErr = apiserver.NotGiven("authentication", "--client-ca-file, --token-auth-file, --service-account-key-file, --authentication-config, ...")
 	case cfg.State == nil:
 		m.authnErr = fmt.Errorf("no cluster state to replay authentication against")
 	default:
@@ -94,7 +92,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	}
 	switch {
 	case o == nil || !o.AuthorizationGiven():
-		m.authzErr = notGiven("authorization", "--authorization-mode or --authorization-config")
+		m.authzErr = apiserver.NotGiven("authorization", "--authorization-mode or --authorization-config")
 	case cfg.State == nil:
 		m.authzErr = fmt.Errorf("no cluster state to replay authorization against")
 	default:
@@ -106,7 +104,8 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	case m.authnErr != nil:
 		m.writeErr = fmt.Errorf("it needs the authenticator: %w", m.authnErr)
 	default:
-		m.write, m.writeErr = buildWritePath(ctx, o, cfg.State, m.authn, m.authz, m.rules, tp, m.clock)
+		m.write, m.writeErr = apiserver.New(ctx, apiserver.Config{Options: o, State: cfg.State, Authenticator: m.authn, Authorizer: m.authz,
+			RuleResolver: m.rules, Clock: m.clock, Explainer: newAdmissionExplainer(cfg.State)})
 	}
 	if cfg.State != nil && (o == nil || o.EnablePriorityAndFairness) {
 		m.buildFlowControl(ctx, cfg.State)
@@ -117,7 +116,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 // buildFlowControl runs the APF controller as kube-apiserver does, with a
 // concurrency limit so large that the replay's own bookkeeping never
 // queues or rejects: kproxy classifies, the real apiserver admits.
-func (m *machinery) buildFlowControl(ctx context.Context, s *ClusterState) {
+func (m *machinery) buildFlowControl(ctx context.Context, s *apiserver.ClusterState) {
 	m.apf = utilflowcontrol.New(s.Informers, s.Client.FlowcontrolV1(), 1<<20)
 	// Every record resolves the apiserver's X-Kubernetes-PF-* UIDs to
 	// names: index the objects by UID rather than list them each time.
@@ -174,7 +173,7 @@ func (m *machinery) buildFlowControl(ctx context.Context, s *ClusterState) {
 // buildAuthentication follows kube-apiserver's BuiltInAuthenticationOptions
 // ApplyTo: the same config, with the same getters, over kproxy's
 // read-only state.
-func (m *machinery) buildAuthentication(ctx context.Context, o *APIServerOptions, s *ClusterState) error {
+func (m *machinery) buildAuthentication(ctx context.Context, o *apiserver.Options, s *apiserver.ClusterState) error {
 	ac, err := o.Authentication.ToAuthenticationConfig()
 	if err != nil {
 		return fmt.Errorf("authentication flags: %w", err)
@@ -200,9 +199,9 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *APIServerOptions
 		bf := informers.NewSharedInformerFactoryWithOptions(s.Client, 0, informers.WithNamespace(metav1.NamespaceSystem),
 			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.FieldSelector = "type=bootstrap.kubernetes.io/token" }))
 		ac.BootstrapTokenAuthenticator = bootstrap.NewTokenAuthenticator(bf.Core().V1().Secrets().Lister().Secrets(metav1.NamespaceSystem))
-		s.extra = append(s.extra, bf)
+		s.AddFactory(bf)
 	}
-	ac.APIServerID = replayServerID
+	ac.APIServerID = apiserver.ServerID
 	authn, members, err := buildAuthenticatorChain(ctx, ac)
 	if err != nil {
 		return err
@@ -225,7 +224,7 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *APIServerOptions
 // chain (authorizerChain, system:masters first) can watch every member
 // decide. A changed --authorization-config file is read when kproxy
 // restarts (the apiserver reloads it every minute).
-func (m *machinery) buildAuthorization(ctx context.Context, o *APIServerOptions, s *ClusterState, tp trace.TracerProvider) error {
+func (m *machinery) buildAuthorization(ctx context.Context, o *apiserver.Options, s *apiserver.ClusterState, tp trace.TracerProvider) error {
 	azc, err := o.Authorization.ToAuthorizationConfig(s.Informers)
 	if err != nil {
 		return fmt.Errorf("authorization flags: %w", err)
@@ -237,7 +236,7 @@ func (m *machinery) buildAuthorization(ctx context.Context, o *APIServerOptions,
 		one.AuthorizationConfiguration = azc.AuthorizationConfiguration.DeepCopy()
 		one.AuthorizationConfiguration.Authorizers = []authzconfig.AuthorizerConfiguration{a}
 		one.ReloadFile, one.InitialAuthorizationConfigurationData = "", ""
-		authz, rules, err := one.New(ctx, replayServerID)
+		authz, rules, err := one.New(ctx, apiserver.ServerID)
 		if err != nil {
 			return fmt.Errorf("build the apiserver's %s authorizer %q: %w", a.Type, a.Name, err)
 		}

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // mutatingAdmission reports the admission chain's mutating phase of the
@@ -17,12 +19,12 @@ func newMutatingAdmission(m *machinery) handlerStage { return mutatingAdmission{
 
 func (mutatingAdmission) Name() string { return record.StageMutatingAdmission }
 
-func (s mutatingAdmission) report(_ context.Context, req *Request, run *handlerRun) Result {
-	return admissionPhase(req, run, phaseMutating, false)
+func (s mutatingAdmission) report(_ context.Context, req *Request, run *apiserver.Run) Result {
+	return admissionPhase(req, run, apiserver.PhaseMutating, false)
 }
 
 // admissionPhase reports one admission phase of the run.
-func admissionPhase(req *Request, run *handlerRun, phase int, validating bool) Result {
+func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool) Result {
 	run, none := handlerRunOf(req, run)
 	if run == nil {
 		return none
@@ -30,7 +32,7 @@ func admissionPhase(req *Request, run *handlerRun, phase int, validating bool) R
 	var children []record.StageResult
 	var spans []childSpan
 	var changed []string
-	for _, c := range run.plugins {
+	for _, c := range run.Plugins {
 		if c.Validating != validating {
 			continue
 		}
@@ -45,21 +47,21 @@ func admissionPhase(req *Request, run *handlerRun, phase int, validating bool) R
 			changed = append(changed, c.Name)
 		}
 	}
-	start, end, reached := run.phaseTimes(phase)
+	start, end, reached := run.PhaseTimes(phase)
 	var res Result
 	switch {
 	case !reached:
 		res = Skip(notReached(run))
-	case run.decided == phaseStage[phase]:
+	case run.Decided == apiserver.PhaseStage[phase]:
 		who := "the admission chain"
-		if run.pluginErrName != "" {
-			who = "admission plugin " + run.pluginErrName
+		if run.PluginErrName != "" {
+			who = "admission plugin " + run.PluginErrName
 		}
-		msg := who + " refuses: " + statusMessage(run.status)
-		if run.pluginErrDetail != "" {
-			msg += " [" + run.pluginErrDetail + "]"
+		msg := who + " refuses: " + apiserver.StatusMessage(run.Status)
+		if run.PluginErrDetail != "" {
+			msg += " [" + run.PluginErrDetail + "]"
 		}
-		res = Reject(run.status, msg)
+		res = Reject(run.Status, msg)
 	default:
 		msg := fmt.Sprintf("%d plugins admitted the request", len(children))
 		if len(changed) > 0 {
@@ -72,9 +74,26 @@ func admissionPhase(req *Request, run *handlerRun, phase int, validating bool) R
 }
 
 // notReached explains a write-path stage the run never got to.
-func notReached(run *handlerRun) string {
-	if run.decided == "" {
+func notReached(run *apiserver.Run) string {
+	if run.Decided == "" {
 		return "not reached"
 	}
-	return "not reached: " + run.decided + " refuses first (" + statusMessage(run.status) + ")"
+	return "not reached: " + run.Decided + " refuses first (" + apiserver.StatusMessage(run.Status) + ")"
+}
+
+// childFor is a plugin call as a stage child.
+func childFor(c apiserver.PluginCall) record.StageResult {
+	ch := record.StageResult{Name: c.Name, Outcome: record.Pass, DurationNs: c.End.Sub(c.Start).Nanoseconds()}
+	switch {
+	case c.Err != nil:
+		ch.Outcome, ch.Explanation = record.Reject, c.Err.Error()
+		if c.Detail != "" {
+			ch.Explanation += " [" + c.Detail + "]"
+		}
+	case c.Patch != "":
+		ch.Explanation = "changed the object: " + c.Patch
+	default:
+		ch.Explanation = "admitted, no change"
+	}
+	return ch
 }

@@ -53,15 +53,15 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 		}
 		return Pass("the apiserver serves its OpenAPI v2 document")
 	}
-	doc, err := d.m.write.served.get(ctx, "/", "application/json")
+	doc, err := d.m.write.Served().Get(ctx, "/", "application/json")
 	if err != nil {
 		return Unknown("which non-resource paths the apiserver serves: " + err.Error())
 	}
 	var index struct {
 		Paths []string `json:"paths"`
 	}
-	if doc.status != http.StatusOK || json.Unmarshal(doc.body, &index) != nil {
-		return Unknown(fmt.Sprintf("which non-resource paths the apiserver serves: its index / answered %d", doc.status))
+	if doc.Status != http.StatusOK || json.Unmarshal(doc.Body, &index) != nil {
+		return Unknown(fmt.Sprintf("which non-resource paths the apiserver serves: its index / answered %d", doc.Status))
 	}
 	if p == "/" {
 		return Pass("the apiserver's index of the paths it serves")
@@ -118,12 +118,12 @@ func (d decode) health(ctx context.Context, req *Request, p string) Result {
 		q.Set("verbose", "1")
 	}
 	// Health is read live (it changes), and is small.
-	doc, err := d.m.write.served.read(ctx, p+"?"+q.Encode(), "")
+	doc, err := d.m.write.Served().Read(ctx, p+"?"+q.Encode(), "")
 	if err != nil {
 		return Unknown("the apiserver's health: " + err.Error())
 	}
 	var failed, passed []string
-	for _, line := range strings.Split(string(doc.body), "\n") {
+	for _, line := range strings.Split(string(doc.Body), "\n") {
 		switch {
 		case strings.HasPrefix(line, "[-]"):
 			failed = append(failed, strings.TrimPrefix(line, "[-]"))
@@ -132,7 +132,7 @@ func (d decode) health(ctx context.Context, req *Request, p string) Result {
 		}
 	}
 	sort.Strings(passed)
-	switch doc.status {
+	switch doc.Status {
 	case http.StatusOK:
 		what := "the check passes"
 		if len(passed) > 0 {
@@ -145,10 +145,10 @@ func (d decode) health(ctx context.Context, req *Request, p string) Result {
 	case http.StatusInternalServerError:
 		// The apiserver answers a failure with the verbose report, whether
 		// or not the request asked for it.
-		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Message: strings.TrimSpace(string(doc.body))}
+		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusInternalServerError, Message: strings.TrimSpace(string(doc.Body))}
 		return Reject(st, fmt.Sprintf("the apiserver's %s fails (read by kproxy as it replayed the request): %s", p, strings.Join(failed, "; ")))
 	}
-	return Unknown(fmt.Sprintf("the apiserver's health: kproxy's read of %s answered %d", p, doc.status))
+	return Unknown(fmt.Sprintf("the apiserver's health: kproxy's read of %s answered %d", p, doc.Status))
 }
 
 // openAPIV3 predicts the OpenAPI v3 index and its documents from the
@@ -164,15 +164,15 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 	case p == "/openapi/v3":
 		return Pass("the apiserver's OpenAPI v3 index")
 	}
-	doc, err := d.m.write.served.get(ctx, "/openapi/v3", "application/json")
+	doc, err := d.m.write.Served().Get(ctx, "/openapi/v3", "application/json")
 	if err != nil {
 		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
 	}
 	var index struct {
 		Paths map[string]json.RawMessage `json:"paths"`
 	}
-	if doc.status != http.StatusOK || json.Unmarshal(doc.body, &index) != nil {
-		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d", doc.status))
+	if doc.Status != http.StatusOK || json.Unmarshal(doc.Body, &index) != nil {
+		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d", doc.Status))
 	}
 	gv := strings.TrimPrefix(p, "/openapi/v3/")
 	if _, ok := index.Paths[gv]; !ok {
@@ -190,18 +190,18 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 // and modification time, read from the apiserver now (kubectl asks with
 // If-Modified-Since).
 func (d decode) conditionalIndex(ctx context.Context, req *Request, header string) Result {
-	doc, err := d.m.write.served.read(ctx, "/openapi/v3", "")
+	doc, err := d.m.write.Served().Read(ctx, "/openapi/v3", "")
 	if err != nil {
 		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
 	}
-	mod, err := http.ParseTime(doc.header.Get("Last-Modified"))
-	if doc.status != http.StatusOK || err != nil {
-		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d without a Last-Modified time", doc.status))
+	mod, err := http.ParseTime(doc.Header.Get("Last-Modified"))
+	if doc.Status != http.StatusOK || err != nil {
+		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d without a Last-Modified time", doc.Status))
 	}
 	w := httptest.NewRecorder()
-	w.Header().Set("Etag", doc.header.Get("Etag"))
-	http.ServeContent(w, req.HTTP.Clone(ctx), "/openapi/v3", mod, bytes.NewReader(doc.body))
-	what := fmt.Sprintf("the OpenAPI v3 index last changed at %s (ETag %.12s…); the request's %s: %s", mod.UTC().Format(time.RFC3339), strings.Trim(doc.header.Get("Etag"), `"`), header, req.HTTP.Header.Get(header))
+	w.Header().Set("Etag", doc.Header.Get("Etag"))
+	http.ServeContent(w, req.HTTP.Clone(ctx), "/openapi/v3", mod, bytes.NewReader(doc.Body))
+	what := fmt.Sprintf("the OpenAPI v3 index last changed at %s (ETag %.12s…); the request's %s: %s", mod.UTC().Format(time.RFC3339), strings.Trim(doc.Header.Get("Etag"), `"`), header, req.HTTP.Header.Get(header))
 	switch {
 	case w.Code == http.StatusNotModified:
 		res := Pass(what + ": the client's copy is current, 304 Not Modified")

@@ -19,6 +19,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // KubernetesVersion is the Kubernetes release whose code the replay runs.
@@ -35,10 +37,10 @@ type Config struct {
 	Budget time.Duration
 	// APIServer are the mirrored kube-apiserver flags; a stage whose flags
 	// were not given reports unknown rather than guess.
-	APIServer *APIServerOptions
+	APIServer *apiserver.Options
 	// State is the read-only view of the cluster (informers); nil leaves
 	// the stages that need it unknown.
-	State *ClusterState
+	State *apiserver.ClusterState
 	// Log receives what must not reach a record: a stage's panic and its
 	// stack. Nil discards.
 	Log *slog.Logger
@@ -58,7 +60,7 @@ type Pipeline struct {
 	tracer  trace.Tracer
 	clock   clock.PassiveClock
 	budget  time.Duration
-	state   *ClusterState
+	state   *apiserver.ClusterState
 	log     *slog.Logger
 	m       *machinery
 }
@@ -154,7 +156,7 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	var decided *Result
 	var decidedBy, stopped string
 	var unknown []string
-	var run *handlerRun
+	var run *apiserver.Run
 	// Each element (a filter stage, or the resource handler and its five
 	// stages) runs unless an earlier stage decided or the budget ran out.
 	elements := make([]func() []step, 0, len(p.stages)+1)
@@ -235,20 +237,20 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 // authorization (it is authorization logic). The authorization stage's
 // verdict becomes that refusal, with what would allow the write; the
 // stages that ran before the registry keep their verdicts.
-func lateDecision(req *Request, run *handlerRun, results []record.StageResult) (*Result, string) {
-	if run == nil || run.status == nil || run.decided == "" {
+func lateDecision(req *Request, run *apiserver.Run, results []record.StageResult) (*Result, string) {
+	if run == nil || run.Status == nil || run.Decided == "" {
 		return nil, ""
 	}
 	for i := range results {
-		if results[i].Name != run.decided || results[i].Outcome == record.Reject {
+		if results[i].Name != run.Decided || results[i].Outcome == record.Reject {
 			continue
 		}
 		why := "the " + req.Info.Resource + " registry refuses the write after admission (its privilege-escalation check, labelled authorization): " +
-			statusMessage(run.status) + escalationAdvice(req)
+			apiserver.StatusMessage(run.Status) + escalationAdvice(req)
 		results[i].Outcome = record.Reject
 		results[i].Explanation += "\n" + why
-		r := Reject(run.status, why)
-		return &r, run.decided
+		r := Reject(run.Status, why)
+		return &r, run.Decided
 	}
 	return nil, ""
 }
@@ -314,10 +316,10 @@ func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Res
 // runHandler runs the resource handler once and reports it as its five
 // stages. Their work happened in that one run, so their spans are made
 // after the fact, with the times the work really took.
-func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*handlerRun, []step) {
+func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run, []step) {
 	h := p.handler
 	now := p.clock.Now()
-	var run *handlerRun
+	var run *apiserver.Run
 	var pre *Result
 	if r := p.protect(record.StageDecode, req, func() Result {
 		run, pre = h.run(ctx, req)
@@ -420,13 +422,10 @@ func (p *Pipeline) WaitReady(ctx context.Context, timeout time.Duration) bool {
 // StorageAccess says how the storage stage reads: etcd directly (the
 // apiserver's etcd3 store), or the apiserver's view and why.
 func (p *Pipeline) StorageAccess() (etcd bool, why string) {
-	switch {
-	case p.m == nil || p.m.write == nil:
+	if p.m == nil || p.m.write == nil {
 		return false, "the write path is not built"
-	case p.m.write.etcd != nil:
-		return true, ""
 	}
-	return false, strings.Trim(p.m.write.noEtcd, " ()")
+	return p.m.write.EtcdAccess()
 }
 
 // APFNames resolves the UIDs of the apiserver's X-Kubernetes-PF-* response

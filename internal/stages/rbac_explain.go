@@ -15,6 +15,8 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	rbacv1helpers "k8s.io/kubernetes/pkg/apis/rbac/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // rbacExplainer writes what the RBAC authorizer does not say: every
@@ -23,7 +25,7 @@ import (
 // RoleBinding that would allow the request. It reads the same informers
 // the replayed RBAC authorizer reads, and matches rules with RBAC's own
 // helpers (rbacv1helpers), so "nearest" means what RBAC would check.
-type rbacExplainer struct{ s *ClusterState }
+type rbacExplainer struct{ s *apiserver.ClusterState }
 
 // binding is a RoleBinding or ClusterRoleBinding, flattened.
 type binding struct {

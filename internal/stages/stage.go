@@ -12,6 +12,8 @@ import (
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // Stage is one step of the apiserver's request path.
@@ -52,19 +54,16 @@ type Request struct {
 	// Actual, for a write, waits for the apiserver's answer (false if ctx
 	// ends first). The replay uses it only to tell the request's own
 	// write from the state at arrival, never to predict.
-	Actual func(ctx context.Context) (ActualWrite, bool)
+	Actual func(ctx context.Context) (apiserver.ActualWrite, bool)
 }
 
-// ActualWrite is what the apiserver answered a write: the status, and the
-// resourceVersion of the object it returned ("" if none).
-type ActualWrite struct {
-	Status          int
-	ResourceVersion string
-}
+// ActualWrite is what the apiserver answered a write (the replay uses it
+// only to tell the request's own write from the state at arrival).
+type ActualWrite = apiserver.ActualWrite
 
 // MaxBodyBytes is the apiserver's own request body limit (3 MiB): a longer
 // body is rejected upstream with 413, so the replay never needs more.
-const MaxBodyBytes = 3 << 20
+const MaxBodyBytes = apiserver.MaxBodyBytes
 
 // Result is a stage's verdict.
 type Result struct {
@@ -117,4 +116,14 @@ func Failed(explanation string) Result {
 // The stage is reported skipped with the reason.
 func Unknown(explanation string) Result {
 	return Result{Outcome: record.Skip, Explanation: explanation, Unknown: true}
+}
+
+// IsWrite reports whether the request goes through the resource handler's
+// write path (decode, admission, validation, storage).
+func IsWrite(info *apirequest.RequestInfo) bool { return apiserver.IsWrite(info) }
+
+// forServer is the request as the replay apiserver runs it.
+func (r *Request) forServer() *apiserver.Request {
+	return &apiserver.Request{HTTP: r.HTTP, Info: r.Info, User: r.User, Arrival: r.Arrival,
+		Body: r.Body, BodyTruncated: r.BodyTruncated, Actual: r.Actual}
 }

@@ -12,6 +12,8 @@ import (
 	"k8s.io/apiserver/pkg/storage"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // storage reports the storage part of the handler's run. For a write:
@@ -28,14 +30,14 @@ func newStorage(m *machinery) handlerStage { return storageStage{m} }
 
 func (storageStage) Name() string { return record.StageStorage }
 
-func (st storageStage) report(ctx context.Context, req *Request, run *handlerRun) Result {
-	if run != nil && run.read {
+func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.Run) Result {
+	if run != nil && run.Read {
 		return st.reportRead(run)
 	}
 	if req.Info != nil && !req.Info.IsResourceRequest && run == nil {
 		return Pass("a non-resource request: the apiserver's own handler answers without reading storage")
 	}
-	if !IsWrite(req.Info) {
+	if !apiserver.IsWrite(req.Info) {
 		return Skip("not replayed (see decode)")
 	}
 	run, none := handlerRunOf(req, run)
@@ -44,8 +46,8 @@ func (st storageStage) report(ctx context.Context, req *Request, run *handlerRun
 	}
 	var reads []string
 	seen := map[string]bool{}
-	for i := len(run.reads) - 1; i >= 0; i-- {
-		r := run.reads[i]
+	for i := len(run.Reads) - 1; i >= 0; i-- {
+		r := run.Reads[i]
 		if seen[r.Key] {
 			continue // the registry may read an object twice; say the last
 		}
@@ -61,16 +63,16 @@ func (st storageStage) report(ctx context.Context, req *Request, run *handlerRun
 		}
 		reads = append(reads, fmt.Sprintf("%s (read through the apiserver in %v)", s, r.Duration.Round(10_000)))
 	}
-	start, end, reached := run.phaseTimes(phaseStorage)
+	start, end, reached := run.PhaseTimes(apiserver.PhaseStorage)
 	if !reached {
-		start, end = run.end, run.end
+		start, end = run.End, run.End
 	}
 	etcd, spans, current := st.inspectWrite(ctx, req, run)
 	var res Result
 	switch {
-	case run.decided == record.StageStorage:
-		res = Reject(run.status, "storage refuses: "+statusMessage(run.status)+explainReads(reads)+etcd)
-	case run.decided != "":
+	case run.Decided == record.StageStorage:
+		res = Reject(run.Status, "storage refuses: "+apiserver.StatusMessage(run.Status)+explainReads(reads)+etcd)
+	case run.Decided != "":
 		res = Skip(notReached(run))
 	default:
 		res = st.sizeCheck(ctx, req, run, "dry run: the registry accepts the write"+explainReads(reads)+etcd, current)
@@ -89,33 +91,32 @@ func explainReads(reads []string) string {
 // inspectWrite reads the written object's etcd key directly, as it was
 // when the request arrived (the revision the replay read it at), when
 // kproxy can read etcd.
-func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *handlerRun) (string, []childSpan, *etcdKV) {
+func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *apiserver.Run) (string, []childSpan, *apiserver.EtcdKV) {
 	w := st.m.write
-	if w == nil || w.etcd == nil {
-		why := " (kproxy was not given --etcd-servers)"
-		if w != nil {
-			why = w.noEtcd
-		}
-		return "; etcd not read" + why + ": the apiserver's view", nil, nil
+	if w == nil {
+		return "; etcd not read (kproxy was not given --etcd-servers): the apiserver's view", nil, nil
 	}
-	if len(run.reads) == 0 {
+	if ok, why := w.EtcdAccess(); !ok {
+		return "; etcd not read (" + why + "): the apiserver's view", nil, nil
+	}
+	if len(run.Reads) == 0 {
 		return "", nil, nil
 	}
-	r := run.reads[len(run.reads)-1]
+	r := run.Reads[len(run.Reads)-1]
 	var rev int64
 	if r.Snapshot != "" {
 		rev, _ = strconv.ParseInt(r.Snapshot, 10, 64) // "last-existing" and such read the latest
 	}
 	start := st.m.clock.Now()
-	kv := w.etcd.inspect(ctx, w.etcd.key(r.Key), rev)
+	kv, _, _ := w.InspectEtcd(ctx, r.Key, rev)
 	out := "; " + kv.String()
-	if kv.Found && run.bodyRV != "" && fmt.Sprint(kv.ModRevision) != run.bodyRV {
-		out += fmt.Sprintf("; the request names resourceVersion %s, etcd's modRevision is %d", run.bodyRV, kv.ModRevision)
+	if kv.Found && run.BodyRV != "" && fmt.Sprint(kv.ModRevision) != run.BodyRV {
+		out += fmt.Sprintf("; the request names resourceVersion %s, etcd's modRevision is %d", run.BodyRV, kv.ModRevision)
 	}
 	return out, []childSpan{etcdSpan("etcd get", kv, start)}, &kv
 }
 
-func etcdSpan(name string, kv etcdKV, start time.Time) childSpan {
+func etcdSpan(name string, kv apiserver.EtcdKV, start time.Time) childSpan {
 	c := childSpan{Name: name, Start: start, End: start.Add(kv.Latency), Outcome: record.Pass,
 		Attrs: []attribute.KeyValue{
 			attribute.String("etcd.key", kv.Key), attribute.Bool("etcd.found", kv.Found),
@@ -131,14 +132,14 @@ func etcdSpan(name string, kv etcdKV, start time.Time) childSpan {
 }
 
 // reportRead reports a get, list or watch.
-func (st storageStage) reportRead(run *handlerRun) Result {
-	start, end, reached := run.phaseTimes(phaseStorage)
+func (st storageStage) reportRead(run *apiserver.Run) Result {
+	start, end, reached := run.PhaseTimes(apiserver.PhaseStorage)
 	if !reached {
-		start, end = run.end, run.end
+		start, end = run.End, run.End
 	}
 	var parts, reads []string
 	var spans []childSpan
-	for _, r := range run.reads {
+	for _, r := range run.Reads {
 		reads = append(reads, describeRead(r))
 		if r.FromEtcd {
 			spans = append(spans, childSpan{Name: "etcd3 store " + map[bool]string{true: "list", false: "get"}[r.List],
@@ -155,21 +156,21 @@ func (st storageStage) reportRead(run *handlerRun) Result {
 			}
 		}
 	}
-	if run.narrowed != "" {
-		parts = append(parts, "the replay read the list with "+run.narrowed+" (same resourceVersion semantics, one item)")
+	if run.Narrowed != "" {
+		parts = append(parts, "the replay read the list with "+run.Narrowed+" (same resourceVersion semantics, one item)")
 	}
 	var res Result
 	switch {
-	case run.unknown != "":
-		res = Unknown(run.unknown)
-	case run.decided == record.StageStorage:
-		res = Reject(run.status, "storage refuses: "+statusMessage(run.status)+whyRefused(run)+"; "+strings.Join(append(reads, parts...), "; "))
-	case run.decided != "":
+	case run.Unknown != "":
+		res = Unknown(run.Unknown)
+	case run.Decided == record.StageStorage:
+		res = Reject(run.Status, "storage refuses: "+apiserver.StatusMessage(run.Status)+whyRefused(run)+"; "+strings.Join(append(reads, parts...), "; "))
+	case run.Decided != "":
 		res = Skip(notReached(run))
-	case run.watched:
+	case run.Watched:
 		res = Pass("a watch: the handler accepts its options and the stream starts; its events are not replayed " +
 			"(a resourceVersion older than the watch cache's window arrives as an ERROR event, 410 Expired, inside the 200 stream)")
-	case len(run.reads) == 0:
+	case len(run.Reads) == 0:
 		res = Pass("the handler answers without reading storage")
 	default:
 		res = Pass(strings.Join(append(reads, parts...), "; "))
@@ -178,7 +179,7 @@ func (st storageStage) reportRead(run *handlerRun) Result {
 	return res
 }
 
-func describeRead(r storageRead) string {
+func describeRead(r apiserver.StorageRead) string {
 	what := "get " + r.Key
 	if r.List {
 		what = "list " + r.Key
@@ -217,8 +218,8 @@ func describeRead(r storageRead) string {
 }
 
 // whyRefused adds what the status leaves out.
-func whyRefused(run *handlerRun) string {
-	st := run.status
+func whyRefused(run *apiserver.Run) string {
+	st := run.Status
 	if st.Details != nil {
 		for _, c := range st.Details.Causes {
 			if c.Type == "ResourceVersionTooLarge" {

@@ -7,14 +7,12 @@ import (
 	"strconv"
 	"strings"
 
-	etcdserverpb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"google.golang.org/protobuf/proto"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apiserver/pkg/storage/value"
 
 	kdecode "github.com/kproxy/kproxy/internal/decode"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // etcd's limits on one write, as the apiserver meets them: etcd refuses
@@ -39,26 +37,21 @@ const encryptionSlack = 4096
 // sizeCheck encodes the object the write would store as the apiserver
 // does (storage codec and version, encryption at rest) and compares the
 // etcd transaction with etcd's limits.
-func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handlerRun, pass string, current *etcdKV) Result {
+func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *apiserver.Run, pass string, current *apiserver.EtcdKV) Result {
 	w := st.m.write
-	if len(run.object) == 0 || (run.verb != "create" && run.verb != "update" && run.verb != "patch") || len(run.reads) == 0 {
+	if len(run.Object) == 0 || (run.Verb != "create" && run.Verb != "update" && run.Verb != "patch") || len(run.Reads) == 0 {
 		return Pass(pass)
 	}
-	s := w.storage.stores.get(gr(req))
-	if s == nil {
-		return Pass(pass + "; the stored size is not computed (kproxy has no store for " + gr(req).String() + ")")
-	}
-	key := run.reads[len(run.reads)-1]
+	key := run.Reads[len(run.Reads)-1]
 	var modRev int64
 	if key.Found {
 		modRev, _ = strconv.ParseInt(key.ResourceVersion, 10, 64)
 	}
-	d, err := kdecode.Payload(run.object)
+	d, err := kdecode.Payload(run.Object)
 	if err != nil || d.Object == nil {
 		return Pass(pass + "; the stored size is not computed (the replay's answer did not decode)")
 	}
-	etcdKey := "/" + trimSlashes(st.m.opts.EtcdPrefix) + key.Key
-	txn, stored, prefix, err := storedTxnSize(ctx, s, d.Object, etcdKey, modRev, key.Found)
+	txn, stored, prefix, err := w.StoredSize(ctx, gr(req), d.Object, key.Key, modRev, key.Found)
 	if err != nil {
 		return Pass(pass + "; the stored size is not computed: " + err.Error())
 	}
@@ -68,7 +61,7 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handler
 		obj := d.Object.DeepCopyObject()
 		if m, err := meta.Accessor(obj); err == nil && len(m.GetManagedFields()) > 0 {
 			m.SetManagedFields(nil)
-			if txn, stored, prefix, err = storedTxnSize(ctx, s, obj, etcdKey, modRev, key.Found); err != nil {
+			if txn, stored, prefix, err = w.StoredSize(ctx, gr(req), obj, key.Key, modRev, key.Found); err != nil {
 				return Pass(pass + "; the stored size is not computed: " + err.Error())
 			}
 		}
@@ -84,13 +77,13 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handler
 			}
 			what += " (the stored value is " + was + ": writing re-encrypts it with the configuration's first provider)"
 		}
-	case w.storage.encErr != nil:
-		what += "; encryption at rest not applied: " + w.storage.encErr.Error()
+	case w.EncryptionError() != nil:
+		what += "; encryption at rest not applied: " + w.EncryptionError().Error()
 	case st.m.opts.EncryptionProviderConfig == "":
 		what += "; not encrypted (kproxy was not given an --encryption-provider-config; an apiserver without one stores values as they are)"
 	}
-	unsized := w.storage.encErr != nil && txn > limit-encryptionSlack
-	if run.dryRun {
+	unsized := w.EncryptionError() != nil && txn > limit-encryptionSlack
+	if run.DryRun {
 		// Nothing reaches etcd in dry run: say what a real write would meet.
 		verdict := "it would fit"
 		switch {
@@ -119,57 +112,4 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *handler
 		return Unknown(what + ": within a few bytes of etcd's limit, too close to call")
 	}
 	return Pass(pass + "; " + what)
-}
-
-// storedTxnSize is the size of the etcd transaction that would store obj
-// under etcdKey (the etcd3 store's OptimisticPut), and of the value.
-func storedTxnSize(ctx context.Context, s *snapshotStorage, obj runtime.Object, etcdKey string, modRev int64, update bool) (txn, stored int, prefix string, err error) {
-	obj = obj.DeepCopyObject()
-	if err := (storageVersioner{}).prepare(obj); err != nil {
-		return 0, 0, "", err
-	}
-	data, err := runtime.Encode(s.config.Codec, obj)
-	if err != nil {
-		return 0, 0, "", fmt.Errorf("encoding for storage: %w", err)
-	}
-	if t := s.transformer; t != nil {
-		if data, err = t.TransformToStorage(ctx, data, value.DefaultContext(etcdKey)); err != nil {
-			return 0, 0, "", fmt.Errorf("encrypting as the apiserver would: %w", err)
-		}
-		if kdecode.IsEncrypted(data) {
-			prefix = kdecode.EncryptionPrefix(data)
-		}
-	}
-	r := &etcdserverpb.TxnRequest{
-		Compare: []*etcdserverpb.Compare{{Key: []byte(etcdKey), Target: etcdserverpb.Compare_MOD, Result: etcdserverpb.Compare_EQUAL,
-			TargetUnion: &etcdserverpb.Compare_ModRevision{ModRevision: modRev}}},
-		Success: []*etcdserverpb.RequestOp{{Request: &etcdserverpb.RequestOp_RequestPut{RequestPut: &etcdserverpb.PutRequest{Key: []byte(etcdKey), Value: data}}}},
-	}
-	if update {
-		r.Failure = []*etcdserverpb.RequestOp{{Request: &etcdserverpb.RequestOp_RequestRange{RequestRange: &etcdserverpb.RangeRequest{Key: []byte(etcdKey)}}}}
-	}
-	return proto.Size(r), len(data), prefix, nil
-}
-
-// storageVersioner clears what the etcd3 store clears before encoding.
-type storageVersioner struct{}
-
-func (storageVersioner) prepare(obj runtime.Object) error {
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		return err
-	}
-	m.SetResourceVersion("")
-	m.SetSelfLink("")
-	return nil
-}
-
-func trimSlashes(s string) string {
-	for len(s) > 0 && s[0] == '/' {
-		s = s[1:]
-	}
-	for len(s) > 0 && s[len(s)-1] == '/' {
-		s = s[:len(s)-1]
-	}
-	return s
 }

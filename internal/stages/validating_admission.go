@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // validatingAdmission reports the admission chain's validating phase of
@@ -16,6 +18,6 @@ func newValidatingAdmission(m *machinery) handlerStage { return validatingAdmiss
 
 func (validatingAdmission) Name() string { return record.StageValidatingAdmission }
 
-func (validatingAdmission) report(_ context.Context, req *Request, run *handlerRun) Result {
-	return admissionPhase(req, run, phaseValidating, true)
+func (validatingAdmission) report(_ context.Context, req *Request, run *apiserver.Run) Result {
+	return admissionPhase(req, run, apiserver.PhaseValidating, true)
 }

@@ -7,6 +7,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // validation reports the registry strategy's part of the write path's
@@ -18,16 +20,16 @@ func newValidation(m *machinery) handlerStage { return validation{m} }
 
 func (validation) Name() string { return record.StageValidation }
 
-func (validation) report(_ context.Context, req *Request, run *handlerRun) Result {
+func (validation) report(_ context.Context, req *Request, run *apiserver.Run) Result {
 	run, none := handlerRunOf(req, run)
 	if run == nil {
 		return none
 	}
-	start, end, reached := run.phaseTimes(phaseValidation)
+	start, end, reached := run.PhaseTimes(apiserver.PhaseValidation)
 	var res Result
 	switch {
-	case run.decided == record.StageValidation:
-		res = Reject(run.status, "the "+req.Info.Resource+" strategy refuses the object: "+fieldErrors(run.status))
+	case run.Decided == record.StageValidation:
+		res = Reject(run.Status, "the "+req.Info.Resource+" strategy refuses the object: "+fieldErrors(run.Status))
 	case !reached:
 		res = Skip(notReached(run))
 	default:

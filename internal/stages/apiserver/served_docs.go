@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"context"
@@ -27,26 +27,27 @@ import (
 // APIServices change. The aggregator updates its documents a moment after
 // such a change, so for a while after one they are read on every use.
 
-// servedDocs caches what kproxy read of the apiserver's own documents.
-type servedDocs struct {
+// ServedDocs caches what kproxy read of the apiserver's own documents.
+type ServedDocs struct {
 	http *http.Client
 	base string
 	now  func() time.Time
 
-	// apiServices lists the aggregator's APIServices.
-	apiServices       apiregistrationlisters.APIServiceLister
-	apiServicesSynced cache.InformerSynced
+	// APIServices lists the aggregator's APIServices, once
+	// APIServicesSynced.
+	APIServices       apiregistrationlisters.APIServiceLister
+	APIServicesSynced cache.InformerSynced
 
 	mu      sync.Mutex
-	docs    map[string]servedDoc
+	docs    map[string]ServedDoc
 	changed time.Time // the last change of what the documents list
 }
 
-// servedDoc is one read: its status, the headers that matter, the body.
-type servedDoc struct {
-	status int
-	header http.Header
-	body   []byte
+// ServedDoc is one read: its status, the headers that matter, the body.
+type ServedDoc struct {
+	Status int
+	Header http.Header
+	Body   []byte
 }
 
 // discoverySettle is how long after a change the documents are read anew
@@ -56,12 +57,12 @@ const discoverySettle = 30 * time.Second
 // aggregatedDiscovery is the media type of the aggregated documents.
 const aggregatedDiscovery = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
-func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexInformer, now func() time.Time) (*servedDocs, error) {
+func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexInformer, now func() time.Time) (*ServedDocs, error) {
 	hc, err := rest.HTTPClientFor(s.Config)
 	if err != nil {
 		return nil, fmt.Errorf("served documents: %w", err)
 	}
-	d := &servedDocs{http: hc, base: strings.TrimSuffix(s.Config.Host, "/"), now: now, docs: map[string]servedDoc{}}
+	d := &ServedDocs{http: hc, base: strings.TrimSuffix(s.Config.Host, "/"), now: now, docs: map[string]ServedDoc{}}
 	bump := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { d.invalidate() },
 		UpdateFunc: func(any, any) { d.invalidate() },
@@ -79,21 +80,21 @@ func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexI
 	if _, err := inf.Informer().AddEventHandler(bump); err != nil {
 		return nil, err
 	}
-	d.apiServices, d.apiServicesSynced = inf.Lister(), inf.Informer().HasSynced
+	d.APIServices, d.APIServicesSynced = inf.Lister(), inf.Informer().HasSynced
 	f.Start(ctx.Done())
 	return d, nil
 }
 
-func (d *servedDocs) invalidate() {
+func (d *ServedDocs) invalidate() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.docs = map[string]servedDoc{}
+	d.docs = map[string]ServedDoc{}
 	d.changed = d.now()
 }
 
 // get returns the apiserver's answer to kproxy's GET of path with accept,
 // from the cache while nothing it depends on changed.
-func (d *servedDocs) get(ctx context.Context, path, accept string) (servedDoc, error) {
+func (d *ServedDocs) Get(ctx context.Context, path, accept string) (ServedDoc, error) {
 	key := path + " " + accept
 	d.mu.Lock()
 	doc, ok := d.docs[key]
@@ -102,7 +103,7 @@ func (d *servedDocs) get(ctx context.Context, path, accept string) (servedDoc, e
 	if ok && settled {
 		return doc, nil
 	}
-	doc, err := d.read(ctx, path, accept)
+	doc, err := d.Read(ctx, path, accept)
 	if err != nil {
 		return doc, err
 	}
@@ -113,39 +114,39 @@ func (d *servedDocs) get(ctx context.Context, path, accept string) (servedDoc, e
 }
 
 // read GETs path from the apiserver with kproxy's identity, now.
-func (d *servedDocs) read(ctx context.Context, path, accept string) (servedDoc, error) {
+func (d *ServedDocs) Read(ctx context.Context, path, accept string) (ServedDoc, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.base+path, nil)
 	if err != nil {
-		return servedDoc{}, err
+		return ServedDoc{}, err
 	}
 	if accept != "" {
 		req.Header.Set("Accept", accept)
 	}
 	resp, err := d.http.Do(req)
 	if err != nil {
-		return servedDoc{}, fmt.Errorf("kproxy could not read %s from the apiserver: %w", path, err)
+		return ServedDoc{}, fmt.Errorf("kproxy could not read %s from the apiserver: %w", path, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
-		return servedDoc{}, fmt.Errorf("kproxy could not read %s from the apiserver: %w", path, err)
+		return ServedDoc{}, fmt.Errorf("kproxy could not read %s from the apiserver: %w", path, err)
 	}
 	if resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusUnauthorized {
-		return servedDoc{}, fmt.Errorf("kproxy's identity may not read %s (%s): grant it get on that nonResourceURL (the README's ClusterRole)", path, resp.Status)
+		return ServedDoc{}, fmt.Errorf("kproxy's identity may not read %s (%s): grant it get on that nonResourceURL (the README's ClusterRole)", path, resp.Status)
 	}
-	return servedDoc{status: resp.StatusCode, header: resp.Header, body: body}, nil
+	return ServedDoc{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
 }
 
 // etag returns the apiserver's current ETag of the aggregated discovery
 // document at path (/api or /apis), quoted as in its ETag header.
-func (d *servedDocs) etag(ctx context.Context, path string) (string, error) {
-	doc, err := d.get(ctx, path, aggregatedDiscovery)
+func (d *ServedDocs) ETag(ctx context.Context, path string) (string, error) {
+	doc, err := d.Get(ctx, path, aggregatedDiscovery)
 	if err != nil {
 		return "", err
 	}
-	e := doc.header.Get("ETag")
-	if doc.status != http.StatusOK || e == "" {
-		return "", fmt.Errorf("the apiserver answered kproxy's read of %s with %d and no ETag", path, doc.status)
+	e := doc.Header.Get("ETag")
+	if doc.Status != http.StatusOK || e == "" {
+		return "", fmt.Errorf("the apiserver answered kproxy's read of %s with %d and no ETag", path, doc.Status)
 	}
 	return e, nil
 }

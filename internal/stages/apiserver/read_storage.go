@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"context"
@@ -22,9 +22,9 @@ import (
 // kproxy can only see the latest state, through the apiserver: reads that
 // name a resourceVersion or continue a list are then unknown.
 
-func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key string, opts storage.GetOptions, out runtime.Object) error {
-	run.enter(phaseStorage)
-	read := storageRead{Key: key, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, "")}
+func (s *snapshotStorage) readGet(ctx context.Context, run *Run, key string, opts storage.GetOptions, out runtime.Object) error {
+	run.enter(PhaseStorage)
+	read := StorageRead{Key: key, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, "")}
 	read.Path, _, _, _ = s.apiPath(key, false)
 	read.NoEtcd = s.noEtcd
 	defer func() { run.addRead(read) }()
@@ -72,9 +72,9 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *handlerRun, key stri
 // needsEtcd says what kproxy lacks to predict a read's storage outcome.
 const needsEtcd = "kproxy predicts resourceVersion semantics only by reading etcd: it needs the apiserver's etcd (give it --etcd-servers and the etcd TLS flags, as the apiserver has them)"
 
-func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key string, opts storage.ListOptions, listObj runtime.Object) error {
-	run.enter(phaseStorage)
-	read := storageRead{Key: key, List: true, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, string(opts.ResourceVersionMatch))}
+func (s *snapshotStorage) readList(ctx context.Context, run *Run, key string, opts storage.ListOptions, listObj runtime.Object) error {
+	run.enter(PhaseStorage)
+	read := StorageRead{Key: key, List: true, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, string(opts.ResourceVersionMatch))}
 	if opts.Predicate.Continue != "" {
 		read.Options += ", continue token"
 	}
@@ -115,7 +115,7 @@ func (s *snapshotStorage) readList(ctx context.Context, run *handlerRun, key str
 
 // etcdRead runs one read of the resource's etcd3 store, bounded in time,
 // capturing etcd's answer to it.
-func (s *snapshotStorage) etcdRead(ctx context.Context, read *storageRead, call func(context.Context, storage.Interface) error) (capturedRead, bool, error) {
+func (s *snapshotStorage) etcdRead(ctx context.Context, read *StorageRead, call func(context.Context, storage.Interface) error) (capturedRead, bool, error) {
 	if err := s.access.admit(); err != nil {
 		read.Err = err
 		return capturedRead{}, false, err
@@ -137,7 +137,7 @@ func (s *snapshotStorage) etcdRead(ctx context.Context, read *storageRead, call 
 
 // settleRead files the storage's answer: an error the apiserver answers
 // with is the read's outcome; any other failure makes the run unknown.
-func settleRead(read *storageRead, err error, out runtime.Object) error {
+func settleRead(read *StorageRead, err error, out runtime.Object) error {
 	var st apierrors.APIStatus
 	switch {
 	case err == nil:

@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"net"
@@ -72,7 +72,7 @@ func TestEtcdMaxRequestBytesFlag(t *testing.T) {
 	for _, c := range cases {
 		// Complete also validates the (absent) authentication flags: only
 		// what it says of this flag matters here.
-		o, _, err := APIServerOptionsFromArgs(c.args)
+		o, _, err := OptionsFromArgs(c.args)
 		if err == nil {
 			err = o.Complete()
 		}

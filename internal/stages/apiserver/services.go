@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"context"
@@ -102,7 +102,7 @@ func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, pri
 // allocation: the request itself is not a dry run.
 func probe(ctx context.Context) bool {
 	run := runFrom(ctx)
-	return run != nil && !run.dryRun && !run.read
+	return run != nil && !run.DryRun && !run.Read
 }
 
 // allocatingREST is the Service registry of the replay: a write that is

@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"context"
@@ -82,6 +82,10 @@ func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 }
 
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// AddFactory adds a narrower informer factory (bootstrap-token secrets in
+// kube-system), started and synced with Informers. Add before Start.
+func (s *ClusterState) AddFactory(f informers.SharedInformerFactory) { s.extra = append(s.extra, f) }
 
 // Synced reports whether every informer has synced.
 func (s *ClusterState) Synced() bool { return s != nil && s.synced != nil && s.synced() }

@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"context"
@@ -132,7 +132,7 @@ func servedVersion(gr schema.GroupResource, example runtime.Object, scheme *runt
 // snapshotStorage is the storage.Interface under the write path's registry
 // stores. It reads the cluster through the apiserver with kproxy's
 // read-only client, as the object was when the request arrived (see
-// handlerRun.snapshot), and refuses to write: the replay runs every write in
+// Run.snapshot), and refuses to write: the replay runs every write in
 // dry run, where the registry only reads (DryRunnableStorage).
 type snapshotStorage struct {
 	state   *ClusterState
@@ -194,7 +194,7 @@ func (s *snapshotStorage) apiPath(key string, list bool) (p, ns, name string, er
 }
 
 func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetOptions, out runtime.Object) error {
-	if run := runFrom(ctx); run != nil && run.read {
+	if run := runFrom(ctx); run != nil && run.Read {
 		return s.readGet(ctx, run, key, opts, out)
 	}
 	p, ns, name, err := s.apiPath(key, false)
@@ -203,7 +203,7 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 	}
 	run := runFrom(ctx)
 	start := s.clock.Now()
-	read := storageRead{Key: key, Path: p}
+	read := StorageRead{Key: key, Path: p}
 	defer func() {
 		read.Duration = s.clock.Since(start)
 		if run != nil {
@@ -374,7 +374,7 @@ func resourceVersionOf(raw []byte) string {
 }
 
 func (s *snapshotStorage) GetList(ctx context.Context, key string, opts storage.ListOptions, listObj runtime.Object) error {
-	if run := runFrom(ctx); run != nil && run.read {
+	if run := runFrom(ctx); run != nil && run.Read {
 		return s.readList(ctx, run, key, opts, listObj)
 	}
 	return s.listViaAPI(ctx, key, opts, listObj)
@@ -436,13 +436,13 @@ func (s *snapshotStorage) GuaranteedUpdate(ctx context.Context, key string, out 
 }
 
 func (s *snapshotStorage) Watch(ctx context.Context, key string, opts storage.ListOptions) (watch.Interface, error) {
-	if run := runFrom(ctx); run != nil && run.read {
+	if run := runFrom(ctx); run != nil && run.Read {
 		// The handler has accepted the watch's options; its events are
 		// not replayed: the watch ends at once.
 		run.mu.Lock()
-		run.watched = true
+		run.Watched = true
 		run.mu.Unlock()
-		run.enter(phaseStorage)
+		run.enter(PhaseStorage)
 		return watch.NewEmptyWatch(), nil
 	}
 	return nil, errors.New("the kproxy replay does not watch through its storage")

@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"errors"
@@ -21,10 +21,10 @@ import (
 	_ "k8s.io/kubernetes/pkg/features"
 )
 
-// APIServerOptions are the kube-apiserver flags the replay mirrors. They are
+// Options are the kube-apiserver flags the replay mirrors. They are
 // parsed by kube-apiserver's own option structs, so every flag means exactly
 // what it means to the apiserver, defaults included.
-type APIServerOptions struct {
+type Options struct {
 	Authentication *kubeoptions.BuiltInAuthenticationOptions
 	Authorization  *kubeoptions.BuiltInAuthorizationOptions
 	// Flow control: API Priority and Fairness, or max-in-flight limits
@@ -72,9 +72,9 @@ const DefaultEtcdMaxRequestBytes = 1572864
 // DefaultReplayEtcdQPS bounds the replay's etcd reads by default.
 const DefaultReplayEtcdQPS = 200
 
-// NewAPIServerOptions returns the options with kube-apiserver's defaults.
-func NewAPIServerOptions() *APIServerOptions {
-	return &APIServerOptions{
+// NewOptions returns the options with kube-apiserver's defaults.
+func NewOptions() *Options {
+	return &Options{
 		Authentication:              kubeoptions.NewBuiltInAuthenticationOptions().WithAll(),
 		Authorization:               kubeoptions.NewBuiltInAuthorizationOptions(),
 		EnablePriorityAndFairness:   true,
@@ -92,7 +92,7 @@ func NewAPIServerOptions() *APIServerOptions {
 
 // AddFlags adds the mirrored flags (--client-ca-file, --token-auth-file,
 // --authorization-mode, --feature-gates, ...) to fs.
-func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	o.authnFlags = pflag.NewFlagSet("authentication", pflag.ContinueOnError)
 	o.Authentication.AddFlags(o.authnFlags)
 	o.authzFlags = pflag.NewFlagSet("authorization", pflag.ContinueOnError)
@@ -127,7 +127,7 @@ func (o *APIServerOptions) AddFlags(fs *pflag.FlagSet) {
 
 // AddReplayFlags adds kproxy's own knobs of the replay (not kube-apiserver
 // flags): how hard it may read etcd, and etcd's own size limit.
-func (o *APIServerOptions) AddReplayFlags(fs *pflag.FlagSet) {
+func (o *Options) AddReplayFlags(fs *pflag.FlagSet) {
 	o.replayFlags = pflag.NewFlagSet("replay", pflag.ContinueOnError)
 	o.replayFlags.Float64Var(&o.ReplayEtcdQPS, "replay-etcd-qps", o.ReplayEtcdQPS, "the most etcd reads per second the replay makes (bursts of twice that); past it, the storage stage sheds reads and says unknown rather than load etcd")
 	o.replayFlags.IntVar(&o.EtcdMaxRequestBytes, "etcd-max-request-bytes", o.EtcdMaxRequestBytes, "etcd's own --max-request-bytes (not a kube-apiserver flag): the largest value etcd stores, for the size check")
@@ -136,7 +136,7 @@ func (o *APIServerOptions) AddReplayFlags(fs *pflag.FlagSet) {
 
 // GivenFeatureGates are the gates set with --feature-gates: they win over
 // what kproxy discovers from the apiserver.
-func (o *APIServerOptions) GivenFeatureGates() map[string]bool {
+func (o *Options) GivenFeatureGates() map[string]bool {
 	out := map[string]bool{}
 	if o == nil || o.fs == nil {
 		return out
@@ -156,7 +156,7 @@ func (o *APIServerOptions) GivenFeatureGates() map[string]bool {
 
 // Complete applies kube-apiserver's own completion (the default
 // authorization mode, anonymous auth adjusted to it) and validates.
-func (o *APIServerOptions) Complete() error {
+func (o *Options) Complete() error {
 	var errs []error
 	o.Authorization.Complete()
 	o.Authentication.ApplyAuthorization(o.Authorization)
@@ -178,11 +178,11 @@ func (o *APIServerOptions) Complete() error {
 // AuthenticationGiven reports whether any authentication flag was given:
 // without them the replay cannot know how the apiserver authenticates,
 // and says so instead of guessing.
-func (o *APIServerOptions) AuthenticationGiven() bool { return anyChanged(o.authnFlags) }
+func (o *Options) AuthenticationGiven() bool { return anyChanged(o.authnFlags) }
 
 // AuthorizationGiven reports whether --authorization-mode or
 // --authorization-config (or another authorization flag) was given.
-func (o *APIServerOptions) AuthorizationGiven() bool { return anyChanged(o.authzFlags) }
+func (o *Options) AuthorizationGiven() bool { return anyChanged(o.authzFlags) }
 
 func anyChanged(fs *pflag.FlagSet) bool {
 	if fs == nil {
@@ -194,7 +194,7 @@ func anyChanged(fs *pflag.FlagSet) bool {
 }
 
 // ClientCAFile is --client-ca-file.
-func (o *APIServerOptions) ClientCAFile() string {
+func (o *Options) ClientCAFile() string {
 	if o == nil || o.Authentication.ClientCert == nil {
 		return ""
 	}
@@ -212,7 +212,7 @@ type RequestHeader struct {
 }
 
 // RequestHeader returns the --requestheader-* flags.
-func (o *APIServerOptions) RequestHeader() RequestHeader {
+func (o *Options) RequestHeader() RequestHeader {
 	if o == nil || o.Authentication.RequestHeader == nil {
 		return RequestHeader{}
 	}
@@ -222,8 +222,8 @@ func (o *APIServerOptions) RequestHeader() RequestHeader {
 		ExtraHeaderPrefixes: r.ExtraHeaderPrefixes}
 }
 
-// notGiven explains a stage that lacks the apiserver's configuration.
-func notGiven(what, flags string) error {
+// NotGiven explains a stage that lacks the apiserver's configuration.
+func NotGiven(what, flags string) error {
 	return errors.New("kproxy was not given the apiserver's " + what + " flags (" + flags +
 		"): pass them to kproxy serve as the apiserver has them, so the replay can know")
 }
@@ -233,7 +233,7 @@ func notGiven(what, flags string) error {
 // fs did not already set: flags given to kproxy win. Only the mirrored
 // flags are read (the apiserver's --tls-cert-file is its own, not
 // kproxy's). It returns the apiserver flags kproxy ignores.
-func (o *APIServerOptions) ParseAPIServerArgs(fs *pflag.FlagSet, args []string) (ignored []string, err error) {
+func (o *Options) ParseAPIServerArgs(fs *pflag.FlagSet, args []string) (ignored []string, err error) {
 	// Flags given to kproxy itself win; within the apiserver's command
 	// line, the last occurrence wins, as it does for the apiserver.
 	given := map[string]bool{}
@@ -268,17 +268,17 @@ func (o *APIServerOptions) ParseAPIServerArgs(fs *pflag.FlagSet, args []string) 
 }
 
 // mirrors reports whether name is one of the mirrored apiserver flags.
-func (o *APIServerOptions) mirrors(name string) bool {
+func (o *Options) mirrors(name string) bool {
 	return name == "feature-gates" || (o.authnFlags != nil && o.authnFlags.Lookup(name) != nil) ||
 		(o.authzFlags != nil && o.authzFlags.Lookup(name) != nil) ||
 		(o.writeFlags != nil && o.writeFlags.Lookup(name) != nil) ||
 		(o.replayFlags != nil && o.replayFlags.Lookup(name) != nil) // kproxy's own, given with them (tests, scripts)
 }
 
-// APIServerOptionsFromArgs is NewAPIServerOptions with a kube-apiserver
+// OptionsFromArgs is NewOptions with a kube-apiserver
 // command line applied (tests, the demo).
-func APIServerOptionsFromArgs(args []string) (*APIServerOptions, []string, error) {
-	o := NewAPIServerOptions()
+func OptionsFromArgs(args []string) (*Options, []string, error) {
+	o := NewOptions()
 	fs := pflag.NewFlagSet("kube-apiserver", pflag.ContinueOnError)
 	o.AddFlags(fs)
 	o.AddReplayFlags(fs)

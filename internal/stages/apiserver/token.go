@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"context"
@@ -29,7 +29,7 @@ func (placeholderIssuer) GenerateToken(context.Context, *jwt.Claims, interface{}
 // the apiserver issues tokens (it has a --service-account-issuer), none
 // otherwise, so that the token subresource is served exactly when it is
 // there.
-func replayIssuer(o *APIServerOptions) serviceaccount.TokenGenerator {
+func replayIssuer(o *Options) serviceaccount.TokenGenerator {
 	sa := o.Authentication.ServiceAccounts
 	if sa == nil || len(sa.Issuers) == 0 || sa.Issuers[0] == "" {
 		return nil
@@ -39,7 +39,7 @@ func replayIssuer(o *APIServerOptions) serviceaccount.TokenGenerator {
 
 // apiAudiences are the apiserver's --api-audiences, defaulting to its
 // service-account issuers as kube-apiserver defaults them.
-func apiAudiences(o *APIServerOptions) authenticator.Audiences {
+func apiAudiences(o *Options) authenticator.Audiences {
 	auds := o.Authentication.APIAudiences
 	if sa := o.Authentication.ServiceAccounts; len(auds) == 0 && sa != nil && len(sa.Issuers) > 0 {
 		auds = authenticator.Audiences(sa.Issuers)

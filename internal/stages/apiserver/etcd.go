@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"bytes"
@@ -57,7 +57,7 @@ func (a *etcdAccess) admit() error {
 }
 
 // NewEtcdClient is a plain etcd client from the apiserver's etcd flags.
-func NewEtcdClient(o *APIServerOptions) (*clientv3.Client, error) {
+func NewEtcdClient(o *Options) (*clientv3.Client, error) {
 	if len(o.EtcdServers) == 0 {
 		return nil, errors.New("no etcd to read: give --etcd-servers (and --etcd-cafile, --etcd-certfile, --etcd-keyfile) as the apiserver has them")
 	}
@@ -78,11 +78,11 @@ func NewEtcdClient(o *APIServerOptions) (*clientv3.Client, error) {
 
 // loadTransformers builds the apiserver's encryption-at-rest transformers
 // from its --encryption-provider-config (nil without one).
-func loadTransformers(ctx context.Context, o *APIServerOptions) (map[schema.GroupResource]value.Transformer, error) {
+func loadTransformers(ctx context.Context, o *Options) (map[schema.GroupResource]value.Transformer, error) {
 	if o.EncryptionProviderConfig == "" {
 		return nil, nil
 	}
-	cfg, err := encryptionconfig.LoadEncryptionConfig(ctx, o.EncryptionProviderConfig, false, replayServerID)
+	cfg, err := encryptionconfig.LoadEncryptionConfig(ctx, o.EncryptionProviderConfig, false, ServerID)
 	if err != nil {
 		return nil, fmt.Errorf("--encryption-provider-config %s: %w", o.EncryptionProviderConfig, err)
 	}
@@ -91,7 +91,7 @@ func loadTransformers(ctx context.Context, o *APIServerOptions) (map[schema.Grou
 
 // newEtcdAccess is nil without --etcd-servers: the replay then reads
 // through the apiserver and says so.
-func newEtcdAccess(ctx context.Context, o *APIServerOptions, transformers map[schema.GroupResource]value.Transformer, clk clock.PassiveClock) (*etcdAccess, error) {
+func newEtcdAccess(ctx context.Context, o *Options, transformers map[schema.GroupResource]value.Transformer, clk clock.PassiveClock) (*etcdAccess, error) {
 	if len(o.EtcdServers) == 0 {
 		return nil, nil
 	}
@@ -228,8 +228,8 @@ func (a *etcdAccess) key(registryKey string) string {
 	return strings.TrimSuffix("/"+strings.Trim(a.prefix, "/"), "/") + registryKey
 }
 
-// etcdKV is what kproxy shows of one etcd key.
-type etcdKV struct {
+// EtcdKV is what kproxy shows of one etcd key.
+type EtcdKV struct {
 	Key            string
 	Found          bool
 	Revision       int64 // etcd's revision when read
@@ -246,8 +246,8 @@ type etcdKV struct {
 }
 
 // inspect reads one key as it is at rev (0: the latest).
-func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV {
-	kv := etcdKV{Key: key}
+func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) EtcdKV {
+	kv := EtcdKV{Key: key}
 	if kv.Err = a.admit(); kv.Err != nil {
 		return kv
 	}
@@ -268,8 +268,8 @@ func (a *etcdAccess) inspect(ctx context.Context, key string, rev int64) etcdKV 
 }
 
 // kvInfo describes what etcd answered a read of one key.
-func (a *etcdAccess) kvInfo(ctx context.Context, key string, resp *clientv3.GetResponse, latency time.Duration) etcdKV {
-	kv := etcdKV{Key: key, Latency: latency, Revision: resp.Header.Revision}
+func (a *etcdAccess) kvInfo(ctx context.Context, key string, resp *clientv3.GetResponse, latency time.Duration) EtcdKV {
+	kv := EtcdKV{Key: key, Latency: latency, Revision: resp.Header.Revision}
 	if len(resp.Kvs) == 0 {
 		return kv
 	}
@@ -291,7 +291,7 @@ func (a *etcdAccess) kvInfo(ctx context.Context, key string, resp *clientv3.GetR
 	return kv
 }
 
-func (kv etcdKV) String() string {
+func (kv EtcdKV) String() string {
 	if kv.Err != nil {
 		return fmt.Sprintf("etcd %s: read failed: %v", kv.Key, kv.Err)
 	}

@@ -1,4 +1,4 @@
-package stages
+package apiserver
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsv1beta1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1beta1"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/generic"
 	registryrest "k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
@@ -57,7 +57,7 @@ import (
 	netutils "k8s.io/utils/net"
 )
 
-// writePath is kube-apiserver's resource handler for the built-in
+// Server is kube-apiserver's resource handler for the built-in
 // resources, assembled the way kube-apiserver assembles it: the REST
 // storage of every API group (controlplane.StorageProviders), the
 // registry strategies, the admission chain of the mirrored flags with its
@@ -67,9 +67,9 @@ import (
 //
 // The handler runs decode, mutating admission, validation, validating
 // admission and the storage preconditions in the apiserver's own order; a
-// handlerRun in the request context watches it go by (which plugin ran, where
+// Run in the request context watches it go by (which plugin ran, where
 // it stopped), so that each stage reports its own part.
-type writePath struct {
+type Server struct {
 	handler http.Handler
 	// plugins are the enabled admission plugins, in the chain's order.
 	plugins []string
@@ -81,19 +81,66 @@ type writePath struct {
 	etcd    *etcdAccess
 	noEtcd  string // why etcd is not read, " (...)"
 	// served are what the apiserver serves about itself (served_docs.go).
-	served *servedDocs
+	served *ServedDocs
+	opts   *Options
 }
 
-// servesDiscovery reports a GET the replay server answers as the
+// Config holds the server's collaborators: the mirrored flags, the
+// cluster's state, the filter stages' authenticator and authorizer (the
+// admission chain and some registries ask them), and what the replay
+// injects.
+type Config struct {
+	Options       *Options
+	State         *ClusterState
+	Authenticator authenticator.Request
+	Authorizer    authorizer.Authorizer
+	// RuleResolver lists a user's rules (SelfSubjectRulesReview).
+	RuleResolver authorizer.RuleResolver
+	Clock        clock.PassiveClock
+	// Explainer adds what an admission plugin's refusal leaves out.
+	Explainer PluginExplainer
+}
+
+// Served is what kproxy read of the apiserver's documents about itself.
+func (w *Server) Served() *ServedDocs { return w.served }
+
+// CRDs lists the cluster's CustomResourceDefinitions.
+func (w *Server) CRDs() apiextensionslisters.CustomResourceDefinitionLister { return w.crds }
+
+// EtcdAccess says whether the server reads etcd directly (the apiserver's
+// etcd3 store), or why it reads through the apiserver.
+func (w *Server) EtcdAccess() (etcd bool, why string) {
+	if w.etcd != nil {
+		return true, ""
+	}
+	return false, strings.Trim(w.noEtcd, " ()")
+}
+
+// InspectEtcd reads a registry key's etcd key directly, at revision rev
+// (0: the latest); ok is false, with why, when kproxy cannot read etcd.
+func (w *Server) InspectEtcd(ctx context.Context, registryKey string, rev int64) (kv EtcdKV, ok bool, why string) {
+	if w.etcd == nil {
+		return EtcdKV{}, false, w.noEtcd
+	}
+	return w.etcd.inspect(ctx, w.etcd.key(registryKey), rev), true, ""
+}
+
+// BuiltIn reports an API group kube-apiserver serves itself (custom
+// resources and aggregated APIs are the others).
+func BuiltIn(group string) bool {
+	return legacyscheme.Scheme.IsGroupRegistered(group) || group == apiextensionsv1.GroupName
+}
+
+// ServesDiscovery reports a GET the replay server answers as the
 // apiserver does: /version, the discovery roots (/api, /apis), and
 // discovery of built-in groups. Not replayed: discovery of custom
 // resource groups (the apiextensions discovery controller is not run),
 // of aggregated APIs, health, OpenAPI and metrics.
-func (w *writePath) servesDiscovery(req *Request) bool {
-	if req.HTTP.Method != http.MethodGet {
+func (w *Server) ServesDiscovery(method string, info *apirequest.RequestInfo) bool {
+	if method != http.MethodGet {
 		return false
 	}
-	p := strings.TrimSuffix(req.Info.Path, "/")
+	p := strings.TrimSuffix(info.Path, "/")
 	switch p {
 	case "/version", "/api", "/api/v1", "/apis":
 		return true
@@ -103,26 +150,26 @@ func (w *writePath) servesDiscovery(req *Request) bool {
 		return false
 	}
 	group, _, _ := strings.Cut(rest, "/")
-	return builtIn(group) && group != apiextensionsv1.GroupName
+	return BuiltIn(group) && group != apiextensionsv1.GroupName
 }
 
-// discoveryRoot reports /api and /apis: in the apiserver the aggregator
+// DiscoveryRoot reports /api and /apis: in the apiserver the aggregator
 // serves them, and only their successes are the replay's to predict.
-func discoveryRoot(req *Request) bool {
-	p := strings.TrimSuffix(req.Info.Path, "/")
+func DiscoveryRoot(info *apirequest.RequestInfo) bool {
+	p := strings.TrimSuffix(info.Path, "/")
 	return p == "/api" || p == "/apis"
 }
 
-// servesCustom reports whether an established CustomResourceDefinition
+// ServesCustom reports whether an established CustomResourceDefinition
 // serves group/resource.
-func (w *writePath) servesCustom(group, resource string) bool {
+func (w *Server) ServesCustom(group, resource string) bool {
 	crd, err := w.crds.Get(resource + "." + group)
-	return err == nil && established(crd)
+	return err == nil && Established(crd)
 }
 
-// established reports a CustomResourceDefinition whose resources are
+// Established reports a CustomResourceDefinition whose resources are
 // served.
-func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
+func Established(crd *apiextensionsv1.CustomResourceDefinition) bool {
 	for _, c := range crd.Status.Conditions {
 		if c.Type == apiextensionsv1.Established {
 			return c.Status == apiextensionsv1.ConditionTrue
@@ -131,11 +178,15 @@ func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
 	return false
 }
 
-// buildWritePath follows kube-apiserver's CreateKubeAPIServerConfig and
+// New follows kube-apiserver's CreateKubeAPIServerConfig and
 // BuildGenericConfig with the parts that touch the outside world replaced:
 // the loopback client is kproxy's read-only client, the storage is
 // snapshotStorage.
-func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, authn authenticator.Request, authz authorizer.Authorizer, rules authorizer.RuleResolver, tp trace.TracerProvider, clk clock.PassiveClock) (*writePath, error) {
+func New(ctx context.Context, c Config) (*Server, error) {
+	o, s, authn, authz, rules, clk, explain := c.Options, c.State, c.Authenticator, c.Authorizer, c.RuleResolver, c.Clock, c.Explainer
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
 	// Process-global, as in kube-apiserver: privileged containers pass
 	// validation only with --allow-privileged.
 	capabilities.Setup(o.AllowPrivileged, 0)
@@ -231,14 +282,14 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, err
 	}
-	explainer := newAdmissionExplainer(s)
+	explainer := explain
 	adm := *o.Admission.GenericAdmission
 	var plugins []string
 	adm.Decorators = append(append(admission.Decorators{}, adm.Decorators...), admission.DecoratorFunc(func(h admission.Interface, name string) admission.Interface {
 		plugins = append(plugins, name)
 		op := &observedPlugin{inner: h, name: name, explain: explainer}
 		if name == "MutatingAdmissionWebhook" || name == "ValidatingAdmissionWebhook" {
-			op.webhook = explainer.webhook
+			op.webhook = explainer.Webhook
 		}
 		return op
 	}))
@@ -334,15 +385,15 @@ func buildWritePath(ctx context.Context, o *APIServerOptions, s *ClusterState, a
 	if err != nil {
 		return nil, err
 	}
-	return &writePath{handler: srv.Handler.Director, plugins: plugins,
+	return &Server{handler: srv.Handler.Director, plugins: plugins,
 		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
-		storage: snapshots, etcd: access, noEtcd: noEtcd, served: served}, nil
+		storage: snapshots, etcd: access, noEtcd: noEtcd, served: served, opts: o}, nil
 }
 
 // runtimeConfig is --runtime-config as kube-apiserver completes it: the
 // legacy "v1", "api/v1" spellings mean the core group ("/v1"), and
 // "api/legacy" is dropped.
-func runtimeConfig(o *APIServerOptions) *genericoptions.APIEnablementOptions {
+func runtimeConfig(o *Options) *genericoptions.APIEnablementOptions {
 	out := genericoptions.NewAPIEnablementOptions()
 	if o.APIEnablement == nil {
 		return out
@@ -561,11 +612,11 @@ func storageFactory(ev basecompatibility.EffectiveVersion, etcd *genericoptions.
 // from its own storage factory (special prefixes such as services/specs
 // and minions, --etcd-prefix); resource is "pods", "deployments.apps", or
 // a custom resource's "plural.group".
-func EtcdKey(o *APIServerOptions, resource, namespace, name string) (string, error) {
+func EtcdKey(o *Options, resource, namespace, name string) (string, error) {
 	res, group, _ := strings.Cut(resource, ".")
 	gr := schema.GroupResource{Group: group, Resource: res}
 	prefix := gr.Group + "/" + gr.Resource // custom resources
-	if builtIn(gr.Group) {
+	if BuiltIn(gr.Group) {
 		ev := basecompatibility.NewEffectiveVersionFromString(strings.TrimPrefix(KubernetesVersion, "v"), "", "")
 		etcd := genericoptions.NewEtcdOptions(storagebackend.NewDefaultConfig(o.EtcdPrefix, nil))
 		sf, err := storageFactory(ev, etcd, controlplane.DefaultAPIResourceConfigSource())

@@ -1,0 +1,53 @@
+package apiserver
+
+import (
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// The contract's labelling rules (docs/labelling.md) for a refusal the
+// resource handler produces: by default the stage whose phase the handler
+// was in, with the exceptions the contract names.
+
+// attribute names the stage whose code produced st, following the
+// contract's labelling rules.
+func (r *Run) attribute(st *metav1.Status) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pluginErr != nil {
+		if ps, ok := r.pluginErr.(apierrors.APIStatus); ok && ps.Status().Message == st.Message {
+			return PhaseStage[r.pluginErrPhase]
+		}
+		if strings.Contains(st.Message, r.pluginErr.Error()) {
+			return PhaseStage[r.pluginErrPhase]
+		}
+	}
+	switch st.Reason {
+	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:
+		if len(r.Reads) == 0 && r.phase == PhaseDecode {
+			return record.StageDecode // no route: the version or resource is not served
+		}
+		return record.StageStorage
+	case metav1.StatusReasonForbidden:
+		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") ||
+			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule") {
+			return record.StageAuthorization
+		}
+	case metav1.StatusReasonInvalid:
+		// A patch that parses but cannot be applied to the stored object
+		// (a failing JSON-patch test) is refused after the read.
+		if r.Verb == "patch" && r.phase == PhaseDecode && len(r.Reads) > 0 {
+			return record.StageStorage
+		}
+	case metav1.StatusReasonRequestEntityTooLarge:
+		if r.phase < PhaseValidation {
+			return record.StageDecode
+		}
+		return record.StageStorage
+	}
+	return PhaseStage[r.phase]
+}

@@ -1,0 +1,60 @@
+package apiserver
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authentication/user"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+)
+
+// KubernetesVersion is the Kubernetes release whose code the replay runs.
+const KubernetesVersion = "v1.37.2"
+
+// ServerID names kproxy's replay where the apiserver's code wants an
+// apiserver identity (metrics labels, configuration reloads).
+const ServerID = "kproxy-replay"
+
+// MaxBodyBytes is the apiserver's own request body limit (3 MiB): a
+// longer body is refused upstream with 413, so the replay never needs
+// more.
+const MaxBodyBytes = 3 << 20
+
+// Request is what the server runs: a copy of the client's request, as the
+// replay sees it, with who it runs as.
+type Request struct {
+	// HTTP is a clone of the incoming request; its body is Body.
+	HTTP *http.Request
+	// Info is the request as the apiserver's RequestInfoFactory resolves it.
+	Info *apirequest.RequestInfo
+	// User is who the request runs as (after impersonation).
+	User user.Info
+	// Arrival is when the request arrived: the state the replay reads.
+	Arrival time.Time
+	// Body is the request body, up to MaxBodyBytes; BodyTruncated is set
+	// when it was longer, or not read to its end.
+	Body          []byte
+	BodyTruncated bool
+	// Actual, for a write, waits for the apiserver's answer (false if ctx
+	// ends first): only to tell the request's own write from the state at
+	// arrival, never to predict.
+	Actual func(ctx context.Context) (ActualWrite, bool)
+}
+
+// ActualWrite is what the apiserver answered a write: the status, and the
+// resourceVersion of the object it returned ("" if none).
+type ActualWrite struct {
+	Status          int
+	ResourceVersion string
+}
+
+// PluginExplainer adds what an admission plugin's refusal leaves out (the
+// replay's explainers, in package stages).
+type PluginExplainer interface {
+	// Explain is the detail of plugin's refusal err, or "".
+	Explain(plugin string, a admission.Attributes, err error) string
+	// Webhook describes an admission webhook by name.
+	Webhook(name string) string
+}

@@ -1,0 +1,371 @@
+package apiserver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/audit"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/warning"
+
+	kdecode "github.com/kproxy/kproxy/internal/decode"
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// Phases of one write through the apiserver's handler, in the order they
+// begin. An update reads the stored object before admission; the phase
+// marks only move forward.
+const (
+	PhaseDecode     = iota // handler: content type, body, options
+	PhaseMutating          // mutating admission
+	PhaseValidation        // the registry strategy (and preconditions)
+	PhaseValidating        // validating admission
+	PhaseStorage           // the dry-run store
+)
+
+var PhaseStage = [...]string{record.StageDecode, record.StageMutatingAdmission, record.StageValidation, record.StageValidatingAdmission, record.StageStorage}
+
+// Run is what one replay of a request saw go by in the apiserver's
+// resource handler: the phases with their times, every admission plugin's
+// call and verdict, the storage reads, and the answer. A write runs in dry
+// run through all five phases; a read (get, list, watch) through decode
+// (query options) and storage.
+type Run struct {
+	mu      sync.Mutex
+	now     func() time.Time
+	start   time.Time
+	End     time.Time
+	phase   int
+	marks   [len(PhaseStage)]time.Time // when each phase began
+	Plugins []PluginCall
+	Reads   []StorageRead
+	// pluginErr is the last error an admission plugin returned, with the
+	// phase it returned it in.
+	pluginErr       error
+	pluginErrPhase  int
+	PluginErrName   string
+	PluginErrDetail string
+
+	Status   *metav1.Status // the handler's answer when it refused
+	Code     int
+	ETag     string // the ETag the handler answered with (discovery)
+	Object   []byte // the handler's answer when it accepted (the object)
+	warnings []string
+	// unknown says why the run cannot be trusted (a read failed, a
+	// webhook cannot be called in dry run).
+	Unknown string
+	// decided is the stage that produced the refusal.
+	Decided string
+
+	// actual waits for the apiserver's answer to the request (nil for a
+	// replay with no live request, such as kproxy explain); bodyRV is
+	// the resourceVersion the request's body carries.
+	actual func(context.Context) (ActualWrite, bool)
+	BodyRV string
+	Verb   string
+	DryRun bool // the request itself is a dry run
+
+	// read marks a get, list or watch; narrowed says how the replay's
+	// list was narrowed (limit=1) so as not to read the whole collection.
+	Read     bool
+	Narrowed string
+	Watched  bool
+}
+
+// snapshotRevision decides which state of an object the replay reads: the
+// latest ("") unless the request's own write is already visible. A write
+// that succeeded answers with the object's new resourceVersion R; an
+// object found at R is the request's own doing (unless the write was a
+// no-op, which keeps the resourceVersion the body named), so the replay
+// reads it at R-1. A delete that succeeded removed the object, and the
+// store answers with its last version at the delete's own revision R: it
+// is read at R-1. why is set when the answer never came.
+func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, why string) {
+	if r.actual == nil || r.DryRun {
+		return "", "" // a dry run writes nothing
+	}
+	aw, ok := r.actual(ctx)
+	if !ok {
+		return "", "the apiserver's answer did not come within the replay budget, so the state on arrival is not known"
+	}
+	if aw.Status >= 300 {
+		return "", "" // nothing was written
+	}
+	if aw.ResourceVersion == "" {
+		if !found && r.Verb == "delete" {
+			return lastExisting, "" // the answer was a Status
+		}
+		return "", ""
+	}
+	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
+	if err != nil || n < 2 {
+		return "", ""
+	}
+	switch {
+	case found && rv == aw.ResourceVersion && r.BodyRV != aw.ResourceVersion:
+		return strconv.FormatUint(n-1, 10), ""
+	case !found && r.Verb == "delete":
+		// The store answers a delete with the object as it last was, at
+		// the revision of the delete itself: it last existed just before.
+		return strconv.FormatUint(n-1, 10), ""
+	}
+	return "", ""
+}
+
+// updatedExisting reports an update or patch the apiserver answered 200:
+// the object existed before the request (a 201 would mean it created it).
+func (r *Run) updatedExisting(ctx context.Context) bool {
+	if r.actual == nil || (r.Verb != "update" && r.Verb != "patch") {
+		return false
+	}
+	aw, ok := r.actual(ctx)
+	return ok && aw.Status == 200
+}
+
+// lastExisting asks for the object's last stored version before a
+// delete whose answer did not name it.
+const lastExisting = "last-existing"
+
+type PluginCall struct {
+	Name       string
+	Validating bool
+	Start, End time.Time
+	Err        error
+	Patch      string // what a mutating plugin changed, as a JSON patch
+	Detail     string // what the refusal's message leaves out
+}
+
+type StorageRead struct {
+	Key, Path       string
+	Snapshot        string // the resourceVersion read at, if not the latest
+	Found           bool
+	ResourceVersion string
+	Start           time.Time
+	Duration        time.Duration
+	Err             error // the read failed: the run cannot be trusted
+	// Refused is the storage's answer to a read request when it is an
+	// error the apiserver answers with (not found, resourceVersion too
+	// large or too old, invalid continue token).
+	Refused error
+
+	// A read request's storage call: list or get, the options it asked
+	// for, whether the apiserver's etcd3 store answered it (else kproxy
+	// read through the apiserver), and the raw etcd key (or, for a list,
+	// the number of keys under the prefix).
+	List        bool
+	BeforeRead  bool   // refused before reading (the options)
+	NoEtcd      string // why etcd was not read
+	Options     string
+	FromEtcd    bool
+	Etcd        *EtcdKV
+	EtcdPrefix  string
+	EtcdCount   int64
+	EtcdRev     int64
+	EtcdStart   time.Time
+	EtcdLatency time.Duration
+}
+
+type runKey struct{}
+
+func withRun(ctx context.Context, r *Run) context.Context {
+	return context.WithValue(ctx, runKey{}, r)
+}
+
+func runFrom(ctx context.Context) *Run {
+	r, _ := ctx.Value(runKey{}).(*Run)
+	return r
+}
+
+func (r *Run) enter(phase int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if phase > r.phase {
+		r.phase = phase
+		r.marks[phase] = r.now()
+	}
+}
+
+// markUnknown records the first reason the run cannot be trusted.
+func (r *Run) markUnknown(why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.Unknown == "" {
+		r.Unknown = why
+	}
+}
+
+func (r *Run) addRead(read StorageRead) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Reads = append(r.Reads, read)
+	if read.Err != nil && r.Unknown == "" {
+		r.Unknown = fmt.Sprintf("could not read %s: %v", read.Path, read.Err)
+	}
+}
+
+func (r *Run) addPlugin(c PluginCall) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Plugins = append(r.Plugins, c)
+	if c.Err != nil {
+		r.pluginErr, r.PluginErrName, r.PluginErrDetail = c.Err, c.Name, c.Detail
+		r.pluginErrPhase = PhaseMutating
+		if c.Validating {
+			r.pluginErrPhase = PhaseValidating
+		}
+	}
+}
+
+// IsWrite reports whether the request goes through the resource handler's
+// write path (decode, admission, validation, storage).
+func IsWrite(info *apirequest.RequestInfo) bool {
+	if info == nil || !info.IsResourceRequest {
+		return false
+	}
+	switch info.Verb {
+	case "create", "update", "patch", "delete", "deletecollection":
+		return true
+	}
+	return false
+}
+
+// IsRead reports a resource read: get, list or watch.
+func IsRead(info *apirequest.RequestInfo) bool {
+	if info == nil || !info.IsResourceRequest {
+		return false
+	}
+	switch info.Verb {
+	case "get", "list", "watch":
+		return true
+	}
+	return false
+}
+
+// runRequest runs the request through the apiserver's resource handler
+// once: a write in dry run (the registry only reads, admission plugins
+// persist nothing, webhooks are called only if they declare no side
+// effects), a read with its list narrowed to one item. decode keeps the
+// run on the request for the stages after it.
+func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
+	contentType := req.HTTP.Header.Get("Content-Type")
+	run := &Run{now: now, start: now(), actual: req.Actual, Verb: req.Info.Verb, BodyRV: resourceVersionOf(req.Body),
+		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
+	run.marks[PhaseDecode] = run.start
+	rec := &warningRecorder{}
+	hctx := withRun(ctx, run)
+	hctx = apirequest.WithRequestInfo(hctx, req.Info)
+	hctx = apirequest.WithUser(hctx, req.User)
+	hctx = apirequest.WithNamespace(hctx, req.Info.Namespace)
+	hctx = apirequest.WithReceivedTimestamp(hctx, req.Arrival)
+	hctx = warning.WithWarningRecorder(hctx, rec)
+	hctx = audit.WithAuditContext(hctx)
+	r := req.HTTP.Clone(hctx)
+	if req.BodyTruncated && len(req.Body) < MaxBodyBytes {
+		run.Unknown = "the apiserver did not read the whole request body, so kproxy did not see it"
+		run.End = now()
+		return run
+	}
+	body := req.Body
+	if req.BodyTruncated {
+		// kproxy kept the apiserver's limit's worth: one byte more makes
+		// the handler refuse it where the apiserver does (after content
+		// negotiation), whatever the rest held.
+		body = append(body[:len(body):len(body)], ' ')
+	}
+	q := r.URL.Query()
+	switch {
+	case run.Read:
+		if run.Narrowed = narrowList(req.Info, q); run.Narrowed != "" {
+			r.URL.RawQuery = q.Encode()
+		}
+	case connectSubresource(req.Info.Subresource):
+		// Connect handlers write nothing, and refuse a dryRun option;
+		// admission sees them as dry runs (connectAsDryRun).
+	default:
+		var ct string
+		q, body, ct = forceDryRun(req.Info.Verb, q, body, contentType)
+		r.URL.RawQuery = q.Encode()
+		if ct != contentType {
+			r.Header = r.Header.Clone()
+			r.Header.Set("Content-Type", ct)
+		}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	resp := recorder{httptest.NewRecorder()}
+	w.handler.ServeHTTP(resp, r)
+	run.End = now()
+	run.Code = resp.Code
+	run.ETag = resp.Header().Get("ETag")
+	run.warnings = rec.list()
+	if reachedBackend(resp.Body.String()) {
+		run.markUnknown(backendReached("a kubelet or proxied backend"))
+	}
+	if resp.Code >= 300 && resp.Code != http.StatusNotModified {
+		if st, ok := kdecode.Status(resp.Header().Get("Content-Type"), resp.Body.Bytes()); ok {
+			run.Status = st
+		} else {
+			run.Status = &metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.Code), Message: strings.TrimSpace(resp.Body.String())}
+		}
+		run.Decided = run.attribute(run.Status)
+	} else if !run.Read {
+		run.Object = resp.Body.Bytes()
+	}
+	return run
+}
+
+// recorder records the handler's answer; it can take a watch's stream
+// (the handler wants a Flusher and a CloseNotifier).
+type recorder struct{ *httptest.ResponseRecorder }
+
+func (recorder) CloseNotify() <-chan bool { return make(chan bool) }
+
+// warningRecorder collects the warnings the handler adds.
+type warningRecorder struct {
+	mu sync.Mutex
+	w  []string
+}
+
+func (w *warningRecorder) AddWarning(agent, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.w = append(w.w, text)
+}
+
+func (w *warningRecorder) list() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.w...)
+}
+
+// PhaseTimes returns when a stage's phase began and ended in the run.
+func (r *Run) PhaseTimes(phase int) (start, end time.Time, reached bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if phase != PhaseDecode && r.marks[phase].IsZero() {
+		return time.Time{}, time.Time{}, false
+	}
+	start = r.marks[phase]
+	end = r.End
+	for p := phase + 1; p < len(r.marks); p++ {
+		if !r.marks[p].IsZero() {
+			end = r.marks[p]
+			break
+		}
+	}
+	return start, end, true
+}
+
+// StatusMessage describes a refusal for an explanation.
+func StatusMessage(st *metav1.Status) string {
+	return fmt.Sprintf("%d %s: %s", st.Code, st.Reason, st.Message)
+}
