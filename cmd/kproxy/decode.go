@@ -9,11 +9,17 @@ import (
 
 	"github.com/spf13/cobra"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/printers"
+
 	"github.com/kproxy/kproxy/internal/decode"
 )
 
 func newDecodeCommand() *cobra.Command {
-	var output, encryptionConfig, key string
+	var encryptionConfig, key string
+	out := newOutputFlags("table", "yaml")
 	cmd := &cobra.Command{
 		Use:   "decode [FILE|-]",
 		Short: "Decode a Kubernetes payload (JSON, YAML, protobuf, CBOR, a watch stream, a Table, an etcd value) to YAML, JSON or a table",
@@ -41,9 +47,11 @@ apiserver's own transformers. AES-GCM also needs the value's exact etcd
 --key (it is authenticated data). KMS values are decrypted through the
 KMS plugin, so its socket must be reachable from where kproxy runs.
 
-Output (-o): yaml (default), json, table (a Table as aligned columns,
-like kubectl get; priority columns left out), wide (table with every
-column). A watch stream prints one document per event (type and object).
+Output (-o): yaml (default), json, jsonpath=..., go-template=... (kubectl's
+printers), table (a Table as aligned columns, like kubectl get; priority
+columns left out), wide (table with every column). A watch stream prints
+one document per event (type and object, as kubectl get -w
+--output-watch-events).
 
   kubectl get --raw /api/v1/namespaces/default/configmaps/x | kproxy decode -
   etcdctl get /registry/configmaps/default/x --print-value-only | kproxy decode -o json
@@ -52,11 +60,10 @@ column). A watch stream prints one document per event (type and object).
   curl -H 'Accept: application/json;as=Table;v=v1;g=meta.k8s.io' .../api/v1/pods | kproxy decode -o table -`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			switch output {
-			case "yaml", "json", "table", "wide":
-			default:
-				return fmt.Errorf("-o %q: use yaml, json, table or wide", output)
+			if err := out.validate("wide"); err != nil {
+				return err
 			}
+			p := &decodedPrinter{out: out}
 			in := cmd.InOrStdin()
 			name := "standard input"
 			if len(args) == 1 && args[0] != "-" {
@@ -73,7 +80,7 @@ column). A watch stream prints one document per event (type and object).
 			}
 			if ct, ok := decode.DetectWatch(b); ok {
 				fmt.Fprintf(cmd.ErrOrStderr(), "# watch stream, %s\n", ct)
-				return printWatch(cmd.OutOrStdout(), b, ct, output)
+				return p.watch(cmd.OutOrStdout(), b, ct)
 			}
 			var dec *decode.Decrypter
 			if encryptionConfig != "" {
@@ -96,69 +103,90 @@ column). A watch stream prints one document per event (type and object).
 				note += fmt.Sprintf(", %s %s", d.GVK.GroupVersion(), d.GVK.Kind)
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "# %s\n", note)
-			return printDecoded(cmd.OutOrStdout(), d, output, true)
+			return p.print(cmd.OutOrStdout(), d)
 		},
 	}
-	cmd.Flags().StringVarP(&output, "output", "o", "yaml", "yaml, json, table or wide (table and wide render a meta.k8s.io Table as columns)")
+	out.addFlags(cmd.Flags(), "wide")
 	cmd.Flags().StringVar(&encryptionConfig, "encryption-provider-config", "", "the apiserver's EncryptionConfiguration, to decrypt a value encrypted at rest")
 	cmd.Flags().StringVar(&key, "key", "", "the value's etcd key (AES-GCM authenticates it)")
 	return cmd
 }
 
-// printDecoded writes one decoded object in the -o format; headers is for
-// the table formats.
-func printDecoded(w io.Writer, d *decode.Decoded, output string, headers bool) error {
-	switch output {
-	case "table", "wide":
+// decodedPrinter prints decoded objects in the -o format: kubectl's
+// printers for the structured formats, kubectl's table layout for a Table.
+type decodedPrinter struct {
+	out     *outputFlags
+	printer printers.ResourcePrinter
+	printed int
+}
+
+func (p *decodedPrinter) structured() (printers.ResourcePrinter, error) {
+	if p.printer == nil {
+		pr, err := p.out.print.ToPrinter()
+		if err != nil {
+			return nil, err
+		}
+		p.printer = pr
+	}
+	return p.printer, nil
+}
+
+// print writes one decoded object.
+func (p *decodedPrinter) print(w io.Writer, d *decode.Decoded) error {
+	defer func() { p.printed++ }()
+	if p.out.isHuman("wide") {
 		t, ok := d.Table()
 		if !ok {
 			what := string(d.Format)
 			if d.GVK.Kind != "" {
 				what = d.GVK.GroupVersion().String() + " " + d.GVK.Kind
 			}
-			return fmt.Errorf("-o %s renders a meta.k8s.io Table (ask the apiserver with Accept: %s); this is %s: use -o yaml or json", output, decode.TableAccept, what)
+			return fmt.Errorf("-o %s renders a meta.k8s.io Table (ask the apiserver with Accept: %s); this is %s: use -o yaml or json", *p.out.print.OutputFormat, decode.TableAccept, what)
 		}
-		return decode.RenderTable(w, t, output == "wide", headers)
-	case "json":
-		out, err := d.JSON()
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(append(out, '\n'))
-		return err
-	default:
-		out, err := d.YAML()
-		if err != nil {
-			return err
-		}
-		_, err = w.Write(out)
+		return decode.RenderTable(w, t, *p.out.print.OutputFormat == "wide", p.printed == 0)
+	}
+	obj, err := printable(d)
+	if err != nil {
 		return err
 	}
+	pr, err := p.structured()
+	if err != nil {
+		return err
+	}
+	return pr.PrintObj(obj, w)
 }
 
-// printWatch writes each event of a watch stream: a YAML document or a
-// JSON object holding type and object, or (table, wide) the rows of the
-// Tables a watch with as=Table sends.
-func printWatch(w io.Writer, b []byte, contentType, output string) error {
-	first := true
+// watch writes each event of a watch stream: a watch event (type and
+// object) in the structured formats, or the rows of the Tables a watch
+// with as=Table sends.
+func (p *decodedPrinter) watch(w io.Writer, b []byte, contentType string) error {
 	return decode.WatchStream(bytes.NewReader(b), contentType, func(e decode.Event) error {
-		defer func() { first = false }()
-		if output == "table" || output == "wide" {
-			return printDecoded(w, e.Object, output, first)
+		if p.out.isHuman("wide") {
+			return p.print(w, e.Object)
 		}
-		if output == "json" {
-			ev, err := e.JSON()
-			if err != nil {
-				return err
-			}
-			_, err = w.Write(append(ev, '\n'))
-			return err
-		}
-		ev, err := e.YAML()
+		obj, err := printable(e.Object)
 		if err != nil {
 			return err
 		}
-		_, err = w.Write(append([]byte("---\n"), ev...))
-		return err
+		pr, err := p.structured()
+		if err != nil {
+			return err
+		}
+		return pr.PrintObj(&metav1.WatchEvent{Type: e.Type, Object: runtime.RawExtension{Object: obj}}, w)
 	})
+}
+
+// printable is the decoded object as the printers take it: unstructured
+// when it names its kind, raw JSON otherwise (an encrypted value kproxy
+// could not decrypt is described, not an object).
+func printable(d *decode.Decoded) (runtime.Object, error) {
+	b, err := d.JSON()
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{}
+	if err := u.UnmarshalJSON(b); err == nil {
+		return u, nil
+	}
+	return &runtime.Unknown{Raw: b, ContentType: runtime.ContentTypeJSON}, nil
 }

@@ -57,11 +57,38 @@ func TestVersion(t *testing.T) {
 
 func TestDecodeInProcess(t *testing.T) {
 	cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"default"},"data":{"a":"b"}}`
-	out, err := run(t, cm, "decode", "-o", "yaml", "-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(out, "kind: ConfigMap") || !strings.Contains(out, "a: b") {
-		t.Errorf("kproxy decode -o yaml:\n%s", out)
+	watch := `{"type":"ADDED","object":` + cm + "}\n" + `{"type":"DELETED","object":` + cm + "}\n"
+	for _, tc := range []struct {
+		name, input string
+		args        []string
+		want        []string
+		wantErr     string
+	}{
+		{"yaml", cm, []string{"-o", "yaml"}, []string{"kind: ConfigMap", "a: b"}, ""},
+		{"json", cm, []string{"-o", "json"}, []string{`"kind": "ConfigMap"`}, ""},
+		{"jsonpath", cm, []string{"-o", "jsonpath={.metadata.name}/{.data.a}"}, []string{"x/b"}, ""},
+		{"a watch stream, as kubectl get -w --output-watch-events", watch, []string{"-o", "json"},
+			[]string{`{"type":"ADDED","object":{"apiVersion":"v1"`, `{"type":"DELETED"`}, ""},
+		{"a watch stream in yaml", watch, nil, []string{"type: ADDED", "---\nobject:", "type: DELETED"}, ""},
+		{"a table of something that is not a Table", cm, []string{"-o", "wide"}, nil, "-o wide renders a meta.k8s.io Table"},
+		{"an unknown format", cm, []string{"-o", "xml"}, nil, `-o "xml": use table, wide, json, yaml`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(t, tc.input, append(append([]string{"decode"}, tc.args...), "-")...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
 	}
 }

@@ -315,7 +315,7 @@ func TestDecodeGolden(t *testing.T) {
 			want  []string
 		}{
 			{"a Table as columns", []string{"-o", "wide"}, responses["table-customresources-json.json"], []string{string(responses["table-customresources-json.wide.txt"])}},
-			{"a protobuf watch stream", nil, responses["watch-configmaps-protobuf.bin"], []string{"---\ntype: ADDED\nobject:\n  apiVersion: v1\n", "name: golden-cm"}},
+			{"a protobuf watch stream", nil, responses["watch-configmaps-protobuf.bin"], []string{"object:\n  apiVersion: v1\n", "type: ADDED", "name: golden-cm"}},
 			{"a KMS v2 value, through the plugin", []string{"--encryption-provider-config", encryptionConfig, "--key", "/registry/controllers/" + goldenNS + "/golden-rc"},
 				values["replicationcontroller-kmsv2.bin"], []string{"kind: ReplicationController", "name: golden-rc"}},
 		} {
