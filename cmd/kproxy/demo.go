@@ -12,22 +12,27 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/kproxy/kproxy/internal/flowapi"
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
+	"github.com/kproxy/kproxy/internal/source"
+	"github.com/kproxy/kproxy/internal/telemetry"
+	"github.com/kproxy/kproxy/internal/tui"
 
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 func newDemoCommand() *cobra.Command {
 	var dir, listen string
-	var keep bool
+	var keep, noTUI bool
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Start a local etcd + kube-apiserver with kproxy in front and send sample requests",
@@ -35,19 +40,26 @@ func newDemoCommand() *cobra.Command {
 ports, put kproxy in front in reverse mode, send a short script of sample
 requests (allowed and rejected), print what kproxy recorded, and keep
 everything running with a KUBECONFIG to use from another terminal until
-Ctrl-C, which stops every process the demo started.`,
+Ctrl-C, which stops every process the demo started.
+
+On a terminal the demo is the cockpit: a Jaeger all-in-one receives the
+traces, and kproxy tui opens on the live flow API while the sample
+requests go by; q stops everything. Without a terminal (or with --no-tui
+or --exit) it prints the table of what kproxy recorded.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDemo(cmd.Context(), cmd.OutOrStdout(), dir, listen, keep)
+			cockpit := !keep && !noTUI && cmd.OutOrStdout() == os.Stdout && term.IsTerminal(int(os.Stdout.Fd()))
+			return runDemo(cmd.Context(), cmd.OutOrStdout(), dir, listen, keep, cockpit)
 		},
 	}
+	cmd.Flags().BoolVar(&noTUI, "no-tui", false, "print the table instead of opening kproxy tui, even on a terminal")
 	cmd.Flags().StringVar(&dir, "dir", ".cache/demo", "directory for the cluster's PKI, data, logs, kubeconfig and capture")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "kproxy's address (default: a free port)")
 	cmd.Flags().BoolVar(&keep, "exit", false, "exit after the sample requests instead of waiting for Ctrl-C")
 	return cmd
 }
 
-func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter bool) error {
+func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter, cockpit bool) error {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -57,7 +69,21 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 		return err
 	}
 	fmt.Fprintf(out, "kproxy demo: a real etcd + kube-apiserver %s in %s\n", kubeVersion, clusterDir)
-	c, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Log: prefixWriter(out, "  "), EncryptSecrets: true})
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	// The processes' progress goes to the terminal, or to a file when the
+	// terminal is the cockpit's.
+	progress := prefixWriter(out, "  ")
+	if cockpit {
+		f, err := os.Create(filepath.Join(dir, "cluster.log"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		progress = f
+	}
+	c, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Log: progress, EncryptSecrets: true})
 	if err != nil {
 		return err
 	}
@@ -102,6 +128,19 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	if err := c.WriteManifest(manifest); err != nil {
 		return err
 	}
+	// A Jaeger all-in-one receives kproxy's traces (it serves its query API;
+	// the web UI's assets are not in its Go module).
+	var jaeger *localcluster.Jaeger
+	jaegerDir := filepath.Join(dir, "jaeger")
+	if err := os.MkdirAll(jaegerDir, 0o755); err != nil {
+		return err
+	}
+	if j, err := localcluster.StartJaeger(ctx, "", jaegerDir, progress); err != nil {
+		fmt.Fprintf(out, "  (no Jaeger: %v; traces are not exported)\n", err)
+	} else {
+		jaeger = j
+		defer j.Stop()
+	}
 	capture := filepath.Join(dir, "capture.jsonl")
 	_ = os.Remove(capture)
 	stream := record.NewStream()
@@ -126,6 +165,12 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 		APIServer: apiserver,
 		Stream:    stream,
 		Log:       demoLog,
+		// The flow API, on a free loopback port: the cockpit reads it, and
+		// so can kproxy tui from another terminal.
+		APIListen: "127.0.0.1:0", APIRerunKeep: serve.DefaultAPIRerunKeep,
+	}
+	if jaeger != nil {
+		opts.Telemetry = telemetry.Options{Endpoint: jaeger.OTLPHTTP, Protocol: "http/protobuf", Version: version}
 	}
 	s, err := serve.New(ctx, opts)
 	if err != nil {
@@ -142,7 +187,12 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 	if err := localcluster.WriteKubeconfig(kubeconfig, kproxyURL, kproxyCA, localcluster.TokenOf("admin")); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "kproxy %s listening on %s, in front of %s\n\n", version, kproxyURL, c.URL)
+	fmt.Fprintf(out, "kproxy %s listening on %s, in front of %s\n", version, kproxyURL, c.URL)
+	fmt.Fprintf(out, "  flow API:   %s   (kproxy tui --connect %s)\n", s.APIURL, s.APIURL)
+	if jaeger != nil {
+		fmt.Fprintf(out, "  Jaeger:     OTLP %s, query API %s/api/traces/TRACE-ID\n", jaeger.OTLPHTTP, jaeger.QueryURL)
+	}
+	fmt.Fprintln(out)
 
 	cert, err := c.CA.Issue(pki.Leaf{CommonName: "dave", Organization: []string{"devs"}, Client: true})
 	if err != nil {
@@ -160,6 +210,12 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter b
 		return err
 	}
 	samples := demoSamples()
+	if cockpit {
+		return runCockpit(runCtx, out, s, jaeger, func(ctx context.Context) ([]*record.Record, error) {
+			_, recorded, err := runSamples(ctx, samples, users, files, filepath.Join(dir, "kubectl-cache"), recs)
+			return recorded, err
+		}, kubeconfig)
+	}
 	byRecord, recorded, err := runSamples(ctx, samples, users, files, filepath.Join(dir, "kubectl-cache"), recs)
 	if err != nil {
 		return err
@@ -416,3 +472,48 @@ func (p prefixed) Write(b []byte) (int, error) {
 }
 
 func prefixWriter(w io.Writer, prefix string) io.Writer { return prefixed{w, prefix} }
+
+// runCockpit opens kproxy tui on the demo's live flow API while the sample
+// requests run, and stops everything when the user quits.
+func runCockpit(ctx context.Context, out io.Writer, s *serve.Server, jaeger *localcluster.Jaeger,
+	samples func(context.Context) ([]*record.Record, error), kubeconfig string) error {
+	client, err := flowapi.NewClient(s.APIURL, flowapi.ClientOptions{})
+	if err != nil {
+		return err
+	}
+	opts := tui.Options{Source: source.Named(s.APIURL, source.API(client, "")), Replayer: client, Version: version}
+	if jaeger != nil {
+		opts.JaegerURL = jaeger.QueryURL
+	}
+	type result struct {
+		recs []*record.Record
+		err  error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan result, 1)
+	go func() {
+		recs, err := samples(ctx)
+		done <- result{recs, err}
+	}()
+	if err := tui.Run(ctx, opts, false); err != nil {
+		return err
+	}
+	cancel()
+	res := <-done
+	agree, unknown := 0, 0
+	for _, r := range res.recs {
+		switch {
+		case r.Predicted.Stage == record.StageUnknown:
+			unknown++
+		case r.Predicted.Status == r.Actual.Status && r.Predicted.Reason == r.Actual.Reason:
+			agree++
+		}
+	}
+	if len(res.recs) > 0 {
+		fmt.Fprintf(out, "%d sample requests: %d predicted as the apiserver answered, %d unknown, %d predicted wrong\n",
+			len(res.recs), agree, unknown, len(res.recs)-agree-unknown)
+	}
+	fmt.Fprintf(out, "the capture, kubeconfig (%s) and logs stay in %s\n", kubeconfig, filepath.Dir(kubeconfig))
+	return nil
+}

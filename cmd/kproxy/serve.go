@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -75,8 +76,38 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.Mode, "mode", "reverse", "reverse (clients connect to kproxy) or forward (clients use kproxy as HTTPS proxy)")
 	f.StringVar(&o.Telemetry.Endpoint, "otlp-endpoint", "", "OTLP endpoint for traces (overrides OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4318 or 127.0.0.1:4317 with --otlp-protocol grpc")
 	f.StringVar(&o.Telemetry.Protocol, "otlp-protocol", "", "grpc or http/protobuf (overrides OTEL_EXPORTER_OTLP_PROTOCOL; default http/protobuf)")
+	f.StringVar(&o.APIListen, "api-listen", serve.DefaultAPIListen, "address of the flow API (list, stream and re-run recorded flows; see the README), or off; off loopback it needs --api-tls-* and --api-client-ca-file or --api-token-file")
+	f.IntVar(&o.APIBuffer, "api-buffer", serve.DefaultAPIBuffer, "how many of the newest flows the flow API keeps in memory")
+	f.StringVar(&o.APITLSCertFile, "api-tls-cert-file", "", "the flow API's serving certificate (required off loopback)")
+	f.StringVar(&o.APITLSKeyFile, "api-tls-private-key-file", "", "the flow API's serving certificate's key")
+	f.StringVar(&o.APIClientCAFile, "api-client-ca-file", "", "flow API clients must present a certificate signed by this CA (or the --api-token-file token)")
+	f.StringVar(&o.APITokenFile, "api-token-file", "", "flow API clients must send this file's content as a bearer token (or a certificate for --api-client-ca-file)")
+	f.IntVar(&o.APIRerunKeep, "api-rerun-keep", serve.DefaultAPIRerunKeep, "how many of the newest flows the flow API can re-run; their requests, credentials included, are kept in memory only (never written), and only while the API is on; 0 turns re-runs off")
+	f.Var(mebibytes{&o.APIRerunKeepBytes}, "api-rerun-keep-mib", "bound, in MiB, on the request bodies kept for re-runs (default 64)")
+	f.BoolVar(&o.LogFlows, "log-flows", false, "log one line per finished flow: method, path, user, predicted status@stage, actual status, agreement, latency")
 	o.Telemetry.Version = version
 }
+
+// mebibytes is a size flag given in MiB, held in bytes.
+type mebibytes struct{ bytes *int64 }
+
+func (m mebibytes) String() string {
+	if m.bytes == nil || *m.bytes == 0 {
+		return "0"
+	}
+	return strconv.FormatInt(*m.bytes>>20, 10)
+}
+
+func (m mebibytes) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > 1<<20 {
+		return fmt.Errorf("want a positive number of MiB, e.g. 64")
+	}
+	*m.bytes = n << 20
+	return nil
+}
+
+func (mebibytes) Type() string { return "MiB" }
 
 func newLogger(level string) *slog.Logger {
 	var l slog.Level

@@ -68,6 +68,9 @@ type Config struct {
 	Clock clock.PassiveClock
 	// Mode is "reverse" or "forward", recorded on each record.
 	Mode string
+	// Rerun keeps the newest flows' requests, in memory, for Replay
+	// (rerun.go); zero keeps none.
+	Rerun RerunLimits
 	// Log receives operational messages (never secrets).
 	Log *slog.Logger
 }
@@ -89,6 +92,7 @@ type Proxy struct {
 	rp                  *httputil.ReverseProxy
 	rpWatch             *httputil.ReverseProxy // small copy buffers for long-lived streams
 	pending             sync.WaitGroup         // records not yet written
+	reruns              *rerunStore            // nil: re-runs off
 }
 
 // Drain waits until every record of a finished request has been written:
@@ -114,6 +118,7 @@ func New(cfg Config) (*Proxy, error) {
 		clock:         cfg.Clock,
 		mode:          cfg.Mode,
 		log:           cfg.Log,
+		reruns:        newRerunStore(cfg.Rerun),
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -129,6 +134,7 @@ func New(cfg Config) (*Proxy, error) {
 	if p.sink == nil {
 		p.sink = record.Sinks(nil)
 	}
+	p.sink = p.reruns.sink(p.sink)
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -339,6 +345,7 @@ func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
 	}
 	ex.rec.Actual.Status = rw.status
 	ex.rec.Actual.ResponseBytes = rw.bytes
+	ex.rec.Actual.Headers = record.RedactHeaders(rw.Header())
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
 	ex.actualWrite, ex.okBody = stages.ActualWrite{Status: rw.status}, rw.okBody
 	ex.span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
@@ -453,6 +460,7 @@ func (p *Proxy) replayAndRecord(ctx context.Context, req *stages.Request, ex *ex
 	}
 	o := p.replay(ctx, req)
 	<-ex.done
+	p.keepForRerun(req)
 	p.writeRecord(ex, o)
 }
 
@@ -521,6 +529,7 @@ func requestFields(r *http.Request, info *apirequest.RequestInfo) record.Request
 	q := record.Request{
 		Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery,
 		UserAgent: r.UserAgent(), ContentType: r.Header.Get("Content-Type"),
+		Headers: record.RedactHeaders(r.Header),
 	}
 	if info != nil {
 		q.Verb, q.APIGroup, q.APIVersion = info.Verb, info.APIGroup, info.APIVersion

@@ -68,6 +68,10 @@ type Record struct {
 	Identity string `json:"identity,omitempty"`
 	// KubernetesVersion is the version whose rules the replay applied.
 	KubernetesVersion string `json:"kubernetesVersion,omitempty"`
+	// RerunOf is set on the record of a re-run (the flow API's replay):
+	// the id of the flow whose request was replayed again at Start,
+	// without going upstream; Actual is that flow's answer, copied.
+	RerunOf string `json:"rerunOf,omitempty"`
 }
 
 // Request describes the request as the apiserver resolves it.
@@ -92,6 +96,9 @@ type Request struct {
 	ContentType string `json:"contentType,omitempty"`
 	// BodyBytes is how many request body bytes went upstream.
 	BodyBytes int64 `json:"bodyBytes,omitempty"`
+	// Headers are the client's request headers, credentials redacted
+	// (RedactHeaders).
+	Headers map[string][]string `json:"headers,omitempty"`
 }
 
 // Prediction is the replay's verdict.
@@ -125,14 +132,20 @@ type Actual struct {
 	ResponseBytes int64 `json:"responseBytes,omitempty"`
 	// Error is set when no answer came from the upstream (kproxy answered).
 	Error string `json:"error,omitempty"`
+	// Headers are the response headers the client received, redacted as
+	// request headers are.
+	Headers map[string][]string `json:"headers,omitempty"`
 }
 
 // StageResult is one stage's verdict; Children hold finer detail (each
 // authenticator, authorizer, admission plugin, webhook).
 type StageResult struct {
-	Name        string        `json:"name"`
-	Outcome     string        `json:"outcome"`
-	DurationNs  int64         `json:"durationNs"`
+	Name       string `json:"name"`
+	Outcome    string `json:"outcome"`
+	DurationNs int64  `json:"durationNs"`
+	// OffsetNs is when the stage began, from the start of the replay (a
+	// waterfall's time axis); absent on children and stages not reached.
+	OffsetNs    int64         `json:"offsetNs,omitempty"`
 	Explanation string        `json:"explanation"`
 	Children    []StageResult `json:"children,omitempty"`
 }

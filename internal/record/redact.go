@@ -1,6 +1,7 @@
 package record
 
 import (
+	"net/http"
 	"net/url"
 	"strings"
 )
@@ -64,4 +65,68 @@ func RedactSecretObject(obj map[string]any) map[string]any {
 		}
 	}
 	return obj
+}
+
+// credentialHeaders carry credentials whole: their values never reach a
+// record.
+var credentialHeaders = map[string]bool{
+	"Authorization":       true,
+	"Proxy-Authorization": true,
+	"Cookie":              true,
+	"Set-Cookie":          true,
+}
+
+// bearerProtocol is the WebSocket subprotocol prefix that carries a bearer
+// token (the apiserver's authenticator reads it from there).
+const bearerProtocol = "base64url.bearer.authorization.k8s.io."
+
+// RedactHeaders copies h with credentials replaced: Authorization,
+// Proxy-Authorization and cookies wholly; in Sec-WebSocket-Protocol, the
+// token-carrying subprotocol only. The scheme of an Authorization value
+// (Bearer, Basic) is kept, since it says which authenticator reads it.
+func RedactHeaders(h http.Header) map[string][]string {
+	if len(h) == 0 {
+		return nil
+	}
+	out := make(map[string][]string, len(h))
+	for k, vs := range h {
+		ck := http.CanonicalHeaderKey(k)
+		c := make([]string, len(vs))
+		for i, v := range vs {
+			switch {
+			case credentialHeaders[ck]:
+				c[i] = Redacted
+				if scheme, _, ok := strings.Cut(v, " "); ok && knownScheme(scheme) {
+					c[i] = scheme + " " + Redacted
+				}
+			case ck == "Sec-Websocket-Protocol":
+				c[i] = redactProtocols(v)
+			default:
+				c[i] = v
+			}
+		}
+		out[ck] = c
+	}
+	return out
+}
+
+func redactProtocols(v string) string {
+	parts := strings.Split(v, ",")
+	for i, p := range parts {
+		t := strings.TrimSpace(p)
+		if strings.HasPrefix(strings.ToLower(t), bearerProtocol) {
+			parts[i] = strings.Replace(p, t, bearerProtocol+Redacted, 1)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// knownScheme reports an authorization scheme worth keeping: anything else
+// before a space might be part of the credential itself.
+func knownScheme(s string) bool {
+	switch strings.ToLower(s) {
+	case "bearer", "basic":
+		return true
+	}
+	return false
 }

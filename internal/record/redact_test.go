@@ -1,6 +1,7 @@
 package record
 
 import (
+	"net/http"
 	"reflect"
 	"testing"
 )
@@ -29,5 +30,30 @@ func TestRedactSecretObject(t *testing.T) {
 	cm := map[string]any{"kind": "ConfigMap", "data": map[string]any{"k": "v"}}
 	if got := RedactSecretObject(cm); got["data"].(map[string]any)["k"] != "v" {
 		t.Errorf("a ConfigMap's data must stay: %v", got)
+	}
+}
+
+func TestRedactHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   http.Header
+		want map[string][]string
+	}{
+		{"none", nil, nil},
+		{"bearer token", http.Header{"Authorization": {"Bearer abc.def"}}, map[string][]string{"Authorization": {"Bearer REDACTED"}}},
+		{"basic", http.Header{"Authorization": {"Basic dTpw"}}, map[string][]string{"Authorization": {"Basic REDACTED"}}},
+		{"no known scheme: nothing kept", http.Header{"Authorization": {"secret part"}}, map[string][]string{"Authorization": {"REDACTED"}}},
+		{"proxy auth and cookies", http.Header{"Proxy-Authorization": {"Basic x"}, "Cookie": {"a=b"}},
+			map[string][]string{"Proxy-Authorization": {"Basic REDACTED"}, "Cookie": {"REDACTED"}}},
+		{"websocket bearer subprotocol", http.Header{"Sec-Websocket-Protocol": {"v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.dG9rZW4"}},
+			map[string][]string{"Sec-Websocket-Protocol": {"v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.REDACTED"}}},
+		{"other headers kept", http.Header{"Accept": {"application/json"}, "Impersonate-User": {"bob"}},
+			map[string][]string{"Accept": {"application/json"}, "Impersonate-User": {"bob"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := RedactHeaders(tc.in); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kproxy/kproxy/internal/flowapi"
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/proxy"
 	"github.com/kproxy/kproxy/internal/record"
@@ -57,6 +58,23 @@ type Options struct {
 	SyncTimeout time.Duration
 
 	Telemetry telemetry.Options
+
+	// The flow API (flowapi.go): APIListen is its address, "" or "off"
+	// for none. Off loopback it needs TLS and client authentication.
+	APIListen       string
+	APIBuffer       int // records it keeps (0: DefaultAPIBuffer)
+	APITLSCertFile  string
+	APITLSKeyFile   string
+	APIClientCAFile string // clients authenticate with certificates signed by it
+	APITokenFile    string // or with the bearer token in this file
+	// APIRerunKeep is how many of the newest flows the API can re-run
+	// (0: none); their requests, credentials included, are kept in
+	// memory only. APIRerunKeepBytes bounds their bodies (0:
+	// DefaultAPIRerunKeepBytes).
+	APIRerunKeep      int
+	APIRerunKeepBytes int64
+	// LogFlows logs one line per finished flow.
+	LogFlows bool
 
 	// Stream, when set, also receives every record (the TUI, the demo).
 	Stream *record.Stream
@@ -91,7 +109,7 @@ func (o *Options) Validate() error {
 			return fmt.Errorf("--upstream=%q: want the apiserver's https URL, e.g. https://10.0.0.1:6443", o.Upstream)
 		}
 	}
-	return nil
+	return o.validateAPI()
 }
 
 // LoadUpstreamConfig reads kproxy's own client configuration the kubectl
@@ -173,7 +191,12 @@ type Server struct {
 	CA *pki.CA
 	// Addr is the address kproxy listens on.
 	Addr string
-	log  *slog.Logger
+	// APIURL is the flow API's base URL, e.g. http://127.0.0.1:7070
+	// ("" when off); Flows its buffer (nil when off).
+	APIURL string
+	Flows  *flowapi.Buffer
+	api    *flowAPI
+	log    *slog.Logger
 }
 
 // New builds the server and starts listening (so the address is known and
@@ -220,6 +243,13 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	if o.Stream != nil {
 		sinks = append(sinks, o.Stream)
 	}
+	if o.apiOn() {
+		s.Flows = flowapi.NewBuffer(o.apiBuffer())
+		sinks = append(sinks, s.Flows)
+	}
+	if o.LogFlows {
+		sinks = append(sinks, flowLogger{log})
+	}
 
 	certAuth, clientCAs, err := certAuthenticator(o.APIServer)
 	if err != nil {
@@ -248,6 +278,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		Sink:              sinks,
 		TracerProvider:    tp,
 		Mode:              o.Mode,
+		Rerun:             o.rerunLimits(),
 		Log:               log,
 	}
 	if up.Impersonating != nil {
@@ -263,6 +294,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		log.Warn("kproxy has no upstream credentials: certificate callers will be refused (give --upstream-kubeconfig)")
 	}
 	if s.handler, err = proxy.New(pcfg); err != nil {
+		return nil, err
+	}
+	if err := s.listenAPI(); err != nil {
 		return nil, err
 	}
 
@@ -288,6 +322,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 func (s *Server) Run(ctx context.Context) error {
 	if s.opts.DebugAddr != "" {
 		go serveDebug(ctx, s.opts.DebugAddr, s.log)
+	}
+	if s.api != nil {
+		go s.api.serve(s.log)
 	}
 	var err error
 	if s.forward != nil {

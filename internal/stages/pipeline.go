@@ -125,6 +125,7 @@ func (p *Pipeline) Names() []string {
 type step struct {
 	name string
 	res  Result
+	at   time.Time // when the stage's work began
 	d    time.Duration
 }
 
@@ -163,8 +164,8 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	names := make([][]string, 0, len(p.stages)+1)
 	for _, s := range p.stages {
 		elements = append(elements, func() []step {
-			res, d := p.runStage(ctx, s, req)
-			return []step{{s.Name(), res, d}}
+			res, at, d := p.runStage(ctx, s, req)
+			return []step{{s.Name(), res, at, d}}
 		})
 		names = append(names, []string{s.Name()})
 	}
@@ -196,6 +197,7 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 			}
 			out.Stages = append(out.Stages, record.StageResult{
 				Name: st.name, Outcome: res.Outcome, DurationNs: st.d.Nanoseconds(),
+				OffsetNs:    st.at.Sub(start).Nanoseconds(),
 				Explanation: res.Explanation, Children: res.Children,
 			})
 			switch {
@@ -303,14 +305,14 @@ func successStatus(req *Request, answer int) int {
 
 // runStage runs one filter stage in its own span, turning a panic into
 // an error result.
-func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Result, d time.Duration) {
+func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Result, start time.Time, d time.Duration) {
 	ctx, span := p.tracer.Start(ctx, s.Name())
-	start := p.clock.Now()
+	start = p.clock.Now()
 	res = p.protect(s.Name(), req, func() Result { return s.Run(ctx, req) })
 	d = p.clock.Since(start)
 	endStageSpan(span, res)
 	span.End()
-	return res, d
+	return res, start, d
 }
 
 // runHandler runs the resource handler once and reports it as its five
@@ -335,7 +337,8 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 		} else {
 			res = p.protect(s.Name(), req, func() Result { return s.report(ctx, req, run) })
 		}
-		steps = append(steps, step{s.Name(), res, p.recordSpans(ctx, s.Name(), res, now)})
+		at, d := p.recordSpans(ctx, s.Name(), res, now)
+		steps = append(steps, step{s.Name(), res, at, d})
 		if res.Outcome == record.Reject {
 			break // the stages after it were not reached
 		}
@@ -344,8 +347,8 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 }
 
 // recordSpans makes a handler stage's span and its children's after the
-// fact and returns the stage's duration.
-func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, now time.Time) time.Duration {
+// fact and returns when the stage began and how long it took.
+func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, now time.Time) (time.Time, time.Duration) {
 	began, ended := res.Began, res.Ended
 	if began.IsZero() {
 		began, ended = now, p.clock.Now()
@@ -362,7 +365,7 @@ func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, now
 	}
 	endStageSpan(span, res)
 	span.End(trace.WithTimestamp(ended))
-	return ended.Sub(began)
+	return began, ended.Sub(began)
 }
 
 // notReachedResult is a stage after the one that decided, or after the

@@ -1,0 +1,291 @@
+package tui
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+	"github.com/charmbracelet/lipgloss"
+	"github.com/google/go-cmp/cmp"
+	"github.com/muesli/termenv"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/source"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden screens under testdata/tui")
+
+// The golden screens are the real demo's capture (testdata/tui/demo.jsonl,
+// written by `kproxy demo` against a real apiserver), shown at 120x40 in
+// the ASCII colour profile.
+const goldenDir = "../../testdata/tui"
+
+func demoRecords(t testing.TB) []*record.Record {
+	t.Helper()
+	f, err := os.Open(filepath.Join(goldenDir, "demo.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var recs []*record.Record
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var r record.Record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, &r)
+	}
+	return recs
+}
+
+type replayerFunc func(id string) (*record.Record, error)
+
+func newTestModel(t testing.TB, opts Options) *Model {
+	t.Helper()
+	opts.Renderer = lipgloss.NewRenderer(io.Discard, termenv.WithProfile(termenv.Ascii))
+	opts.Location = time.UTC
+	opts.Clock = clocktesting.NewFakePassiveClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
+	if opts.Source == nil {
+		opts.Source = source.Named("demo.jsonl", nil)
+	}
+	m := New(opts, nil)
+	m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
+	return m
+}
+
+// send delivers msg and runs the commands it returns until none is left
+// (a filter, an export), as the program would.
+func send(m *Model, msg tea.Msg) {
+	queue := []tea.Msg{msg}
+	for len(queue) > 0 {
+		msg, queue = queue[0], queue[1:]
+		_, cmd := m.Update(msg)
+		for cmd != nil {
+			out := cmd()
+			cmd = nil
+			switch out := out.(type) {
+			case nil:
+			case tea.BatchMsg:
+				for _, c := range out {
+					if c != nil {
+						queue = append(queue, c())
+					}
+				}
+			case tea.QuitMsg:
+			default:
+				if _, blink := out.(interface{ Blink() }); !blink {
+					queue = append(queue, out)
+				}
+			}
+		}
+	}
+}
+
+func keys(m *Model, ks ...string) {
+	for _, k := range ks {
+		var msg tea.KeyMsg
+		switch k {
+		case "enter":
+			msg = tea.KeyMsg{Type: tea.KeyEnter}
+		case "esc":
+			msg = tea.KeyMsg{Type: tea.KeyEsc}
+		case "tab":
+			msg = tea.KeyMsg{Type: tea.KeyTab}
+		default:
+			msg = tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(k)}
+		}
+		send(m, msg)
+	}
+}
+
+func typeText(m *Model, s string) {
+	for _, r := range s {
+		send(m, tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune{r}})
+	}
+}
+
+var ansiSeq = regexp.MustCompile("\x1b\\[[0-9;?]*[a-zA-Z]")
+
+// screen is the view as text: the ASCII profile keeps bold and reverse,
+// which the golden files show as they would print.
+func screen(m *Model) string {
+	return ansiSeq.ReplaceAllString(m.View(), "")
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join(goldenDir, name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./internal/tui -update to write it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s differs (-want +got; go test ./internal/tui -update rewrites it):\n%s", path, diff)
+	}
+}
+
+func TestScreens(t *testing.T) {
+	recs := demoRecords(t)
+	for _, tc := range []struct {
+		name  string
+		steps func(m *Model)
+	}{
+		{"list", func(m *Model) {}},
+		{"list-filtered", func(m *Model) { keys(m, "/"); typeText(m, "~c 403"); keys(m, "enter") }},
+		{"list-bad-filter", func(m *Model) { keys(m, "/"); typeText(m, "~c 403 & (~u alice"); keys(m, "enter") }},
+		{"list-moved-and-marked", func(m *Model) { keys(m, "g", "j", "m", "m") }},
+		{"help", func(m *Model) { keys(m, "?") }},
+		{"detail-verdict", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets") }},
+		{"detail-stages", func(m *Model) { openFlow(m, "/api/v1/namespaces/restricted/pods"); keys(m, "2") }},
+		{"detail-request", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "3") }},
+		{"detail-response", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "4") }},
+		{"detail-trace", func(m *Model) {
+			m.opts.JaegerURL = "http://jaeger:16686"
+			openFlow(m, "/api/v1/namespaces/kube-system/secrets")
+			keys(m, "5")
+		}},
+		{"detail-unknown-rerun", func(m *Model) { openFlow(m, "/api/v1/namespaces/default/configmaps/nope"); keys(m, "e") }},
+		{"copy", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "c") }},
+		{"too-small", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 60, Height: 10}) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newTestModel(t, Options{})
+			send(m, eventsMsg{{Records: recs, Status: "reading"}, {Done: true}})
+			tc.steps(m)
+			golden(t, tc.name, screen(m))
+		})
+	}
+}
+
+// openFlow moves the cursor to the first flow with path and opens it.
+func openFlow(m *Model, path string) {
+	keys(m, "g")
+	for i := 0; i < len(m.flows.shown); i++ {
+		if m.focused().Request.Path == path {
+			keys(m, "enter")
+			return
+		}
+		keys(m, "j")
+	}
+	panic("no flow with path " + path)
+}
+
+func TestRerun(t *testing.T) {
+	recs := demoRecords(t)
+	var asked string
+	m := newTestModel(t, Options{Replayer: replayerFunc(func(id string) (*record.Record, error) {
+		asked = id
+		r := *recs[5] // alice's refused list of secrets, allowed now
+		r.Predicted = record.Prediction{Status: 200}
+		r.Stages = append([]record.StageResult(nil), r.Stages...)
+		r.Stages[3].Outcome, r.Stages[3].Explanation = record.Pass, "RBAC: allowed by RoleBinding kube-system/alice-secrets"
+		return &r, nil
+	})})
+	send(m, eventsMsg{{Records: recs}})
+	openFlow(m, "/api/v1/namespaces/kube-system/secrets")
+	keys(m, "e")
+	if asked != recs[5].ID {
+		t.Fatalf("re-ran %q, want %q", asked, recs[5].ID)
+	}
+	golden(t, "rerun", screen(m))
+}
+
+func TestExport(t *testing.T) {
+	recs := demoRecords(t)
+	dir := t.TempDir()
+	m := newTestModel(t, Options{Version: "test"})
+	send(m, eventsMsg{{Records: recs}})
+	keys(m, "/")
+	typeText(m, "~c 403")
+	keys(m, "enter", ":")
+	typeText(m, "export har "+filepath.Join(dir, "flows.har"))
+	keys(m, "enter")
+	if !strings.Contains(m.message, "exported 4 filtered flows") {
+		t.Fatalf("message %q", m.message)
+	}
+	var h har
+	b, err := os.ReadFile(filepath.Join(dir, "flows.har"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &h); err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Log.Entries) != 4 || h.Log.Version != "1.2" {
+		t.Fatalf("HAR has %d entries, version %q", len(h.Log.Entries), h.Log.Version)
+	}
+	for _, e := range h.Log.Entries {
+		if e.Response.Status != 403 || e.Kproxy == nil || !strings.HasPrefix(e.Request.URL, harHost+"/") {
+			t.Errorf("entry %+v", e.Request)
+		}
+		if strings.Contains(string(b), "Bearer ") && !strings.Contains(string(b), "Bearer REDACTED") {
+			t.Errorf("a bearer token reached the HAR")
+		}
+	}
+
+	// Marked flows win over the filter; jsonl round-trips as a capture.
+	keys(m, "esc") // clears the filter
+	keys(m, "g", "m", "m")
+	keys(m, ":")
+	typeText(m, "export jsonl "+filepath.Join(dir, "marked.jsonl"))
+	keys(m, "enter")
+	if !strings.Contains(m.message, "exported 2 marked flows") {
+		t.Fatalf("message %q", m.message)
+	}
+	b, err = os.ReadFile(filepath.Join(dir, "marked.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n != 2 {
+		t.Fatalf("%d lines, want 2", n)
+	}
+
+	// A bad command or directory says what to do and writes nothing.
+	keys(m, ":")
+	typeText(m, "export har /nonexistent/dir/x.har")
+	keys(m, "enter")
+	if !m.messageErr || !strings.Contains(m.message, "check the directory exists") {
+		t.Fatalf("message %q", m.message)
+	}
+	keys(m, ":")
+	typeText(m, "export xml x")
+	keys(m, "enter")
+	if !m.messageErr || !strings.Contains(m.message, ":export har flows.har") {
+		t.Fatalf("message %q", m.message)
+	}
+}
+
+func (f replayerFunc) Replay(_ context.Context, id string) (*record.Record, error) { return f(id) }
+
+// Keys typed faster than the terminal is read arrive as one message; each
+// is still its own command, and what follows ":" is the command's text.
+func TestFastTyping(t *testing.T) {
+	m := newTestModel(t, Options{})
+	send(m, eventsMsg{{Records: demoRecords(t)}})
+	send(m, tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune("gjj")})
+	if m.list.cursor != 2 || m.list.follow {
+		t.Fatalf("after gjj: cursor %d, follow %v; want 2, false", m.list.cursor, m.list.follow)
+	}
+	send(m, tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(":unmark")})
+	if m.input != inputCommand || m.ti.Value() != "unmark" {
+		t.Fatalf("after :unmark typed at once: input %v, text %q", m.input, m.ti.Value())
+	}
+}
