@@ -15,6 +15,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -50,6 +51,8 @@ type Client struct {
 	token   string
 	backoff wait.Backoff
 	sleep   func(context.Context, time.Duration) error
+	// certAsked: a server asked for a client certificate we lack.
+	certAsked atomic.Bool
 }
 
 // DefaultBackoff is the reconnection backoff of Client.Stream.
@@ -70,7 +73,7 @@ func NewClient(baseURL string, opts ClientOptions) (*Client, error) {
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	c := &Client{base: u, hc: opts.HTTPClient, token: opts.Token, sleep: opts.Sleep}
 	if c.hc == nil {
-		if c.hc, err = httpClient(u, opts); err != nil {
+		if c.hc, err = httpClient(u, opts, &c.certAsked); err != nil {
 			return nil, err
 		}
 	}
@@ -85,7 +88,10 @@ func NewClient(baseURL string, opts ClientOptions) (*Client, error) {
 	return c, nil
 }
 
-func httpClient(u *url.URL, opts ClientOptions) (*http.Client, error) {
+// certAsked is set when a server asked for a client certificate this
+// client does not have: over TLS 1.3 its refusal arrives after the
+// handshake, as a reset or broken pipe that does not say why.
+func httpClient(u *url.URL, opts ClientOptions, certAsked *atomic.Bool) (*http.Client, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	// The API is addressed directly, never through an environment proxy.
 	tr.Proxy = nil
@@ -110,6 +116,11 @@ func httpClient(u *url.URL, opts ClientOptions) (*http.Client, error) {
 				return nil, fmt.Errorf("flow API client certificate: %w", err)
 			}
 			tc.Certificates = []tls.Certificate{cert}
+		} else {
+			tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+				certAsked.Store(true)
+				return &tls.Certificate{}, nil // none: the server decides
+			}
 		}
 		tr.TLSClientConfig = tc
 	} else if opts.CAFile != "" || opts.CertFile != "" {
@@ -188,10 +199,16 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 		if req.Context().Err() != nil {
 			return nil, req.Context().Err()
 		}
-		return nil, fmt.Errorf("cannot reach the kproxy flow API at %s: %w (%s)", c.base, err, connectHint(err))
+		hint := connectHint(err)
+		if c.certAsked.Load() {
+			hint = certHint
+		}
+		return nil, fmt.Errorf("cannot reach the kproxy flow API at %s: %w (%s)", c.base, err, hint)
 	}
 	return resp, nil
 }
+
+const certHint = "the API wants a client certificate signed by kproxy's --api-client-ca-file"
 
 // connectHint says what to check when a request could not be sent.
 func connectHint(err error) string {
@@ -202,7 +219,7 @@ func connectHint(err error) string {
 		return "trust the CA that signed kproxy's --api-tls-cert-file: give its CA file"
 	case strings.Contains(msg, "tls: certificate required") || strings.Contains(msg, "tls: bad certificate") || strings.Contains(msg, "tls: unknown certificate authority"):
 		// The server's TLS alert: it refused our certificate, or we sent none.
-		return "the API wants a client certificate signed by kproxy's --api-client-ca-file"
+		return certHint
 	case strings.Contains(msg, "server gave HTTP response to HTTPS client"):
 		return "the API is plain HTTP: use an http:// address"
 	}
