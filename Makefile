@@ -63,9 +63,10 @@ fuzz: ## Run the fuzz targets for FUZZTIME each (default 60s; the seeds run in m
 .PHONY: bench
 bench: tools ## Benchmarks: direct vs kproxy vs kubectl proxy against the real apiserver (KPROXY_BENCH_SCALE=0.2 for a quick run).
 	$(GO) test -run='^$$' -bench=. -benchtime=1x -count=1 -timeout=60m -v ./internal/bench/...
+	$(GO) test -run='^$$' -bench=. -benchtime=2x -count=1 ./internal/tui/
 
 .PHONY: demo
-demo: tools build ## Start a local cluster with kproxy in front, send sample requests, print the table.
+demo: tools build ## Start a local cluster and Jaeger with kproxy in front, send sample requests, open kproxy tui on them (the table without a terminal).
 	./bin/kproxy demo --dir .cache/demo
 
 .PHONY: check

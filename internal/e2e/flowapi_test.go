@@ -4,12 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
-	"log/slog"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,8 +14,6 @@ import (
 	"github.com/kproxy/kproxy/internal/flowapi"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
-
-	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // syncBuffer is a log destination shared by kproxy's goroutines.
@@ -40,58 +34,20 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// startKproxyWithAPI starts kproxy in front of the shared cluster as
-// startKproxy does, with the flow API on a free loopback port, re-runs
-// and --log-flows on.
-func startKproxyWithAPI(t *testing.T, log *syncBuffer) (*serve.Server, route) {
-	t.Helper()
-	dir := t.TempDir()
-	kc, err := cluster.UpstreamKubeconfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, _, err := apiserver.OptionsFromArgs(cluster.APIServerFlags)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := &serve.Options{
-		UpstreamKubeconfig: kc, Listen: "127.0.0.1:0", Mode: "reverse",
-		PKIDir: filepath.Join(dir, "pki"), APIServer: a,
-		APIListen: "127.0.0.1:0", APIRerunKeep: serve.DefaultAPIRerunKeep, LogFlows: true,
-		Log: slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})),
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := serve.New(ctx, opts)
-	if err != nil {
-		cancel()
-		t.Fatalf("start kproxy: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("kproxy stopped with: %v", err)
-		}
-	})
-	pool := x509.NewCertPool()
-	pool.AddCert(s.CA.Cert)
-	return s, route{name: "reverse", base: "https://" + s.Addr, tls: &tls.Config{RootCAs: pool}}
-}
-
 // TestFlowAPI drives the flow API of a kproxy in front of the real
 // apiserver: a request RBAC refuses and one it allows, then list with a
 // filter, get, the event stream and its resumption, and a re-run.
 func TestFlowAPI(t *testing.T) {
 	var log syncBuffer
-	s, r := startKproxyWithAPI(t, &log)
-	if !strings.HasPrefix(s.APIURL, "http://127.0.0.1:") || strings.HasSuffix(s.APIURL, ":0") {
-		t.Fatalf("APIURL %q: want the bound loopback address", s.APIURL)
+	k := startKproxy(t, kproxyOptions{flowAPI: true, log: &log})
+	r := reverseRoute(k)
+	if !strings.HasPrefix(k.apiURL, "http://127.0.0.1:") || strings.HasSuffix(k.apiURL, ":0") {
+		t.Fatalf("APIURL %q: want the bound loopback address", k.apiURL)
 	}
-	if !strings.Contains(log.String(), `msg="flow API listening" url=`+s.APIURL) {
+	if !strings.Contains(log.String(), `msg="flow API listening" url=`+k.apiURL) {
 		t.Errorf("kproxy did not log the API's address:\n%s", log.String())
 	}
-	c, err := flowapi.NewClient(s.APIURL, flowapi.ClientOptions{})
+	c, err := flowapi.NewClient(k.apiURL, flowapi.ClientOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,11 +125,11 @@ func TestFlowAPI(t *testing.T) {
 	}
 
 	// The raw stream: ids on the wire, resumption by Last-Event-ID.
-	ids := rawStreamIDs(t, s.APIURL+flowapi.PathStream, "", 2)
+	ids := rawStreamIDs(t, k.apiURL+flowapi.PathStream, "", 2)
 	if ids[0] != order[0] || ids[1] != order[1] {
 		t.Errorf("stream ids %v, want %v", ids, order)
 	}
-	if resumed := rawStreamIDs(t, s.APIURL+flowapi.PathStream, order[0], 1); resumed[0] != order[1] {
+	if resumed := rawStreamIDs(t, k.apiURL+flowapi.PathStream, order[0], 1); resumed[0] != order[1] {
 		t.Errorf("resumed after %s: %v, want %s", order[0], resumed, order[1])
 	}
 

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -187,13 +188,18 @@ type kproxyOptions struct {
 	// extraArgs come after the apiserver's own (and win).
 	etcdServers string
 	extraArgs   []string
+	// flowAPI turns on the flow API (a free loopback port, re-runs and
+	// --log-flows); log, when set, receives kproxy's log at Info.
+	flowAPI bool
+	log     io.Writer
 }
 
 type kproxy struct {
-	addr  string
-	ca    *x509.CertPool
-	caPEM []byte
-	stop  func()
+	addr   string
+	apiURL string // the flow API's URL, when on
+	ca     *x509.CertPool
+	caPEM  []byte
+	stop   func()
 }
 
 func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
@@ -228,6 +234,12 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 		// Logs go to stderr: they can outlive the test that started kproxy.
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
+	if o.log != nil {
+		opts.Log = slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	if o.flowAPI {
+		opts.APIListen, opts.APIRerunKeep, opts.LogFlows = "127.0.0.1:0", serve.DefaultAPIRerunKeep, true
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s, err := serve.New(ctx, opts)
 	if err != nil {
@@ -236,7 +248,7 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	k := &kproxy{addr: s.Addr, ca: x509.NewCertPool(), caPEM: pki.CertPEM(s.CA.Cert)}
+	k := &kproxy{addr: s.Addr, apiURL: s.APIURL, ca: x509.NewCertPool(), caPEM: pki.CertPEM(s.CA.Cert)}
 	k.ca.AddCert(s.CA.Cert)
 	var once bool
 	k.stop = func() {

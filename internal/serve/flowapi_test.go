@@ -15,51 +15,6 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 )
 
-func TestValidateAPI(t *testing.T) {
-	good := func() Options { return Options{Mode: "reverse", Listen: "127.0.0.1:8443", APIListen: "127.0.0.1:0"} }
-	tlsAnd := func(o *Options) { o.APITLSCertFile, o.APITLSKeyFile = "c.crt", "c.key" }
-	for _, tc := range []struct {
-		name   string
-		mutate func(*Options)
-		want   string
-	}{
-		{"loopback, plain HTTP", func(*Options) {}, ""},
-		{"off", func(o *Options) { o.APIListen = "off" }, ""},
-		{"off when empty", func(o *Options) { o.APIListen = "" }, ""},
-		{"localhost", func(o *Options) { o.APIListen = "localhost:7070" }, ""},
-		{"IPv6 loopback", func(o *Options) { o.APIListen = "[::1]:7070" }, ""},
-		{"no port", func(o *Options) { o.APIListen = "127.0.0.1" }, `--api-listen="127.0.0.1": want host:port`},
-		{"every interface, plain", func(o *Options) { o.APIListen = ":7070" },
-			"--api-listen=:7070 is not a loopback address"},
-		{"elsewhere, plain", func(o *Options) { o.APIListen = "10.0.0.1:7070" },
-			"needs TLS (--api-tls-cert-file and --api-tls-private-key-file) and client authentication (--api-client-ca-file or --api-token-file)"},
-		{"elsewhere, TLS without client authentication", func(o *Options) { o.APIListen = "0.0.0.0:7070"; tlsAnd(o) },
-			"--api-listen=0.0.0.0:7070 is not a loopback address"},
-		{"elsewhere, a token without TLS", func(o *Options) { o.APIListen = "0.0.0.0:7070"; o.APITokenFile = "t" },
-			"needs TLS (--api-tls-cert-file"},
-		{"elsewhere, TLS and a token", func(o *Options) { o.APIListen = "0.0.0.0:7070"; tlsAnd(o); o.APITokenFile = "t" }, ""},
-		{"elsewhere, TLS and client certificates", func(o *Options) { o.APIListen = "0.0.0.0:7070"; tlsAnd(o); o.APIClientCAFile = "ca" }, ""},
-		{"half a certificate", func(o *Options) { o.APITLSCertFile = "c.crt" }, "--api-tls-cert-file and --api-tls-private-key-file go together"},
-		{"client CA without TLS", func(o *Options) { o.APIClientCAFile = "ca" }, "--api-client-ca-file needs --api-tls-cert-file"},
-		{"negative buffer", func(o *Options) { o.APIBuffer = -1 }, "--api-buffer=-1"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			o := good()
-			tc.mutate(&o)
-			err := o.Validate()
-			if tc.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want %q", err, tc.want)
-			}
-		})
-	}
-}
-
 func TestRerunLimitsOnlyWithTheAPI(t *testing.T) {
 	o := Options{APIRerunKeep: 5}
 	if l := o.rerunLimits(); l.Flows != 0 {

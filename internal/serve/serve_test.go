@@ -11,7 +11,8 @@ import (
 )
 
 func TestValidate(t *testing.T) {
-	good := func() Options { return Options{Mode: "reverse", Listen: "127.0.0.1:8443"} }
+	good := func() Options { return Options{Mode: "reverse", Listen: "127.0.0.1:8443", APIListen: "127.0.0.1:0"} }
+	tlsAnd := func(o *Options) { o.APITLSCertFile, o.APITLSKeyFile = "c.crt", "c.key" }
 	for _, tc := range []struct {
 		name   string
 		mutate func(*Options)
@@ -22,6 +23,26 @@ func TestValidate(t *testing.T) {
 		{"half a certificate", func(o *Options) { o.TLSCertFile = "c.crt" }, "--tls-cert-file and --tls-private-key-file go together"},
 		{"bad listen", func(o *Options) { o.Listen = "8443" }, `--listen="8443"`},
 		{"http upstream", func(o *Options) { o.Upstream = "http://10.0.0.1:6443" }, `--upstream="http://10.0.0.1:6443"`},
+		// The flow API: plain HTTP on loopback only.
+		{"loopback, plain HTTP", func(*Options) {}, ""},
+		{"off", func(o *Options) { o.APIListen = "off" }, ""},
+		{"off when empty", func(o *Options) { o.APIListen = "" }, ""},
+		{"localhost", func(o *Options) { o.APIListen = "localhost:7070" }, ""},
+		{"IPv6 loopback", func(o *Options) { o.APIListen = "[::1]:7070" }, ""},
+		{"no port", func(o *Options) { o.APIListen = "127.0.0.1" }, `--api-listen="127.0.0.1": want host:port`},
+		{"every interface, plain", func(o *Options) { o.APIListen = ":7070" },
+			"--api-listen=:7070 is not a loopback address"},
+		{"elsewhere, plain", func(o *Options) { o.APIListen = "10.0.0.1:7070" },
+			"needs TLS (--api-tls-cert-file and --api-tls-private-key-file) and client authentication (--api-client-ca-file or --api-token-file)"},
+		{"elsewhere, TLS without client authentication", func(o *Options) { o.APIListen = "0.0.0.0:7070"; tlsAnd(o) },
+			"--api-listen=0.0.0.0:7070 is not a loopback address"},
+		{"elsewhere, a token without TLS", func(o *Options) { o.APIListen = "0.0.0.0:7070"; o.APITokenFile = "t" },
+			"needs TLS (--api-tls-cert-file"},
+		{"elsewhere, TLS and a token", func(o *Options) { o.APIListen = "0.0.0.0:7070"; tlsAnd(o); o.APITokenFile = "t" }, ""},
+		{"elsewhere, TLS and client certificates", func(o *Options) { o.APIListen = "0.0.0.0:7070"; tlsAnd(o); o.APIClientCAFile = "ca" }, ""},
+		{"half an API certificate", func(o *Options) { o.APITLSCertFile = "c.crt" }, "--api-tls-cert-file and --api-tls-private-key-file go together"},
+		{"client CA without TLS", func(o *Options) { o.APIClientCAFile = "ca" }, "--api-client-ca-file needs --api-tls-cert-file"},
+		{"negative buffer", func(o *Options) { o.APIBuffer = -1 }, "--api-buffer=-1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := good()
