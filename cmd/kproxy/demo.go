@@ -168,6 +168,8 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter, 
 		// The flow API, on a free loopback port: the cockpit reads it, and
 		// so can kproxy tui from another terminal.
 		APIListen: "127.0.0.1:0", APIRerunKeep: serve.DefaultAPIRerunKeep,
+		// The cockpit's Request tab shows each write's body.
+		CaptureBodies: true,
 	}
 	if jaeger != nil {
 		opts.Telemetry = telemetry.Options{Endpoint: jaeger.OTLPHTTP, Protocol: "http/protobuf", Version: version}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -24,7 +25,8 @@ var contractStages = []string{"authentication", "impersonation", "flowcontrol", 
 // secret (a bearer token, a Secret's values) reaches the capture file.
 func TestCapture(t *testing.T) {
 	capture := filepath.Join(t.TempDir(), "capture.jsonl")
-	k := startKproxy(t, kproxyOptions{capture: capture})
+	// With --capture-bodies: the bodies are recorded, their secrets not.
+	k := startKproxy(t, kproxyOptions{capture: capture, captureBodies: true})
 	r := reverseRoute(k)
 	const secretValue = "hunter2-very-secret-value"
 	secretB64 := base64.StdEncoding.EncodeToString([]byte(secretValue))
@@ -32,6 +34,13 @@ func TestCapture(t *testing.T) {
 	reqs := []request{
 		{method: "POST", path: "/api/v1/namespaces/" + testNS + "/secrets", body: secret, user: "admin"},
 		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/secrets/t-capture", user: "admin"},
+		{method: "PATCH", path: "/api/v1/namespaces/" + testNS + "/secrets/t-capture", user: "admin", contentType: "application/json-patch+json",
+			body: `[{"op":"replace","path":"/data/password","value":"` + secretB64 + `"}]`},
+		{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin", contentType: "application/yaml",
+			body:   "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: t-capture-cm\ndata:\n  visible: kept\n",
+			header: http.Header{"Impersonate-User": {"alice"}, "Impersonate-Group": {"devs"}}},
+		{method: "POST", path: "/apis/authentication.k8s.io/v1/tokenreviews", user: "admin",
+			body: `{"apiVersion":"authentication.k8s.io/v1","kind":"TokenReview","spec":{"token":"` + tokenOf("alice") + `"}}`},
 		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/secrets", user: "alice"},
 		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps?access_token=" + tokenOf("admin"), user: "bad"},
 		{method: "DELETE", path: "/api/v1/namespaces/" + testNS + "/secrets/t-capture", user: "admin"},
@@ -121,6 +130,20 @@ func TestCapture(t *testing.T) {
 	}
 	if denied.Actual.FlowSchemaUID == "" {
 		t.Errorf("denied record has no APF flow schema UID: %+v", denied.Actual)
+	}
+	if !strings.Contains(string(created.Request.Body), `"password":"REDACTED"`) || !strings.Contains(string(created.Request.Body), `"name":"t-capture"`) {
+		t.Errorf("the Secret's body: %s (want it, its values redacted)", created.Request.Body)
+	}
+	if patched := byPath("PATCH", "/api/v1/namespaces/"+testNS+"/secrets/t-capture"); !strings.Contains(string(patched.Request.Body), `"value":"REDACTED"`) {
+		t.Errorf("the JSON patch of a Secret: %s", patched.Request.Body)
+	}
+	cm := byPath("POST", "/api/v1/namespaces/"+testNS+"/configmaps")
+	if !strings.Contains(string(cm.Request.Body), `"visible":"kept"`) || cm.Request.Impersonate == nil ||
+		cm.Request.Impersonate.User != "alice" || len(cm.Request.Impersonate.Groups) != 1 {
+		t.Errorf("a YAML ConfigMap, impersonating: body %s, impersonate %+v", cm.Request.Body, cm.Request.Impersonate)
+	}
+	if get := byPath("GET", "/api/v1/namespaces/"+testNS+"/secrets/t-capture"); get.Request.Body != nil {
+		t.Errorf("a read has a body: %s", get.Request.Body)
 	}
 	unauth := byPath("GET", "/api/v1/namespaces/"+testNS+"/configmaps")
 	if unauth.Actual.Status != 401 || !strings.Contains(unauth.Request.Query, record.Redacted) {

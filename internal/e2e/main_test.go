@@ -192,6 +192,8 @@ type kproxyOptions struct {
 	// --log-flows); log, when set, receives kproxy's log at Info.
 	flowAPI bool
 	log     io.Writer
+	// captureBodies is --capture-bodies.
+	captureBodies bool
 }
 
 type kproxy struct {
@@ -237,6 +239,7 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	if o.log != nil {
 		opts.Log = slog.New(slog.NewTextHandler(o.log, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
+	opts.CaptureBodies = o.captureBodies
 	if o.flowAPI {
 		opts.APIListen, opts.APIRerunKeep, opts.LogFlows = "127.0.0.1:0", serve.DefaultAPIRerunKeep, true
 	}

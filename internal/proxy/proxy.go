@@ -71,6 +71,9 @@ type Config struct {
 	// Rerun keeps the newest flows' requests, in memory, for Replay
 	// (rerun.go); zero keeps none.
 	Rerun RerunLimits
+	// CaptureBodies records a write's body (secrets redacted) and its
+	// Impersonate-* headers (bodies.go).
+	CaptureBodies bool
 	// Log receives operational messages (never secrets).
 	Log *slog.Logger
 }
@@ -93,6 +96,7 @@ type Proxy struct {
 	rpWatch             *httputil.ReverseProxy // small copy buffers for long-lived streams
 	pending             sync.WaitGroup         // records not yet written
 	reruns              *rerunStore            // nil: re-runs off
+	captureBodies       bool
 }
 
 // Drain waits until every record of a finished request has been written:
@@ -119,6 +123,7 @@ func New(cfg Config) (*Proxy, error) {
 		mode:          cfg.Mode,
 		log:           cfg.Log,
 		reruns:        newRerunStore(cfg.Rerun),
+		captureBodies: cfg.CaptureBodies,
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -461,6 +466,9 @@ func (p *Proxy) replayAndRecord(ctx context.Context, req *stages.Request, ex *ex
 	o := p.replay(ctx, req)
 	<-ex.done
 	p.keepForRerun(req)
+	if p.captureBodies {
+		captureBody(&ex.rec.Request, req)
+	}
 	p.writeRecord(ex, o)
 }
 

@@ -6,6 +6,7 @@
 package record
 
 import (
+	"encoding/json"
 	"time"
 )
 
@@ -99,6 +100,24 @@ type Request struct {
 	// Headers are the client's request headers, credentials redacted
 	// (RedactHeaders).
 	Headers map[string][]string `json:"headers,omitempty"`
+	// Body is a write's body as JSON (decoded from YAML, protobuf or CBOR
+	// when sent so), with secrets redacted (RedactBody); only with
+	// kproxy serve --capture-bodies.
+	Body json.RawMessage `json:"body,omitempty"`
+	// BodyNote says why a write's body is not in Body (too large, not
+	// decodable) when bodies are captured.
+	BodyNote string `json:"bodyNote,omitempty"`
+	// Impersonate is what the Impersonate-* headers ask for (only with
+	// --capture-bodies, which records what replaying the request needs).
+	Impersonate *Impersonation `json:"impersonate,omitempty"`
+}
+
+// Impersonation is a request's Impersonate-* headers.
+type Impersonation struct {
+	User   string              `json:"user,omitempty"`
+	UID    string              `json:"uid,omitempty"`
+	Groups []string            `json:"groups,omitempty"`
+	Extra  map[string][]string `json:"extra,omitempty"`
 }
 
 // Prediction is the replay's verdict.

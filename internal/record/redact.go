@@ -130,3 +130,61 @@ func knownScheme(s string) bool {
 	}
 	return false
 }
+
+// lastApplied is the annotation kubectl apply keeps the applied object in:
+// a Secret's holds its data.
+const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
+
+// RedactBody redacts what a request body to resource must not leave in a
+// record: a Secret's data and stringData values (and the copy kubectl
+// apply keeps in an annotation), a JSON patch's values on secrets, and a
+// TokenReview's token. v is the body decoded from JSON.
+func RedactBody(resource string, v any) any {
+	switch b := v.(type) {
+	case map[string]any:
+		kind, _ := b["kind"].(string)
+		switch {
+		case resource == "secrets" || kind == "Secret":
+			for _, field := range []string{"data", "stringData"} {
+				if m, ok := b[field].(map[string]any); ok {
+					for k := range m {
+						m[k] = Redacted
+					}
+				} else if _, ok := b[field]; ok {
+					b[field] = Redacted
+				}
+			}
+			if md, ok := b["metadata"].(map[string]any); ok {
+				if ann, ok := md["annotations"].(map[string]any); ok {
+					if _, ok := ann[lastApplied]; ok {
+						ann[lastApplied] = Redacted
+					}
+				}
+			}
+		case resource == "tokenreviews" || kind == "TokenReview":
+			if spec, ok := b["spec"].(map[string]any); ok {
+				if _, ok := spec["token"]; ok {
+					spec["token"] = Redacted
+				}
+			}
+		}
+		return b
+	case []any:
+		// A JSON patch: on a Secret every value may be data.
+		if resource != "secrets" {
+			return b
+		}
+		for _, op := range b {
+			if m, ok := op.(map[string]any); ok {
+				if _, ok := m["value"]; ok {
+					m["value"] = Redacted
+				}
+			}
+		}
+		return b
+	}
+	if resource == "secrets" || resource == "tokenreviews" {
+		return Redacted
+	}
+	return v
+}

@@ -57,3 +57,33 @@ func TestRedactHeaders(t *testing.T) {
 		})
 	}
 }
+
+func TestRedactBody(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		resource string
+		in, want any
+	}{
+		{"a Secret", "secrets",
+			map[string]any{"kind": "Secret", "data": map[string]any{"k": "djE="}, "stringData": map[string]any{"s": "v"},
+				"metadata": map[string]any{"name": "x", "annotations": map[string]any{lastApplied: `{"data":{"k":"djE="}}`, "team": "a"}}},
+			map[string]any{"kind": "Secret", "data": map[string]any{"k": Redacted}, "stringData": map[string]any{"s": Redacted},
+				"metadata": map[string]any{"name": "x", "annotations": map[string]any{lastApplied: Redacted, "team": "a"}}}},
+		{"a merge patch of a Secret (no kind)", "secrets", map[string]any{"data": map[string]any{"k": "djE="}}, map[string]any{"data": map[string]any{"k": Redacted}}},
+		{"a Secret's data that is not a map", "secrets", map[string]any{"data": "djE="}, map[string]any{"data": Redacted}},
+		{"a JSON patch of a Secret", "secrets", []any{map[string]any{"op": "add", "path": "/data/k", "value": "djE="}},
+			[]any{map[string]any{"op": "add", "path": "/data/k", "value": Redacted}}},
+		{"something else on secrets", "secrets", "opaque", Redacted},
+		{"a TokenReview", "tokenreviews", map[string]any{"kind": "TokenReview", "spec": map[string]any{"token": "abc"}},
+			map[string]any{"kind": "TokenReview", "spec": map[string]any{"token": Redacted}}},
+		{"a ConfigMap stays", "configmaps", map[string]any{"kind": "ConfigMap", "data": map[string]any{"k": "v"}},
+			map[string]any{"kind": "ConfigMap", "data": map[string]any{"k": "v"}}},
+		{"a JSON patch of a ConfigMap stays", "configmaps", []any{map[string]any{"op": "add", "value": "v"}}, []any{map[string]any{"op": "add", "value": "v"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := RedactBody(tc.resource, tc.in); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

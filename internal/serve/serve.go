@@ -75,6 +75,9 @@ type Options struct {
 	APIRerunKeepBytes int64
 	// LogFlows logs one line per finished flow.
 	LogFlows bool
+	// CaptureBodies records write bodies (secrets redacted) and
+	// impersonation in the records.
+	CaptureBodies bool
 
 	// Stream, when set, also receives every record (the TUI, the demo).
 	Stream *record.Stream
@@ -279,6 +282,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		TracerProvider:    tp,
 		Mode:              o.Mode,
 		Rerun:             o.rerunLimits(),
+		CaptureBodies:     o.CaptureBodies,
 		Log:               log,
 	}
 	if up.Impersonating != nil {

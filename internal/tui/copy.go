@@ -107,8 +107,11 @@ func copyText(r *record.Record) string {
 	if k := kubectlCommand(r); k != "" {
 		b.WriteString("\n" + k)
 	}
-	if r.Request.BodyBytes > 0 {
-		b.WriteString("\n# body.json: the request body, which kproxy does not record")
+	switch {
+	case len(r.Request.Body) > 0:
+		b.WriteString("\n# body.json: the recorded body (the Request tab; secrets redacted):\n#   kproxy flows FILE --filter ... -o jsonpath='{.items[0].request.body}' > body.json")
+	case r.Request.BodyBytes > 0:
+		b.WriteString("\n# body.json: the request body (not recorded: kproxy serve --capture-bodies records write bodies)")
 	}
 	return b.String()
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/charmbracelet/bubbles/viewport"
 	"github.com/charmbracelet/lipgloss"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/flowview"
 	"github.com/kproxy/kproxy/internal/record"
@@ -216,17 +217,30 @@ func (m *Model) renderRequest(r *record.Record, w int) string {
 		"user", q.User, "groups", strings.Join(q.Groups, ", "), "acting as", q.ActingAs,
 		"identity", r.Identity, "verb", q.Verb, "group/version", gv, "resource", res,
 		"namespace", q.Namespace, "name", q.Name, "user agent", q.UserAgent,
-		"content type", q.ContentType, "body", bodyNote(q.BodyBytes)))
+		"content type", q.ContentType, "body", bodyNote(q)))
 	b.WriteString("\n" + m.st.header.Render("Headers (credentials redacted)") + "\n")
 	b.WriteString(headerLines(q.Headers))
+	if len(q.Body) > 0 {
+		b.WriteString("\n" + m.st.header.Render("Body (secrets redacted)") + "\n")
+		if y, err := yaml.JSONToYAML(q.Body); err == nil {
+			b.WriteString(indent(strings.TrimRight(string(y), "\n"), 2) + "\n")
+		} else {
+			b.WriteString(indent(string(q.Body), 2) + "\n")
+		}
+	}
 	return b.String()
 }
 
-func bodyNote(n int64) string {
-	if n == 0 {
+func bodyNote(q record.Request) string {
+	switch {
+	case q.BodyBytes == 0:
 		return ""
+	case len(q.Body) > 0:
+		return fmt.Sprintf("%d bytes, below", q.BodyBytes)
+	case q.BodyNote != "":
+		return fmt.Sprintf("%d bytes, %s", q.BodyBytes, q.BodyNote)
 	}
-	return fmt.Sprintf("%d bytes (request bodies are not recorded)", n)
+	return fmt.Sprintf("%d bytes (not recorded: kproxy serve --capture-bodies records write bodies)", q.BodyBytes)
 }
 
 func (m *Model) renderResponse(r *record.Record, w int) string {

@@ -159,8 +159,12 @@ func harOf(recs []*record.Record, version string) har {
 			Comment: fmt.Sprintf("kproxy predicted %s", predictedText(r)),
 			Kproxy:  r,
 		}
-		if r.Request.BodyBytes > 0 {
-			e.Request.PostData = &harPost{MimeType: r.Request.ContentType, Text: "", Comment: "kproxy does not record request bodies"}
+		switch {
+		case len(r.Request.Body) > 0:
+			e.Request.PostData = &harPost{MimeType: "application/json", Text: string(r.Request.Body),
+				Comment: "the body as JSON (kproxy serve --capture-bodies), secrets redacted"}
+		case r.Request.BodyBytes > 0:
+			e.Request.PostData = &harPost{MimeType: r.Request.ContentType, Text: "", Comment: "not recorded: kproxy serve --capture-bodies records write bodies"}
 		}
 		if r.Actual.Reason != "" || r.Actual.Message != "" {
 			st, _ := json.Marshal(map[string]any{"kind": "Status", "apiVersion": "v1", "status": "Failure",

@@ -156,6 +156,10 @@ func TestScreens(t *testing.T) {
 		{"detail-verdict", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets") }},
 		{"detail-stages", func(m *Model) { openFlow(m, "/api/v1/namespaces/restricted/pods"); keys(m, "2") }},
 		{"detail-request", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "3") }},
+		{"detail-request-body", func(m *Model) {
+			openFlow(m, "POST /api/v1/namespaces/default/pods")
+			keys(m, "3")
+		}},
 		{"detail-response", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "4") }},
 		{"detail-trace", func(m *Model) {
 			m.opts.JaegerURL = "http://jaeger:16686"
@@ -168,6 +172,9 @@ func TestScreens(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newTestModel(t, Options{})
+			if tc.name == "detail-request-body" {
+				recs = withBody(recs, "/api/v1/namespaces/default/pods", `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[{"name":"c","image":"busybox","resources":{"limits":{"cpu":"-1"}}}]}}`)
+			}
 			send(m, eventsMsg{{Records: recs, Status: "reading"}, {Done: true}})
 			tc.steps(m)
 			golden(t, tc.name, screen(m))
@@ -175,11 +182,16 @@ func TestScreens(t *testing.T) {
 	}
 }
 
-// openFlow moves the cursor to the first flow with path and opens it.
+// openFlow moves the cursor to the first flow with path ("METHOD path"
+// for a method too) and opens it.
 func openFlow(m *Model, path string) {
+	method, p, ok := strings.Cut(path, " ")
+	if !ok {
+		method, p = "", path
+	}
 	keys(m, "g")
 	for i := 0; i < len(m.flows.shown); i++ {
-		if m.focused().Request.Path == path {
+		if r := m.focused(); r.Request.Path == p && (method == "" || r.Request.Method == method) {
 			keys(m, "enter")
 			return
 		}
@@ -288,4 +300,19 @@ func TestFastTyping(t *testing.T) {
 	if m.input != inputCommand || m.ti.Value() != "unmark" {
 		t.Fatalf("after :unmark typed at once: input %v, text %q", m.input, m.ti.Value())
 	}
+}
+
+// withBody gives the write to path a recorded body, as kproxy serve
+// --capture-bodies records it.
+func withBody(recs []*record.Record, path, body string) []*record.Record {
+	out := make([]*record.Record, len(recs))
+	for i, r := range recs {
+		out[i] = r
+		if r.Request.Path == path && r.Request.Method == "POST" {
+			c := *r
+			c.Request.Body = json.RawMessage(body)
+			out[i] = &c
+		}
+	}
+	return out
 }

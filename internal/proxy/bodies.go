@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kproxy/kproxy/internal/decode"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/stages"
+)
+
+// With --capture-bodies a write's record carries its body (as JSON, secrets
+// redacted) and its Impersonate-* headers: what replaying the request
+// later needs (kproxy test generate), and what the TUI's Request tab shows.
+
+// captureBody fills the record's body and impersonation from the replay's
+// copy of the request.
+func captureBody(rec *record.Request, req *stages.Request) {
+	rec.Impersonate = impersonateHeaders(req.HTTP.Header)
+	if !stages.IsWrite(req.Info) || len(req.Body) == 0 {
+		return
+	}
+	if req.BodyTruncated {
+		rec.BodyNote = fmt.Sprintf("not captured: over the apiserver's %d MiB request limit", stages.MaxBodyBytes>>20)
+		return
+	}
+	v, err := bodyValue(req.Body)
+	if err != nil {
+		rec.BodyNote = "not captured: " + err.Error()
+		return
+	}
+	resource := ""
+	if req.Info != nil {
+		resource = req.Info.Resource
+	}
+	b, err := json.Marshal(record.RedactBody(resource, v))
+	if err != nil {
+		rec.BodyNote = "not captured: " + err.Error()
+		return
+	}
+	rec.Body = b
+}
+
+// bodyValue decodes a request body in any encoding the apiserver accepts
+// (JSON, YAML, protobuf, CBOR; patches are JSON or YAML) into plain JSON
+// values.
+func bodyValue(body []byte) (any, error) {
+	f, err := decode.Detect(body)
+	if err != nil {
+		return nil, err
+	}
+	switch f {
+	case decode.JSON, decode.YAML:
+		j, err := yaml.YAMLToJSON(body)
+		if err != nil {
+			return nil, fmt.Errorf("the body is not JSON or YAML: %w", err)
+		}
+		var v any
+		if err := json.Unmarshal(j, &v); err != nil {
+			return nil, fmt.Errorf("the body is not JSON or YAML: %w", err)
+		}
+		return v, nil
+	}
+	d, err := decode.Payload(body)
+	if err != nil || d.Object == nil {
+		return nil, fmt.Errorf("the %s body does not decode: %v", f, err)
+	}
+	return runtime.DefaultUnstructuredConverter.ToUnstructured(d.Object)
+}
+
+func impersonateHeaders(h http.Header) *record.Impersonation {
+	var im record.Impersonation
+	for k, vs := range h {
+		ck := http.CanonicalHeaderKey(k)
+		switch {
+		case ck == "Impersonate-User":
+			im.User = vs[0]
+		case ck == "Impersonate-Uid":
+			im.UID = vs[0]
+		case ck == "Impersonate-Group":
+			im.Groups = append(im.Groups, vs...)
+		case strings.HasPrefix(ck, "Impersonate-Extra-"):
+			if im.Extra == nil {
+				im.Extra = map[string][]string{}
+			}
+			im.Extra[strings.ToLower(strings.TrimPrefix(ck, "Impersonate-Extra-"))] = vs
+		}
+	}
+	if im.User == "" && im.UID == "" && len(im.Groups) == 0 && im.Extra == nil {
+		return nil
+	}
+	return &im
+}
