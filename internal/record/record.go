@@ -69,6 +69,10 @@ type Record struct {
 	Identity string `json:"identity,omitempty"`
 	// KubernetesVersion is the version whose rules the replay applied.
 	KubernetesVersion string `json:"kubernetesVersion,omitempty"`
+	// Server is where the apiserver itself spent the request's time, from
+	// its own spans or its audit latency annotations; nil when neither
+	// arrived.
+	Server *Server `json:"server,omitempty"`
 	// RerunOf is set on the record of a re-run (the flow API's replay):
 	// the id of the flow whose request was replayed again at Start,
 	// without going upstream; Actual is that flow's answer, copied.
@@ -174,4 +178,47 @@ type Latency struct {
 	TotalNs    int64 `json:"totalNs"`
 	UpstreamNs int64 `json:"upstreamNs"`
 	ReplayNs   int64 `json:"replayNs"`
+	// ServerNs is the apiserver's own time for the request (Server.TotalNs).
+	ServerNs int64 `json:"serverNs,omitempty"`
+}
+
+// Sources of Server.
+const (
+	ServerFromTrace = "trace" // the apiserver's OpenTelemetry spans
+	ServerFromAudit = "audit" // its audit events' apiserver.latency.k8s.io annotations
+)
+
+// Layer stages of a ServerLayer besides the contract's stage names.
+const (
+	LayerAudit         = "audit"
+	LayerSerialization = "serialization"
+	LayerOther         = "other"
+)
+
+// Server is the apiserver's own account of the request's time.
+type Server struct {
+	Source  string `json:"source"`
+	TraceID string `json:"traceID,omitempty"`
+	TotalNs int64  `json:"totalNs"`
+	// Layers are in the order they began; a layer's SelfNs is its
+	// duration less its children's (filter spans nest).
+	Layers []ServerLayer `json:"layers"`
+	// Summary says where the time went, in one sentence.
+	Summary string `json:"summary"`
+}
+
+// ServerLayer is one layer of the apiserver: a filter, the handler, a
+// webhook call, an etcd call, the serialization.
+type ServerLayer struct {
+	Name string `json:"name"`
+	// Stage is a contract stage name, or LayerAudit, LayerSerialization,
+	// LayerOther.
+	Stage      string `json:"stage"`
+	DurationNs int64  `json:"durationNs"`
+	SelfNs     int64  `json:"selfNs"`
+	// OffsetNs is when the layer began, from the start of the request at
+	// the apiserver; Depth its nesting (0: the request itself). Both are
+	// for drawing a waterfall; audit annotations give neither.
+	OffsetNs int64 `json:"offsetNs,omitempty"`
+	Depth    int   `json:"depth,omitempty"`
 }
