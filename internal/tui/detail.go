@@ -126,6 +126,9 @@ func (m *Model) renderVerdict(r *record.Record, w int) string {
 	right := m.st.header.Render("Actual (the apiserver)") + "\n" + actual
 	b.WriteString(lipgloss.JoinHorizontal(lipgloss.Top, lipgloss.NewStyle().Width(half+2).Render(left), right) + "\n")
 
+	if r.Server != nil && r.Server.Summary != "" {
+		b.WriteString(m.st.header.Render("Where the apiserver spent the time") + "\n" + indent(wrap(r.Server.Summary, w-4), 2) + "\n\n")
+	}
 	// The messages first (short), then the deciding stage's explanation
 	// (it can be long: RBAC's nearest misses and the grant that would do).
 	if p.Message != "" && p.Stage != record.StageUnknown {

@@ -160,6 +160,10 @@ func TestScreens(t *testing.T) {
 			openFlow(m, "POST /api/v1/namespaces/default/pods")
 			keys(m, "3")
 		}},
+		{"detail-stages-server", func(m *Model) {
+			openFlow(m, "POST /api/v1/namespaces/restricted/pods")
+			keys(m, "2")
+		}},
 		{"detail-response", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "4") }},
 		{"detail-trace", func(m *Model) {
 			m.opts.JaegerURL = "http://jaeger:16686"
@@ -172,6 +176,9 @@ func TestScreens(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newTestModel(t, Options{})
+			if tc.name == "detail-stages-server" {
+				recs = withServer(recs, "/api/v1/namespaces/restricted/pods")
+			}
 			if tc.name == "detail-request-body" {
 				recs = withBody(recs, "/api/v1/namespaces/default/pods", `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[{"name":"c","image":"busybox","resources":{"limits":{"cpu":"-1"}}}]}}`)
 			}
@@ -311,6 +318,35 @@ func withBody(recs []*record.Record, path, body string) []*record.Record {
 		if r.Request.Path == path && r.Request.Method == "POST" {
 			c := *r
 			c.Request.Body = json.RawMessage(body)
+			out[i] = &c
+		}
+	}
+	return out
+}
+
+// withServer gives the write to path the apiserver's own layers, shaped as
+// the span join makes them.
+func withServer(recs []*record.Record, path string) []*record.Record {
+	ms := int64(time.Millisecond)
+	out := make([]*record.Record, len(recs))
+	for i, r := range recs {
+		out[i] = r
+		if r.Request.Path == path && r.Request.Method == "POST" {
+			c := *r
+			c.Server = &record.Server{Source: record.ServerFromTrace, TraceID: "0af7651916cd43dd8448eb211c80319c", TotalNs: 340 * ms,
+				Summary: "340ms: 300ms in validating webhook slow.example.com, 12ms etcd, 9ms in APF",
+				Layers: []record.ServerLayer{
+					{Name: "authentication (before the traced chain)", Stage: record.StageAuthentication, DurationNs: 340 * ms, SelfNs: 4 * ms},
+					{Name: "audit", Stage: record.LayerAudit, DurationNs: 336 * ms, SelfNs: 1 * ms, OffsetNs: 4 * ms, Depth: 1},
+					{Name: "impersonation", Stage: record.StageImpersonation, DurationNs: 335 * ms, SelfNs: 0, OffsetNs: 5 * ms, Depth: 2},
+					{Name: "APF (queue wait and dispatch)", Stage: record.StageFlowControl, DurationNs: 335 * ms, SelfNs: 9 * ms, OffsetNs: 5 * ms, Depth: 3},
+					{Name: "authorization", Stage: record.StageAuthorization, DurationNs: 326 * ms, SelfNs: 1 * ms, OffsetNs: 14 * ms, Depth: 4},
+					{Name: "handler Create", Stage: record.StageDecode, DurationNs: 325 * ms, SelfNs: 11 * ms, OffsetNs: 15 * ms, Depth: 5},
+					{Name: "validating webhook slow.example.com", Stage: record.StageValidatingAdmission, DurationNs: 300 * ms, SelfNs: 300 * ms, OffsetNs: 20 * ms, Depth: 6},
+					{Name: "etcd Create", Stage: record.StageStorage, DurationNs: 12 * ms, SelfNs: 12 * ms, OffsetNs: 321 * ms, Depth: 6},
+					{Name: "SerializeObject", Stage: record.LayerSerialization, DurationNs: 2 * ms, SelfNs: 2 * ms, OffsetNs: 334 * ms, Depth: 6},
+				}}
+			c.Latency.ServerNs = c.Server.TotalNs
 			out[i] = &c
 		}
 	}

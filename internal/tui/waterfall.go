@@ -113,6 +113,10 @@ func (m *Model) renderWaterfall(r *record.Record, width int) string {
 	line("upstream (apiserver)", "upstream", 0, r.Latency.UpstreamNs, total, 0, false)
 	b.WriteString("\n")
 
+	if r.Server != nil {
+		m.renderServer(&b, r.Server, width)
+	}
+
 	rows, replayTotal := waterfallRows(r.Stages)
 	if r.Latency.ReplayNs > replayTotal {
 		replayTotal = r.Latency.ReplayNs
@@ -125,6 +129,39 @@ func (m *Model) renderWaterfall(r *record.Record, width int) string {
 	if len(rows) == 0 {
 		b.WriteString("  (no stages recorded)\n")
 	}
-	b.WriteString("\n" + m.st.hint.Render("Where the apiserver itself spent the time needs its own spans; the bars above are kproxy's."))
+	if r.Server == nil {
+		b.WriteString("\n" + m.st.hint.Render("Where the apiserver itself spent the time needs its own spans (kproxy serve --otlp-receiver-listen) or audit annotations (--audit-webhook-listen); the replay's bars are kproxy's."))
+	}
 	return b.String()
+}
+
+// renderServer draws the apiserver's own layers: from its spans, on its
+// time axis (duration bars, with each layer's self time); from audit
+// annotations (self times only), end to end.
+func (m *Model) renderServer(b *strings.Builder, s *record.Server, width int) {
+	const labelW, durW = 40, 8
+	barW := max(width-labelW-2*durW-4, 10)
+	from := "its spans"
+	if s.Source == record.ServerFromAudit {
+		from = "its audit annotations: self times, only for slow requests"
+	}
+	b.WriteString(m.st.title.Render("The apiserver's own time (from "+from+")") + "\n")
+	if s.Summary != "" {
+		b.WriteString("  " + s.Summary + "\n")
+	}
+	end := flowview.Duration(s.TotalNs)
+	fmt.Fprintf(b, "%s 0%s %s %s %s\n", fit("", labelW, false), strings.Repeat("─", max(barW-2-len(end), 1)), end,
+		fit("self", durW, true), fit("total", durW, true))
+	var cursor int64
+	for _, l := range s.Layers {
+		off, dur := l.OffsetNs, l.DurationNs
+		if s.Source == record.ServerFromAudit {
+			off, dur = cursor, l.SelfNs
+			cursor += l.SelfNs
+		}
+		fmt.Fprintf(b, "%s %s %s %s\n", fit(strings.Repeat("  ", l.Depth+1)+l.Name, labelW, false),
+			m.st.barUpstream.Render(bar(off, dur, s.TotalNs, barW)),
+			fit(flowview.Duration(l.SelfNs), durW, true), fit(flowview.Duration(l.DurationNs), durW, true))
+	}
+	b.WriteString("\n")
 }
