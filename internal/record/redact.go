@@ -19,30 +19,34 @@ var sensitiveQuery = map[string]bool{
 
 // RedactQuery returns the raw query with credential-bearing parameters'
 // values replaced. It keeps the order and encoding of everything else.
+// Parameters are split on '&' and on ';', which some servers and older Go
+// versions also accept as a separator: whatever a server could parse as a
+// parameter is redacted.
 func RedactQuery(raw string) string {
 	if raw == "" {
 		return ""
 	}
-	parts := strings.Split(raw, "&")
-	changed := false
-	for i, p := range parts {
-		k, _, ok := strings.Cut(p, "=")
-		if !ok {
-			continue
+	var b strings.Builder
+	for len(raw) > 0 {
+		i := strings.IndexAny(raw, "&;")
+		part, sep := raw, ""
+		if i >= 0 {
+			part, sep, raw = raw[:i], raw[i:i+1], raw[i+1:]
+		} else {
+			raw = ""
 		}
-		name, err := url.QueryUnescape(k)
-		if err != nil {
-			name = k
+		if k, _, ok := strings.Cut(part, "="); ok {
+			name, err := url.QueryUnescape(k)
+			if err != nil {
+				name = k
+			}
+			if sensitiveQuery[strings.ToLower(strings.TrimSpace(name))] {
+				part = k + "=" + Redacted
+			}
 		}
-		if sensitiveQuery[strings.ToLower(name)] {
-			parts[i] = k + "=" + Redacted
-			changed = true
-		}
+		b.WriteString(part + sep)
 	}
-	if !changed {
-		return raw
-	}
-	return strings.Join(parts, "&")
+	return b.String()
 }
 
 // RedactSecretObject blanks the values of a Secret's data and stringData in

@@ -14,6 +14,10 @@ func TestRedactQuery(t *testing.T) {
 		{"a=1&Token=xyz", "a=1&Token=REDACTED"},
 		{"acc%65ss_token=abc", "acc%65ss_token=REDACTED"},
 		{"flag&password=p", "flag&password=REDACTED"},
+		{"limit=1;access_token=X", "limit=1;access_token=REDACTED"},
+		{"a=1;b=2&token=t;c", "a=1;b=2&token=REDACTED;c"},
+		{"%20access_token=x", "%20access_token=REDACTED"},
+		{"access_token", "access_token"},
 	} {
 		if got := RedactQuery(tc.in); got != tc.want {
 			t.Errorf("RedactQuery(%q) = %q, want %q", tc.in, got, tc.want)
