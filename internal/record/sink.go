@@ -1,9 +1,9 @@
 package record
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 )
@@ -24,55 +24,102 @@ func (s Sinks) Write(r *Record) {
 	}
 }
 
-// FileSink appends records as JSON Lines, one flushed line per record, so a
-// reader tailing the file (or a crash) never sees half a record.
+// FileSink appends records as JSON Lines, one record per write, so a
+// reader tailing the file (or a crash) never sees half a record. A write
+// that fails (a full disk) is taken back: the partial line is truncated
+// away, the record is dropped and counted, the failure is logged once,
+// and the next write that succeeds logs how many were lost. The sink
+// never gives up: it writes again as soon as the disk does.
 type FileSink struct {
-	mu   sync.Mutex
-	f    *os.File
-	w    *bufio.Writer
-	errs func(error)
+	mu      sync.Mutex
+	f       captureFile
+	path    string
+	log     *slog.Logger
+	failing bool
+	lost    uint64 // records dropped since the failure began
+	total   uint64 // records dropped since the sink opened
 }
 
-// OpenFile opens (creating or appending to) a capture file. onErr is told of
-// write failures; the proxy keeps serving regardless.
-func OpenFile(path string, onErr func(error)) (*FileSink, error) {
+// captureFile is what the sink needs of its file (tests inject a full
+// disk).
+type captureFile interface {
+	Write([]byte) (int, error)
+	Stat() (os.FileInfo, error)
+	Truncate(int64) error
+	Close() error
+}
+
+// OpenFile opens (creating or appending to) a capture file. log receives
+// the failures and recoveries; the proxy keeps serving regardless.
+func OpenFile(path string, log *slog.Logger) (*FileSink, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open capture file %s: %w (check the directory exists and is writable)", path, err)
 	}
-	if onErr == nil {
-		onErr = func(error) {}
+	return newFileSink(f, path, log), nil
+}
+
+func newFileSink(f captureFile, path string, log *slog.Logger) *FileSink {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
-	return &FileSink{f: f, w: bufio.NewWriterSize(f, 64<<10), errs: onErr}, nil
+	return &FileSink{f: f, path: path, log: log}
 }
 
 // Write implements Sink.
 func (s *FileSink) Write(r *Record) {
 	b, err := json.Marshal(r)
 	if err != nil {
-		s.errs(fmt.Errorf("encode capture record %s: %w", r.ID, err))
+		s.log.Error("capture record not encodable", "file", s.path, "id", r.ID, "error", err)
 		return
 	}
+	b = append(b, '\n')
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b = append(b, '\n')
-	if _, err := s.w.Write(b); err != nil {
-		s.errs(err)
+	n, err := s.f.Write(b)
+	if err != nil {
+		s.takeBack(n)
+		s.lost++
+		s.total++
+		if !s.failing {
+			s.failing = true
+			s.log.Error("capture write failed: records are dropped (and counted) until a write succeeds again",
+				"file", s.path, "error", err)
+		}
 		return
 	}
-	if err := s.w.Flush(); err != nil {
-		s.errs(err)
+	if s.failing {
+		s.failing = false
+		s.log.Warn("capture writing again", "file", s.path, "recordsLost", s.lost)
+		s.lost = 0
 	}
 }
 
-// Close flushes and closes the file.
+// takeBack removes the n bytes a failed write left at the end of the
+// file, so no partial line remains (the file is in append mode: they are
+// its last n bytes).
+func (s *FileSink) takeBack(n int) {
+	if n <= 0 {
+		return
+	}
+	if fi, err := s.f.Stat(); err == nil && fi.Size() >= int64(n) {
+		if err := s.f.Truncate(fi.Size() - int64(n)); err != nil {
+			s.log.Error("capture: cannot remove a partial line", "file", s.path, "error", err)
+		}
+	}
+}
+
+// Lost reports how many records were dropped since the sink opened.
+func (s *FileSink) Lost() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total
+}
+
+// Close closes the file.
 func (s *FileSink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.w.Flush(); err != nil {
-		s.f.Close()
-		return err
-	}
 	return s.f.Close()
 }
 

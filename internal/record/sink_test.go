@@ -2,18 +2,24 @@ package record
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestFileSinkConcurrent writes from many goroutines and expects every
 // line to be one whole record.
 func TestFileSinkConcurrent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "c.jsonl")
-	s, err := OpenFile(path, func(err error) { t.Error(err) })
+	s, err := OpenFile(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,5 +72,68 @@ func TestStreamDropsForSlowSubscriber(t *testing.T) {
 	}
 	if dropped() != 1 {
 		t.Fatalf("dropped %d, want 1", dropped())
+	}
+}
+
+// fullDisk is a capture file on a disk that fills up: writes past room
+// write what fits and fail, as a real ENOSPC does.
+type fullDisk struct {
+	bytes.Buffer
+	room int
+}
+
+func (d *fullDisk) Write(b []byte) (int, error) {
+	if d.Len()+len(b) <= d.room {
+		return d.Buffer.Write(b)
+	}
+	n := max(d.room-d.Len(), 0)
+	d.Buffer.Write(b[:n])
+	return n, syscall.ENOSPC
+}
+func (d *fullDisk) Stat() (os.FileInfo, error) { return sizeInfo(d.Len()), nil }
+func (d *fullDisk) Truncate(n int64) error     { d.Buffer.Truncate(int(n)); return nil }
+func (d *fullDisk) Close() error               { return nil }
+
+type sizeInfo int
+
+func (s sizeInfo) Name() string       { return "capture" }
+func (s sizeInfo) Size() int64        { return int64(s) }
+func (s sizeInfo) Mode() os.FileMode  { return 0o600 }
+func (s sizeInfo) ModTime() time.Time { return time.Time{} }
+func (s sizeInfo) IsDir() bool        { return false }
+func (s sizeInfo) Sys() any           { return nil }
+
+// TestFileSinkFullDisk: a full disk drops records without leaving a
+// partial line, says so once, and writing resumes when space returns.
+func TestFileSinkFullDisk(t *testing.T) {
+	var logs bytes.Buffer
+	one, _ := json.Marshal(&Record{ID: "r0"})
+	disk := &fullDisk{room: 3*(len(one)+1) + len(one)/2} // three records and half of one
+	s := newFileSink(disk, "c.jsonl", slog.New(slog.NewTextHandler(&logs, nil)))
+	for i := 0; i < 10; i++ {
+		s.Write(&Record{ID: fmt.Sprint("r", i)})
+	}
+	lines := strings.Split(strings.TrimSuffix(disk.String(), "\n"), "\n")
+	for _, l := range lines {
+		var r Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("a partial line is left: %q (%v)", l, err)
+		}
+	}
+	written := len(lines)
+	if written == 0 || written == 10 || s.Lost() != uint64(10-written) {
+		t.Fatalf("%d written, %d lost: want some of each, adding up to 10", written, s.Lost())
+	}
+	if n := strings.Count(logs.String(), "capture write failed"); n != 1 {
+		t.Errorf("the failure was logged %d times, want once:\n%s", n, logs.String())
+	}
+
+	disk.room = 1 << 20 // space returns
+	s.Write(&Record{ID: "after"})
+	if !strings.Contains(disk.String(), `"id":"after"`) || !strings.HasSuffix(disk.String(), "}\n") {
+		t.Fatalf("no record written once space returned:\n%s", disk.String())
+	}
+	if !strings.Contains(logs.String(), "capture writing again") || !strings.Contains(logs.String(), fmt.Sprintf("recordsLost=%d", 10-written)) {
+		t.Errorf("the recovery is not logged with the count:\n%s", logs.String())
 	}
 }

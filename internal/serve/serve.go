@@ -236,7 +236,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 
 	var sinks record.Sinks
 	if o.Capture != "" {
-		fs, err := record.OpenFile(o.Capture, func(err error) { log.Error("capture write failed", "file", o.Capture, "error", err) })
+		fs, err := record.OpenFile(o.Capture, log)
 		if err != nil {
 			return nil, err
 		}
