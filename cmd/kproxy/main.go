@@ -21,6 +21,12 @@ var version = "dev"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// The first signal stops kproxy gracefully (a bounded flush); once
+		// it is taken, a second one ends the process at once.
+		<-ctx.Done()
+		stop()
+	}()
 	if err := newRootCommand().ExecuteContext(ctx); err != nil {
 		var code exitCode
 		if errors.As(err, &code) {

@@ -337,9 +337,16 @@ func (s *Server) Run(ctx context.Context) error {
 		err = proxy.ServeReverse(ctx, s.ln, proxy.NewHTTPServer(s.handler, s.tlsCfg, s.log))
 	}
 	s.handler.Drain()
-	s.close(context.Background())
+	// An unresponsive trace collector must not hold the exit: flushing
+	// spans and captures gets ShutdownTimeout.
+	cctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	s.close(cctx)
 	return err
 }
+
+// ShutdownTimeout bounds the flush of spans and captures when kproxy stops.
+const ShutdownTimeout = 5 * time.Second
 
 func (s *Server) close(ctx context.Context) {
 	if s.ln != nil {
