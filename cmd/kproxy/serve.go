@@ -8,7 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel"
 
+	"github.com/kproxy/kproxy/internal/logging"
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages"
 )
@@ -45,6 +47,11 @@ exported.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Log = newLogger(logLevel)
+			// The OpenTelemetry SDK reports export failures through its
+			// process-wide handler: one structured line per window, not
+			// one unstructured line per failed batch.
+			exportLog := slog.New(logging.RateLimit(o.Log.Handler(), logging.DefaultWindow, nil))
+			otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { exportLog.Warn("trace export failed", "error", err) }))
 			serve.RouteKlog(o.Log)
 			if err := a.load(o.Log, false); err != nil {
 				return err
