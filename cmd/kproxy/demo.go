@@ -83,7 +83,15 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter, 
 		defer f.Close()
 		progress = f
 	}
-	c, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Log: progress, EncryptSecrets: true})
+	// The apiserver exports its own spans to kproxy's OTLP receiver, on a
+	// port chosen now, before the apiserver starts: the records then say
+	// where the apiserver spent each request's time.
+	ports, err := localcluster.FreePorts(1)
+	if err != nil {
+		return err
+	}
+	receiver := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	c, err := localcluster.Start(ctx, localcluster.Options{Dir: clusterDir, Log: progress, EncryptSecrets: true, TracingEndpoint: receiver})
 	if err != nil {
 		return err
 	}
@@ -170,6 +178,8 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter, 
 		APIListen: "127.0.0.1:0", APIRerunKeep: serve.DefaultAPIRerunKeep,
 		// The cockpit's Request tab shows each write's body.
 		CaptureBodies: true,
+		// The apiserver's own spans: the cockpit's Stages tab draws them.
+		OTLPReceiverListen: receiver,
 	}
 	if jaeger != nil {
 		opts.Telemetry = telemetry.Options{Endpoint: jaeger.OTLPHTTP, Protocol: "http/protobuf", Version: version}
@@ -184,6 +194,11 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter, 
 	go func() { served <- s.Run(runCtx) }()
 	kproxyURL := "https://" + s.Addr
 	kproxyCA := pki.CertPEM(s.CA.Cert)
+	// The apiserver started before the receiver listened: its exporter
+	// connects after a backoff. Until it has, records would wait in vain.
+	for deadline := time.Now().Add(20 * time.Second); s.Joiner.Stats().Observations == 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
 
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := localcluster.WriteKubeconfig(kubeconfig, kproxyURL, kproxyCA, localcluster.TokenOf("admin")); err != nil {
@@ -191,6 +206,7 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter, 
 	}
 	fmt.Fprintf(out, "kproxy %s listening on %s, in front of %s\n", version, kproxyURL, c.URL)
 	fmt.Fprintf(out, "  flow API:   %s   (kproxy tui --connect %s)\n", s.APIURL, s.APIURL)
+	fmt.Fprintf(out, "  apiserver's own spans: received on %s (its --tracing-config-file points there) and joined to the records\n", s.OTLPReceiverAddr)
 	if jaeger != nil {
 		fmt.Fprintf(out, "  Jaeger:     OTLP %s, query API %s/api/traces/TRACE-ID\n", jaeger.OTLPHTTP, jaeger.QueryURL)
 	}

@@ -93,6 +93,13 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.IntVar(&o.APIRerunKeep, "api-rerun-keep", serve.DefaultAPIRerunKeep, "how many of the newest flows the flow API can re-run; their requests, credentials included, are kept in memory only (never written), and only while the API is on; 0 turns re-runs off")
 	f.Var(mebibytes{&o.APIRerunKeepBytes}, "api-rerun-keep-mib", "bound, in MiB, on the request bodies kept for re-runs (default 64)")
 	f.BoolVar(&o.LogFlows, "log-flows", false, "log one line per finished flow: method, path, user, predicted status@stage, actual status, agreement, latency")
+	f.StringVar(&o.OTLPReceiverListen, "otlp-receiver-listen", "", "receive the apiserver's own spans (OTLP/gRPC) on this address, e.g. 127.0.0.1:4317, and record where each request spent its time in the apiserver (server.layers); point the endpoint of the apiserver's --tracing-config-file here (see the README); the spans are passed on to kproxy's own OTLP endpoint; off by default")
+	f.DurationVar(&o.ServerTraceWait, "server-trace-wait", serve.DefaultServerTraceWait, "with --otlp-receiver-listen, --audit-webhook-listen or --audit-log-follow: how long a record waits for the apiserver's own account of its request (spans or audit annotations) before it is written without it")
+	f.StringVar(&o.AuditWebhookListen, "audit-webhook-listen", "", "receive the apiserver's audit webhook backend on this address, e.g. 127.0.0.1:7071, and record where each slow request (over 500ms: the only ones the apiserver annotates) spent its time in the apiserver, from its apiserver.latency.k8s.io audit annotations (server.source audit); point the server of the apiserver's --audit-webhook-config-file here, with --audit-webhook-batch-max-wait below --server-trace-wait (see the README); off loopback it needs --audit-webhook-tls-*; off by default")
+	f.StringVar(&o.AuditWebhookTLSCertFile, "audit-webhook-tls-cert-file", "", "the audit webhook's serving certificate (required off loopback; the apiserver's --audit-webhook-config-file must trust its CA)")
+	f.StringVar(&o.AuditWebhookTLSKeyFile, "audit-webhook-tls-private-key-file", "", "the audit webhook's serving certificate's key")
+	f.StringVar(&o.AuditWebhookClientCAFile, "audit-webhook-client-ca-file", "", "the apiserver must present a client certificate signed by this CA to the audit webhook (its --audit-webhook-config-file names the certificate)")
+	f.StringVar(&o.AuditLogFollow, "audit-log-follow", "", "follow the apiserver's JSON audit log (its --audit-log-path, --audit-log-format=json) as tail -F does, through rotations, from its end, for the same latency annotations as --audit-webhook-listen; kproxy must be able to read the file")
 	o.Telemetry.Version = version
 }
 

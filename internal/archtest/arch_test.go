@@ -63,6 +63,14 @@ func TestImportDirection(t *testing.T) {
 		mod + "internal/stages": {mod + "internal/proxy", mod + "internal/tui", mod + "internal/serve"},
 		mod + "internal/record": {mod + "internal/proxy", mod + "internal/tui", mod + "internal/stages", mod + "internal/serve"},
 		mod + "internal/tui":    {mod + "internal/proxy", mod + "internal/stages", mod + "internal/serve"},
+		// What consumes or produces records for the views and the CI mode
+		// works on records only: never the proxy, the replay or the wiring.
+		mod + "internal/filter":       {mod + "internal/proxy", mod + "internal/stages", mod + "internal/serve", mod + "internal/tui"},
+		mod + "internal/flowapi":      {mod + "internal/proxy", mod + "internal/stages", mod + "internal/serve", mod + "internal/tui"},
+		mod + "internal/source":       {mod + "internal/proxy", mod + "internal/stages", mod + "internal/serve", mod + "internal/tui"},
+		mod + "internal/flowview":     {mod + "internal/proxy", mod + "internal/stages", mod + "internal/serve", mod + "internal/tui"},
+		mod + "internal/servertrace":  {mod + "internal/proxy", mod + "internal/stages", mod + "internal/serve", mod + "internal/tui"},
+		mod + "internal/auditlatency": {mod + "internal/proxy", mod + "internal/stages", mod + "internal/serve", mod + "internal/tui"},
 	}
 	for _, p := range listPackages(t) {
 		for prefix, bad := range forbidden {

@@ -7,18 +7,23 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/telemetry"
 )
 
-// TestTracing sends a request through kproxy exporting to a real Jaeger
-// and reads the trace back from Jaeger's query API: the server span, the
-// replay span with one child per stage, and the upstream span. It runs
-// once per OTLP protocol.
+// TestTracing sends requests through kproxy exporting to a real Jaeger
+// and reads the traces back from Jaeger's query API: the server span, the
+// replay span with one child per stage, and the upstream span; the server
+// span's attributes for a refused request; no span of the apiserver's own
+// code in kproxy's trace of a replayed write and read. It runs once per
+// OTLP protocol.
 func TestTracing(t *testing.T) {
 	ctx := context.Background()
 	j, err := localcluster.StartJaeger(ctx, "", "", os.Stderr)
@@ -34,8 +39,13 @@ func TestTracing(t *testing.T) {
 			stream := record.NewStream()
 			recs, _, cancel := stream.Subscribe(16)
 			defer cancel()
-			k := startKproxy(t, kproxyOptions{stream: stream, telemetry: telemetry.Options{
+			var log syncBuffer
+			k := startKproxy(t, kproxyOptions{stream: stream, log: &log, telemetry: telemetry.Options{
 				Endpoint: proto.endpoint, Protocol: proto.name, ServiceName: "kproxy-e2e"}})
+			// kproxy says where its traces go.
+			if want := "OTLP " + proto.name + " to " + proto.endpoint; !strings.Contains(log.String(), want) {
+				t.Errorf("the start log does not say %q:\n%s", want, log.String())
+			}
 			r := reverseRoute(k)
 			// An incoming traceparent is continued.
 			parent := "00-" + proto.traceID + "-00f067aa0ba902b7-01"
@@ -69,7 +79,46 @@ func TestTracing(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatal("no record for the write")
 			}
+			// A refused request: bob (groups devs, qa) may not list
+			// secrets; RBAC and the webhook have no opinion.
+			got = do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/secrets", user: "bob"})
+			if got.status != 403 {
+				t.Fatalf("refused: status %d: %s", got.status, got.body)
+			}
+			refused := nextRecord(t, recs)
+			if refused.Predicted.Status != 403 || refused.Predicted.Stage != record.StageAuthorization {
+				t.Fatalf("refused: predicted %+v, want 403 at authorization", refused.Predicted)
+			}
+			// A create and a get replayed for real (the replay runs the
+			// create in dry run).
+			name := "traced-" + strings.ReplaceAll(proto.name, "/", "-")
+			t.Cleanup(func() {
+				_ = adminClient().CoreV1().ConfigMaps(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
+			})
+			got = do(t, r.client(nil), r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "admin",
+				body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + name + `"},"data":{"k":"v"}}`})
+			if got.status != 201 {
+				t.Fatalf("create: status %d: %s", got.status, got.body)
+			}
+			crec := nextRecord(t, recs)
+			got = do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps/" + name, user: "admin"})
+			if got.status != 200 {
+				t.Fatalf("get: status %d: %s", got.status, got.body)
+			}
+			grec := nextRecord(t, recs)
 			k.stop() // flushes spans
+
+			checkRefusedTrace(t, j.QueryURL, refused)
+			for _, c := range []struct {
+				what, span string
+				rec        *record.Record
+			}{
+				{"create", "create configmaps", crec},
+				{"get", "get configmaps", grec},
+				{"dry-run create", "create configmaps", wrec},
+			} {
+				checkOnlyKproxysSpans(t, c.what, jaegerTrace(t, j.QueryURL, c.rec.TraceID, has(c.span, "replay", "storage")))
+			}
 			wspans := jaegerSpans(t, j.QueryURL, wrec.TraceID)
 			// The storage stage reads the written key straight from etcd.
 			for _, w := range append([]string{"admission NamespaceLifecycle", "admission ResourceQuota", "admission ValidatingAdmissionPolicy", "etcd get"}, contractStages...) {
@@ -90,8 +139,136 @@ func TestTracing(t *testing.T) {
 	}
 }
 
-// jaegerSpans polls Jaeger's query API for a trace's operation names.
-func jaegerSpans(t *testing.T, queryURL, traceID string) []string {
+func nextRecord(t *testing.T, recs <-chan *record.Record) *record.Record {
+	t.Helper()
+	select {
+	case rec := <-recs:
+		return rec
+	case <-time.After(30 * time.Second):
+		t.Fatal("no record")
+		return nil
+	}
+}
+
+// checkRefusedTrace holds the server span of a request RBAC refused to
+// what an operator searches for it by.
+func checkRefusedTrace(t *testing.T, queryURL string, rec *record.Record) {
+	t.Helper()
+	spans := jaegerTrace(t, queryURL, rec.TraceID, has("list secrets", "replay", "authorization"))
+	server := findSpan(spans, "list secrets")
+	want := map[string]string{
+		"span.kind": "server", "enduser.id": "bob", "kproxy.identity": "token",
+		"k8s.audit_id": rec.Actual.AuditID, "kproxy.record.id": rec.ID,
+		"k8s.verb": "list", "k8s.resource": "secrets", "k8s.namespace": testNS,
+		"http.request.method": "GET", "url.path": "/api/v1/namespaces/" + testNS + "/secrets",
+		"kproxy.predicted.status": "403", "kproxy.predicted.stage": "authorization",
+		"http.response.status_code": "403", "kproxy.agreement": "match",
+		"k8s.apf.flow_schema": rec.Actual.FlowSchema, "k8s.apf.priority_level": rec.Actual.PriorityLevel,
+		"otel.status_code": "ERROR", "otel.status_description": "403 Forbidden",
+	}
+	if rec.Actual.AuditID == "" || rec.Actual.FlowSchema == "" {
+		t.Errorf("the record lacks the audit ID or the flow schema: %+v", rec.Actual)
+	}
+	for k, v := range want {
+		if got := server.tag(k); got != v {
+			t.Errorf("refused request's server span: %s = %q, want %q", k, got, v)
+		}
+	}
+	if g := server.tag("k8s.user.groups"); !strings.Contains(g, "devs") || !strings.Contains(g, "qa") {
+		t.Errorf("refused request's server span: k8s.user.groups = %q, want devs and qa", g)
+	}
+	if got := findSpan(spans, "authorization").tag("otel.status_code"); got != "ERROR" {
+		t.Errorf("the authorization stage that refused has status %q, want ERROR", got)
+	}
+}
+
+// apiserverInternals are names of spans and events the apiserver's own
+// code makes (its handlers, its etcd3 store, its HTTP filter): the replay
+// runs that code, but did none of that work.
+var apiserverInternals = []string{"SerializeObject", "Write to database", "Create etcd3", "Get etcd3", "List etcd3", "KubernetesAPI",
+	"Create", "Get", "List", "Update", "Patch", "Delete"}
+
+// checkOnlyKproxysSpans: kproxy's trace holds kproxy's spans only, with
+// no events (kproxy adds none: any would be the apiserver's, like "Write
+// to database call succeeded"), and every one below the server and
+// upstream spans is marked as the replay's.
+func checkOnlyKproxysSpans(t *testing.T, what string, spans []jaegerSpan) {
+	t.Helper()
+	for _, s := range spans {
+		if s.service != "kproxy-e2e" {
+			continue
+		}
+		for _, bad := range apiserverInternals {
+			if s.OperationName == bad || (len(bad) > 6 && strings.Contains(s.OperationName, bad)) {
+				t.Errorf("%s: kproxy's trace has the apiserver's span %q", what, s.OperationName)
+			}
+		}
+		var events []string
+		for _, l := range s.Logs {
+			for _, f := range l.Fields {
+				if f.Key == "event" {
+					events = append(events, fmt.Sprint(f.Value))
+				}
+			}
+		}
+		if len(s.Logs) > 0 {
+			t.Errorf("%s: span %q has events %q", what, s.OperationName, events)
+		}
+		if s.tag("span.kind") != "server" && s.OperationName != "upstream" && s.tag("kproxy.replay") != "true" {
+			t.Errorf("%s: span %q is not marked kproxy.replay=true", what, s.OperationName)
+		}
+	}
+}
+
+type jaegerSpan struct {
+	OperationName string     `json:"operationName"`
+	Tags          []jaegerKV `json:"tags"`
+	Logs          []struct {
+		Fields []jaegerKV `json:"fields"`
+	} `json:"logs"`
+	ProcessID string `json:"processID"`
+	service   string
+}
+
+type jaegerKV struct {
+	Key   string `json:"key"`
+	Value any    `json:"value"`
+}
+
+// tag is a tag's value as text ("" when absent).
+func (s jaegerSpan) tag(key string) string {
+	for _, kv := range s.Tags {
+		if kv.Key == key {
+			return fmt.Sprint(kv.Value)
+		}
+	}
+	return ""
+}
+
+func findSpan(spans []jaegerSpan, name string) jaegerSpan {
+	for _, s := range spans {
+		if s.OperationName == name {
+			return s
+		}
+	}
+	return jaegerSpan{}
+}
+
+// has is a trace that holds spans of these names.
+func has(names ...string) func([]jaegerSpan) bool {
+	return func(spans []jaegerSpan) bool {
+		for _, n := range names {
+			if findSpan(spans, n).OperationName == "" {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// jaegerTrace polls Jaeger's query API for a trace until ready says it is
+// all there.
+func jaegerTrace(t *testing.T, queryURL, traceID string, ready func([]jaegerSpan) bool) []jaegerSpan {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	var last string
@@ -100,19 +277,22 @@ func jaegerSpans(t *testing.T, queryURL, traceID string) []string {
 		if err == nil {
 			var body struct {
 				Data []struct {
-					Spans []struct {
-						OperationName string `json:"operationName"`
-					} `json:"spans"`
+					Spans     []jaegerSpan `json:"spans"`
+					Processes map[string]struct {
+						ServiceName string `json:"serviceName"`
+					} `json:"processes"`
 				} `json:"data"`
 			}
-			err = json.NewDecoder(resp.Body).Decode(&body)
+			d := json.NewDecoder(resp.Body)
+			d.UseNumber() // 403, not 403.0
+			err = d.Decode(&body)
 			resp.Body.Close()
-			if err == nil && len(body.Data) > 0 && len(body.Data[0].Spans) >= 18 {
-				var names []string
-				for _, s := range body.Data[0].Spans {
-					names = append(names, s.OperationName)
+			if err == nil && len(body.Data) > 0 && ready(body.Data[0].Spans) {
+				spans := body.Data[0].Spans
+				for i := range spans {
+					spans[i].service = body.Data[0].Processes[spans[i].ProcessID].ServiceName
 				}
-				return names
+				return spans
 			}
 			last = fmt.Sprintf("status %d, %d traces", resp.StatusCode, len(body.Data))
 		} else {
@@ -122,4 +302,16 @@ func jaegerSpans(t *testing.T, queryURL, traceID string) []string {
 	}
 	t.Fatalf("trace %s not in Jaeger after 30s (%s)", traceID, last)
 	return nil
+}
+
+// jaegerSpans polls Jaeger's query API for a trace's operation names,
+// once it has at least the spans of a replayed request.
+func jaegerSpans(t *testing.T, queryURL, traceID string) []string {
+	t.Helper()
+	spans := jaegerTrace(t, queryURL, traceID, func(s []jaegerSpan) bool { return len(s) >= 18 })
+	names := make([]string, 0, len(spans))
+	for _, s := range spans {
+		names = append(names, s.OperationName)
+	}
+	return names
 }

@@ -46,13 +46,17 @@ type User struct {
 }
 
 // Users in the token file. admin is in system:masters; the others have no
-// permissions until a test grants them some.
+// permissions until a test grants them some. kproxy (kproxy's own
+// identity) is also in system:monitoring, which RBAC lets read /metrics
+// and the health endpoints only, and from which the apiserver continues
+// an incoming traceparent: the certificate callers kproxy forwards by
+// impersonation then have one trace, kproxy's spans and the apiserver's.
 var Users = []User{
 	{Name: "admin", UID: "uid-admin", Groups: []string{"system:masters"}, Token: "admin-token"},
 	{Name: "alice", UID: "uid-alice", Groups: []string{"devs"}, Token: "alice-token"},
 	{Name: "bob", UID: "uid-bob", Groups: []string{"devs", "qa"}, Token: "bob-token"},
 	{Name: "carol", UID: "uid-carol", Groups: []string{"ops"}, Token: "carol-token"},
-	{Name: "kproxy", UID: "uid-kproxy", Groups: []string{"kproxy"}, Token: "kproxy-token"},
+	{Name: "kproxy", UID: "uid-kproxy", Groups: []string{"kproxy", "system:monitoring"}, Token: "kproxy-token"},
 }
 
 // Options tune the cluster.
@@ -69,6 +73,13 @@ type Options struct {
 	// EncryptSecrets encrypts Secrets at rest with aescbc (a key made
 	// for this cluster, in Dir/encryption-config.yaml).
 	EncryptSecrets bool
+	// TracingEndpoint, when set, has the apiserver export its own spans
+	// over OTLP/gRPC to this host:port (kproxy's --otlp-receiver-listen,
+	// chosen before the apiserver starts: FreePorts), every request
+	// sampled (Dir/tracing-config.yaml, its --tracing-config-file), and
+	// every 100 ms rather than every 5 s (OTEL_BSP_SCHEDULE_DELAY), so
+	// that records wait little for them.
+	TracingEndpoint string
 	// Log receives progress lines; nil means silent.
 	Log io.Writer
 }
@@ -232,8 +243,17 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		}
 		c.APIServerFlags = append(c.APIServerFlags, "--encryption-provider-config="+path)
 	}
+	var apiEnv []string
+	if o.TracingEndpoint != "" {
+		path, err := writeTracingConfig(c.Dir, o.TracingEndpoint)
+		if err != nil {
+			return nil, err
+		}
+		c.APIServerFlags = append(c.APIServerFlags, "--tracing-config-file="+path)
+		apiEnv = append(apiEnv, "OTEL_BSP_SCHEDULE_DELAY=100")
+	}
 	fmt.Fprintf(c.log, "starting kube-apiserver on %s\n", c.URL)
-	if err := c.run("kube-apiserver", apiBin, c.APIServerFlags...); err != nil {
+	if err := c.runEnv("kube-apiserver", apiBin, apiEnv, c.APIServerFlags...); err != nil {
 		return nil, err
 	}
 	admin := c.UserConfig("admin")
@@ -416,6 +436,21 @@ resources:
 `, base64.StdEncoding.EncodeToString(key))
 	path := filepath.Join(dir, "encryption-config.yaml")
 	return path, os.WriteFile(path, []byte(cfg), 0o600)
+}
+
+// writeTracingConfig writes a TracingConfiguration that samples every
+// request and exports to endpoint (OTLP/gRPC host:port).
+func writeTracingConfig(dir, endpoint string) (string, error) {
+	if _, _, err := net.SplitHostPort(endpoint); err != nil {
+		return "", fmt.Errorf("localcluster: TracingEndpoint %q: want host:port (%v)", endpoint, err)
+	}
+	cfg := fmt.Sprintf(`apiVersion: apiserver.config.k8s.io/v1
+kind: TracingConfiguration
+endpoint: %s
+samplingRatePerMillion: 1000000
+`, endpoint)
+	path := filepath.Join(dir, "tracing-config.yaml")
+	return path, os.WriteFile(path, []byte(cfg), 0o644)
 }
 
 func (c *Cluster) writePKI() error {

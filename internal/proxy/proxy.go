@@ -28,6 +28,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kproxy/kproxy/internal/decode"
+	"github.com/kproxy/kproxy/internal/flowview"
+	"github.com/kproxy/kproxy/internal/logging"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/stages"
 	"github.com/kproxy/kproxy/internal/telemetry"
@@ -97,6 +99,7 @@ type Proxy struct {
 	pending             sync.WaitGroup         // records not yet written
 	reruns              *rerunStore            // nil: re-runs off
 	captureBodies       bool
+	perRequestLog       *slog.Logger // p.log, rate-limited
 }
 
 // Drain waits until every record of a finished request has been written:
@@ -129,7 +132,10 @@ func New(cfg Config) (*Proxy, error) {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	p.tracer = tp.Tracer("github.com/kproxy/kproxy/internal/proxy")
+	// The certificate authenticator and the impersonation filter are the
+	// apiserver's own code, run under the server span: kproxy's trace
+	// keeps only kproxy's spans (telemetry.OwnSpansOnly).
+	p.tracer = telemetry.OwnSpansOnly(tp).Tracer("github.com/kproxy/kproxy/internal/proxy")
 	if p.clock == nil {
 		p.clock = clock.RealClock{}
 	}
@@ -143,6 +149,9 @@ func New(cfg Config) (*Proxy, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	// Lines a client can cause on every request are written once per
+	// window, with a count (a rejected certificate retried in a loop).
+	p.perRequestLog = slog.New(logging.RateLimit(p.log.Handler(), logging.DefaultWindow, p.clock))
 	if p.mode == "" {
 		p.mode = "reverse"
 	}
@@ -171,8 +180,11 @@ func New(cfg Config) (*Proxy, error) {
 // exchange is one request's state, shared by the handler, the transport
 // hooks and the finisher.
 type exchange struct {
-	rec     *record.Record
-	span    trace.Span              // the server span
+	rec *record.Record
+	// span is the server span. It ends once the record is complete, so
+	// that it carries what only the replay knows (the prediction, a
+	// token caller's user), at the time the response ended.
+	span    trace.Span
 	info    *apirequest.RequestInfo // the request as the apiserver resolves it
 	ident   identity
 	actAs   user.Info // the user forwarded by impersonation
@@ -225,15 +237,12 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 	start := p.clock.Now()
 	ctx := p.propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	info, _ := stages.ResolveRequestInfo(r)
-	ctx, span := p.tracer.Start(ctx, spanName(r, info), trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithAttributes(
-			attribute.String("http.request.method", r.Method),
-			attribute.String("url.path", r.URL.Path),
-			attribute.String("k8s.verb", info.Verb),
-			attribute.String("k8s.resource", info.Resource),
-			attribute.String("k8s.namespace", info.Namespace)))
-
 	id := newID()
+	// The span is timed by the clock that times the record (it ends at
+	// ex.end): its duration is the record's total.
+	ctx, span := p.tracer.Start(ctx, spanName(r, info), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(start), trace.WithAttributes(requestAttributes(id, r, info)...))
+
 	ex := &exchange{
 		rec: &record.Record{
 			ID: id, Start: start, Mode: p.mode,
@@ -312,7 +321,7 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 		rw.Header().Set("Audit-Id", ex.auditID)
 		rw.Header().Set("Cache-Control", "no-cache, private")
 		unauthorized(rw, r, ex.info)
-		p.log.Info("client certificate rejected", "id", ex.rec.ID, "reason", ex.ident.err)
+		p.perRequestLog.Info("client certificate rejected", "id", ex.rec.ID, "reason", ex.ident.err)
 		return
 	case IdentityCertificate:
 		if p.impersonating == nil {
@@ -336,10 +345,11 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 }
 
 // finish completes the record's actual side once the response has been
-// relayed, ends the server span and releases the replay to write the
-// record. v is a panic from the relay: http.ErrAbortHandler (the client
-// went away mid-stream) must reach net/http so that it drops the
-// connection instead of ending the stream as if it were complete.
+// relayed and releases the replay to write the record (which ends the
+// server span, at ex.end). v is a panic from the relay:
+// http.ErrAbortHandler (the client went away mid-stream) must reach
+// net/http so that it drops the connection instead of ending the stream
+// as if it were complete.
 func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
 	if ex.body != nil {
 		ex.body.finish()
@@ -353,8 +363,6 @@ func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
 	ex.rec.Actual.Headers = record.RedactHeaders(rw.Header())
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
 	ex.actualWrite, ex.okBody = stages.ActualWrite{Status: rw.status}, rw.okBody
-	ex.span.SetAttributes(attribute.Int("http.response.status_code", rw.status))
-	ex.span.End()
 	ex.end = p.clock.Now()
 	close(ex.done)
 	if v != nil {
@@ -528,7 +536,95 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 		rec.Actual.FlowSchema, rec.Actual.PriorityLevel = n.APFNames(rec.Actual.FlowSchemaUID, rec.Actual.PriorityLevelUID)
 	}
 	rec.Request.Query = record.RedactQuery(rec.Request.Query)
+	// The span ends before the sinks see the record: whoever reads the
+	// record finds its trace complete.
+	endServerSpan(ex.span, rec, ex.end)
 	p.sink.Write(rec)
+}
+
+// requestAttributes are the server span's attributes known on arrival
+// (README, Tracing). Empty values are left out: a search for
+// k8s.namespace must not match cluster-scoped requests.
+func requestAttributes(id string, r *http.Request, info *apirequest.RequestInfo) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 11)
+	attrs = appendString(attrs, "http.request.method", r.Method)
+	attrs = appendString(attrs, "url.path", r.URL.Path)
+	attrs = appendString(attrs, "user_agent.original", r.UserAgent())
+	attrs = appendString(attrs, "kproxy.record.id", id)
+	if info != nil {
+		attrs = appendString(attrs, "k8s.verb", info.Verb)
+		attrs = appendString(attrs, "k8s.api_group", info.APIGroup)
+		attrs = appendString(attrs, "k8s.api_version", info.APIVersion)
+		attrs = appendString(attrs, "k8s.resource", info.Resource)
+		attrs = appendString(attrs, "k8s.subresource", info.Subresource)
+		attrs = appendString(attrs, "k8s.namespace", info.Namespace)
+		attrs = appendString(attrs, "k8s.name", info.Name)
+	}
+	return attrs
+}
+
+// endServerSpan sets what the finished record knows (who called, how the
+// apiserver classified and answered, what the replay predicted, whether
+// the two agree) and ends the span at end, when the response ended. A
+// refused or failed request is an error, described in a few words.
+func endServerSpan(span trace.Span, rec *record.Record, end time.Time) {
+	attrs := make([]attribute.KeyValue, 0, 13)
+	attrs = appendString(attrs, "kproxy.identity", rec.Identity)
+	attrs = appendString(attrs, "enduser.id", rec.Request.User)
+	if len(rec.Request.Groups) > 0 {
+		attrs = append(attrs, attribute.StringSlice("k8s.user.groups", rec.Request.Groups))
+	}
+	attrs = appendString(attrs, "k8s.user.acting_as", rec.Request.ActingAs)
+	attrs = appendString(attrs, "k8s.audit_id", rec.Actual.AuditID)
+	attrs = appendString(attrs, "k8s.apf.flow_schema", rec.Actual.FlowSchema)
+	attrs = appendString(attrs, "k8s.apf.priority_level", rec.Actual.PriorityLevel)
+	if rec.Actual.Status != 0 {
+		attrs = append(attrs, attribute.Int("http.response.status_code", rec.Actual.Status))
+	}
+	if rec.Predicted.Status != 0 {
+		attrs = append(attrs, attribute.Int("kproxy.predicted.status", rec.Predicted.Status))
+	}
+	attrs = appendString(attrs, "kproxy.predicted.stage", rec.Predicted.Stage)
+	attrs = appendString(attrs, "kproxy.predicted.reason", rec.Predicted.Reason)
+	_, agreement := flowview.Agreement(rec)
+	attrs = append(attrs, attribute.String("kproxy.agreement", agreement.String()))
+	span.SetAttributes(attrs...)
+	if why := failure(&rec.Actual); why != "" {
+		span.SetStatus(codes.Error, why)
+	}
+	span.End(trace.WithTimestamp(end))
+}
+
+// maxStatusDescription keeps a span's error description short: the
+// record holds the whole message.
+const maxStatusDescription = 200
+
+// failure describes a refused or failed request in a few words ("403
+// Forbidden", "502 Bad Gateway: kproxy could not reach ..."), or is ""
+// for a success.
+func failure(a *record.Actual) string {
+	var why string
+	if a.Status >= 400 {
+		reason := a.Reason
+		if reason == "" {
+			reason = http.StatusText(a.Status)
+		}
+		why = strings.TrimSpace(fmt.Sprintf("%d %s", a.Status, reason))
+	}
+	if a.Error != "" {
+		why = strings.TrimPrefix(why+": "+a.Error, ": ")
+	}
+	if len(why) > maxStatusDescription {
+		why = strings.ToValidUTF8(why[:maxStatusDescription-3], "") + "..."
+	}
+	return why
+}
+
+func appendString(attrs []attribute.KeyValue, key, value string) []attribute.KeyValue {
+	if value == "" {
+		return attrs
+	}
+	return append(attrs, attribute.String(key, value))
 }
 
 // requestFields fills the record's request from what the apiserver will

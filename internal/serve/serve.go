@@ -30,6 +30,7 @@ import (
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/proxy"
 	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/servertrace"
 	"github.com/kproxy/kproxy/internal/stages"
 	"github.com/kproxy/kproxy/internal/telemetry"
 
@@ -78,6 +79,24 @@ type Options struct {
 	// CaptureBodies records write bodies (secrets redacted) and
 	// impersonation in the records.
 	CaptureBodies bool
+	// OTLPReceiverListen is where kproxy receives the apiserver's own
+	// spans (OTLP/gRPC) and joins them to the records, "" or "off" for
+	// nowhere (servertrace.go); ServerTraceWait is how long a record
+	// waits for them (0: DefaultServerTraceWait).
+	OTLPReceiverListen string
+	ServerTraceWait    time.Duration
+
+	// The apiserver's audit latency annotations (auditlatency.go), for
+	// its slow requests, joined as its spans are: AuditWebhookListen
+	// receives its audit webhook backend, "" or "off" for nowhere (off
+	// loopback with TLS: AuditWebhookTLSCertFile and
+	// AuditWebhookTLSKeyFile; AuditWebhookClientCAFile verifies its
+	// client certificate); AuditLogFollow follows its JSON audit log.
+	AuditWebhookListen       string
+	AuditWebhookTLSCertFile  string
+	AuditWebhookTLSKeyFile   string
+	AuditWebhookClientCAFile string
+	AuditLogFollow           string
 
 	// Stream, when set, also receives every record (the TUI, the demo).
 	Stream *record.Stream
@@ -111,6 +130,12 @@ func (o *Options) Validate() error {
 		if err != nil || u.Scheme != "https" || u.Host == "" {
 			return fmt.Errorf("--upstream=%q: want the apiserver's https URL, e.g. https://10.0.0.1:6443", o.Upstream)
 		}
+	}
+	if err := o.validateServerTrace(); err != nil {
+		return err
+	}
+	if err := o.validateAuditLatency(); err != nil {
+		return err
 	}
 	return o.validateAPI()
 }
@@ -200,6 +225,16 @@ type Server struct {
 	Flows  *flowapi.Buffer
 	api    *flowAPI
 	log    *slog.Logger
+	// OTLPReceiverAddr is where the apiserver's spans are received (""
+	// when off); Joiner joins them to the records (nil when no source of
+	// the apiserver's own account is configured).
+	OTLPReceiverAddr string
+	Joiner           *servertrace.Joiner
+	otlp             *otlpReceiver
+	// AuditWebhookURL is where the apiserver's audit webhook backend is
+	// received ("" when off).
+	AuditWebhookURL string
+	audit           *auditLatency
 }
 
 // New builds the server and starts listening (so the address is known and
@@ -253,6 +288,16 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	if o.LogFlows {
 		sinks = append(sinks, flowLogger{log})
 	}
+	// Records wait here for the apiserver's own account of their
+	// requests, when a source of it is configured.
+	sink, err := s.joinServerTrace(ctx, sinks)
+	if err != nil {
+		return nil, err
+	}
+	// And for the audit latency annotations, when they are received.
+	if sink, err = s.listenAuditLatency(sink, sinks); err != nil {
+		return nil, err
+	}
 
 	certAuth, clientCAs, err := certAuthenticator(o.APIServer)
 	if err != nil {
@@ -278,7 +323,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		Passthrough:       up.Passthrough,
 		CertAuthenticator: certAuth,
 		Replayer:          pipeline,
-		Sink:              sinks,
+		Sink:              sink,
 		TracerProvider:    tp,
 		Mode:              o.Mode,
 		Rerun:             o.rerunLimits(),
@@ -318,6 +363,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	}
 	log.Info("kproxy listening", "mode", o.Mode, "addr", s.Addr, "upstream", up.URL.String(),
 		"capture", o.Capture, "clientCA", o.APIServer.ClientCAFile() != "", "impersonation", up.Impersonating != nil)
+	// Where traces go, or why nowhere: the first thing to check when a
+	// trace is missing from the collector.
+	log.Info("kproxy tracing", "traces", telemetry.Describe(o.Telemetry, nil))
 	ok = true
 	return s, nil
 }
@@ -329,6 +377,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	if s.api != nil {
 		go s.api.serve(s.log)
+	}
+	if s.otlp != nil {
+		go s.otlp.serve(s.log)
+	}
+	if s.audit != nil {
+		go s.audit.serve()
 	}
 	var err error
 	if s.forward != nil {

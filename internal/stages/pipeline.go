@@ -14,11 +14,13 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
 
 	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/telemetry"
 
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
@@ -74,6 +76,7 @@ type Pipeline struct {
 // here once from cfg, and lives as long as ctx; register informers before
 // cfg.State is started.
 func New(ctx context.Context, cfg Config) *Pipeline {
+	cfg.TracerProvider = replayTracing(cfg.TracerProvider)
 	m := buildMachinery(ctx, cfg)
 	// The handler chain (DefaultBuildHandlerChain, read bottom-up) ...
 	p := newPipeline(cfg,
@@ -88,6 +91,21 @@ func New(ctx context.Context, cfg Config) *Pipeline {
 	p.handler = newResourceHandler(m)
 	p.m = m
 	return p
+}
+
+// replayAttr is true on every span the replay makes: they describe what
+// kproxy replayed in-process, not anything the apiserver did.
+const replayAttr = "kproxy.replay"
+
+// replayTracing is the provider the pipeline and its machinery trace
+// with. The replay runs the apiserver's own code, whose spans (a dry
+// run's "Create etcd3", "SerializeObject", "Write to database call
+// succeeded") would read in kproxy's trace as if the apiserver had done
+// the work: only kproxy's own spans are recorded, each marked replayAttr
+// (telemetry.OwnSpansOnly). Their names stay the contract's stage names;
+// the "replay" span above them and the mark say whose they are.
+func replayTracing(tp trace.TracerProvider) trace.TracerProvider {
+	return telemetry.OwnSpansOnly(tp, attribute.Bool(replayAttr, true))
 }
 
 func newPipeline(cfg Config, stages ...Stage) *Pipeline {
@@ -401,13 +419,30 @@ func PanicExplanation(v any, id string) string {
 	return "the replay failed on " + what + ", a kproxy bug: the stack is in kproxy's log under record " + id
 }
 
+// endStageSpan records a stage's verdict on its span. A stage that
+// refuses the request, or whose replay failed, is an error: that is the
+// span an operator looks for in a refused request's trace.
 func endStageSpan(span trace.Span, res Result) {
 	span.SetAttributes(
 		attribute.String("kproxy.stage.outcome", res.Outcome),
 		attribute.String("kproxy.stage.explanation", res.Explanation))
-	if res.Outcome == record.Error {
+	switch res.Outcome {
+	case record.Error:
 		span.SetStatus(codes.Error, res.Explanation)
+	case record.Reject:
+		span.SetStatus(codes.Error, refusal(res.Status))
 	}
+}
+
+// refusal is a refusal's short description: "403 Forbidden".
+func refusal(st *metav1.Status) string {
+	switch {
+	case st == nil:
+		return "rejected"
+	case st.Reason != "":
+		return fmt.Sprintf("%d %s", st.Code, st.Reason)
+	}
+	return fmt.Sprintf("%d %s", st.Code, http.StatusText(int(st.Code)))
 }
 
 // WaitReady waits, at most timeout, until the machinery that digests the

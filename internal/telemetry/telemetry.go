@@ -6,15 +6,20 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Options override the environment. Empty fields defer to OTEL_* variables.
@@ -68,23 +73,140 @@ func Propagator() propagation.TextMapPropagator {
 	return propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 }
 
-func exporter(ctx context.Context, o Options, getenv func(string) string) (sdktrace.SpanExporter, error) {
+// OwnScope begins the instrumentation scope (the tracer name) of every
+// tracer kproxy makes: its Go package path.
+const OwnScope = "github.com/kproxy/kproxy/"
+
+// OwnSpansOnly wraps tp for code under which kproxy runs the apiserver's
+// own code in-process (the replay). That code starts spans from whatever
+// span its context carries (component-base's tracing.Start asks
+// trace.SpanFromContext(ctx).TracerProvider()), so under kproxy's spans a
+// dry run would show "Create etcd3", "SerializeObject" or "Write to
+// database call succeeded" in kproxy's trace as if they had happened for
+// real. The provider returned records the spans of tracers named under
+// OwnScope only, each with mark, and those spans name the filter as their
+// TracerProvider, so the apiserver's code that takes the provider from
+// one of them is filtered too. A tracer of any other scope records
+// nothing but keeps its parent's span context: kproxy's spans further
+// down still join the trace, and traceparent still reaches webhooks.
+func OwnSpansOnly(tp trace.TracerProvider, mark ...attribute.KeyValue) trace.TracerProvider {
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	return &ownSpans{inner: tp, mark: mark}
+}
+
+type ownSpans struct {
+	embedded.TracerProvider
+	inner trace.TracerProvider
+	mark  []attribute.KeyValue
+}
+
+func (p *ownSpans) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	if !strings.HasPrefix(name, OwnScope) {
+		return noop.NewTracerProvider().Tracer(name)
+	}
+	return ownTracer{inner: p.inner.Tracer(name, opts...), p: p}
+}
+
+type ownTracer struct {
+	embedded.Tracer
+	inner trace.Tracer
+	p     *ownSpans
+}
+
+func (t ownTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	if len(t.p.mark) > 0 {
+		// A copy: the caller's slice is not ours to append to.
+		opts = append(opts[:len(opts):len(opts)], trace.WithAttributes(t.p.mark...))
+	}
+	ctx, s := t.inner.Start(ctx, name, opts...)
+	s = ownSpan{Span: s, p: t.p}
+	return trace.ContextWithSpan(ctx, s), s
+}
+
+// ownSpan is a kproxy span that hands out the filter as its provider.
+type ownSpan struct {
+	trace.Span
+	p *ownSpans
+}
+
+func (s ownSpan) TracerProvider() trace.TracerProvider { return s.p }
+
+// Describe says where Setup, given the same options and environment,
+// sends spans: "OTLP http/protobuf to http://127.0.0.1:4318", or why it
+// exports nothing. kproxy logs it at start, so that an operator looking
+// for traces knows where they went (or that they went nowhere).
+func Describe(o Options, getenv func(string) string) string {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	c, err := choose(o, getenv)
+	switch {
+	case err != nil:
+		return "not exporting: " + err.Error()
+	case c.off != "":
+		return "not exporting: " + c.off
+	}
+	endpoint := c.endpoint
+	if endpoint == "" {
+		// OTEL_TRACES_EXPORTER=otlp alone: the exporter's own default.
+		endpoint = "localhost:4318 (the OTLP default)"
+		if c.protocol == "grpc" {
+			endpoint = "localhost:4317 (the OTLP default)"
+		}
+	}
+	return "OTLP " + c.protocol + " to " + withoutUserinfo(endpoint)
+}
+
+// choice is the exporter the options and the environment select.
+type choice struct {
+	off      string // why nothing is exported; "" when something is
+	protocol string
+	endpoint string // "" leaves the exporter's default
+}
+
+func choose(o Options, getenv func(string) string) (choice, error) {
 	kind := strings.ToLower(strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")))
 	endpoint := firstNonEmpty(o.Endpoint, getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), getenv("OTEL_EXPORTER_OTLP_ENDPOINT"))
 	switch kind {
 	case "none":
 		if o.Endpoint == "" {
-			return nil, nil
+			return choice{off: "OTEL_TRACES_EXPORTER=none"}, nil
 		}
 	case "", "otlp":
 	default:
-		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER=%q is not supported: use otlp or none", kind)
+		return choice{}, fmt.Errorf("OTEL_TRACES_EXPORTER=%q is not supported: use otlp or none", kind)
 	}
 	if endpoint == "" && kind != "otlp" {
-		return nil, nil
+		return choice{off: "no OTEL_EXPORTER_OTLP_ENDPOINT / --otlp-endpoint"}, nil
 	}
 	protocol := firstNonEmpty(o.Protocol, getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), getenv("OTEL_EXPORTER_OTLP_PROTOCOL"), "http/protobuf")
 	switch protocol {
+	case "grpc", "http/protobuf", "http":
+	default:
+		return choice{}, fmt.Errorf("OTLP protocol %q is not supported: use grpc or http/protobuf", protocol)
+	}
+	return choice{protocol: protocol, endpoint: endpoint}, nil
+}
+
+// withoutUserinfo drops credentials from an endpoint URL before it is
+// logged.
+func withoutUserinfo(endpoint string) string {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.User == nil {
+		return endpoint
+	}
+	u.User = nil
+	return u.String()
+}
+
+func exporter(ctx context.Context, o Options, getenv func(string) string) (sdktrace.SpanExporter, error) {
+	c, err := choose(o, getenv)
+	if err != nil || c.off != "" {
+		return nil, err
+	}
+	switch c.protocol {
 	case "grpc":
 		var opts []otlptracegrpc.Option
 		if o.Endpoint != "" {
@@ -108,9 +230,8 @@ func exporter(ctx context.Context, o Options, getenv func(string) string) (sdktr
 			}
 		}
 		return otlptracehttp.New(ctx, opts...)
-	default:
-		return nil, fmt.Errorf("OTLP protocol %q is not supported: use grpc or http/protobuf", protocol)
 	}
+	return nil, fmt.Errorf("OTLP protocol %q is not supported: use grpc or http/protobuf", c.protocol)
 }
 
 // hostPort strips a scheme; http:// (or a loopback host) means no TLS.

@@ -39,6 +39,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/transport"
 	basecompatibility "k8s.io/component-base/compatibility"
+	"k8s.io/component-base/tracing"
 	aggregatorapiserver "k8s.io/kube-aggregator/pkg/apiserver"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/pkg/capabilities"
@@ -193,6 +194,13 @@ func New(ctx context.Context, c Config) (*Server, error) {
 
 	ev := basecompatibility.NewEffectiveVersionFromString(strings.TrimPrefix(KubernetesVersion, "v"), "", "")
 	gc := genericapiserver.NewConfig(legacyscheme.Codecs)
+	// The replay's apiserver records no spans of its own: they would show
+	// work (etcd writes, a response serialized) the real apiserver did,
+	// not the replay. NewConfig's provider is already a no-op; it is set
+	// here because the webhook clients below take it (they still pass
+	// traceparent on). The spans its handlers start from the request's
+	// context are dropped by the replay's provider (stages.replayTracing).
+	gc.TracerProvider = tracing.NewNoopTracerProvider()
 	gc.EffectiveVersion = ev
 	gc.ExternalAddress = "kproxy-replay:443"
 	// --runtime-config, merged as kube-apiserver merges it.

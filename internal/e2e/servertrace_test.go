@@ -1,0 +1,377 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/kproxy/kproxy/internal/localcluster"
+	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/serve"
+	"github.com/kproxy/kproxy/internal/telemetry"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
+)
+
+// slowWebhook is the validating webhook of TestServerTrace: it sleeps
+// 300 ms before it allows.
+const (
+	slowWebhook     = "slow.servertrace.kproxy.test"
+	slowWebhookTime = 300 * time.Millisecond
+	serverTraceNS   = "servertrace"
+)
+
+// TestServerTrace runs a cluster of its own whose apiserver exports its
+// spans to kproxy's OTLP receiver (the shared cluster's apiserver does not
+// trace), and kproxy exporting to a Jaeger. It checks that records get
+// the apiserver's own layers: a create whose validating webhook sleeps
+// 300 ms puts most of its time in that webhook, and the summary names it;
+// a LIST shows storage and serialization layers; self times add up to the
+// apiserver's total (exactly: every instant is one layer's); the token
+// caller in system:masters and the certificate caller (forwarded as
+// kproxy's identity, in system:monitoring) get one trace, kproxy's and the
+// apiserver's; the other token caller a linked trace; and Jaeger receives
+// the apiserver's spans, passed on by kproxy.
+func TestServerTrace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a cluster of its own")
+	}
+	ctx := context.Background()
+	ports, err := localcluster.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	receiver := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr, TracingEndpoint: receiver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	admin := kubernetes.NewForConfigOrDie(c.UserConfig("admin"))
+	if err := localcluster.GrantKproxy(ctx, admin, "kproxy"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, namespace(serverTraceNS), createOpts); err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.EnsureDefaultServiceAccount(ctx, admin, serverTraceNS); err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.GrantDevs(ctx, admin, serverTraceNS); err != nil {
+		t.Fatal(err)
+	}
+	registerSlowWebhook(t, admin)
+	j, err := localcluster.StartJaeger(ctx, "", "", os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Stop()
+
+	stream := record.NewStream()
+	recs, _, unsubscribe := stream.Subscribe(64)
+	defer unsubscribe()
+	k := startTracedKproxy(t, c, receiver, stream, telemetry.Options{Endpoint: j.OTLPHTTP, Protocol: "http/protobuf", ServiceName: "kproxy-e2e"})
+	r := reverseRoute(k)
+	next := func(method, path string) *record.Record {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case rec := <-recs:
+				if rec.Request.Method == method && rec.Request.Path == path {
+					return rec
+				}
+			case <-deadline:
+				t.Fatalf("no record of %s %s", method, path)
+			}
+		}
+	}
+
+	// A create: the slow webhook. admin is in system:masters: the
+	// apiserver continues kproxy's trace.
+	cmPath := "/api/v1/namespaces/" + serverTraceNS + "/configmaps"
+	got := do(t, r.client(nil), r.base, request{method: "POST", path: cmPath, user: "admin",
+		body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"traced"},"data":{"a":"b"}}`})
+	if got.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", got.status, got.body)
+	}
+	create := next("POST", cmPath)
+	s := checkServer(t, "create", create)
+	top := biggestSelf(s)
+	if want := "validating webhook " + slowWebhook; top.Name != want || top.Stage != record.StageValidatingAdmission || top.SelfNs < int64(slowWebhookTime) {
+		t.Errorf("create: the biggest self time is %q (%s, %v), want %q over %v; layers:\n%s", top.Name, top.Stage, time.Duration(top.SelfNs), want, slowWebhookTime, layerTable(s))
+	}
+	if float64(top.SelfNs) < 0.6*float64(s.TotalNs) {
+		t.Errorf("create: the webhook has %v of %v, want most of it:\n%s", time.Duration(top.SelfNs), time.Duration(s.TotalNs), layerTable(s))
+	}
+	if !strings.Contains(s.Summary, "in validating webhook "+slowWebhook+" (timeout 10s)") {
+		t.Errorf("create: summary %q does not name the webhook and its timeout", s.Summary)
+	}
+	if s.TraceID != create.TraceID {
+		t.Errorf("create (admin, system:masters): the apiserver's trace %s, kproxy's %s: want one trace", s.TraceID, create.TraceID)
+	}
+	t.Logf("create: %s\n%s", s.Summary, layerTable(s))
+
+	// A LIST by alice (devs): the apiserver starts its own trace, linked.
+	got = do(t, r.client(nil), r.base, request{method: "GET", path: cmPath, user: "alice"})
+	if got.status != http.StatusOK {
+		t.Fatalf("list: %d %s", got.status, got.body)
+	}
+	list := next("GET", cmPath)
+	ls := checkServer(t, "list", list)
+	stages := map[string]bool{}
+	for _, l := range ls.Layers {
+		stages[l.Stage] = true
+	}
+	for _, want := range []string{record.StageAuthentication, record.LayerAudit, record.StageFlowControl, record.StageAuthorization, record.StageDecode, record.StageStorage, record.LayerSerialization} {
+		if !stages[want] {
+			t.Errorf("list: no %s layer:\n%s", want, layerTable(ls))
+		}
+	}
+	if ls.TraceID == list.TraceID {
+		t.Errorf("list (alice): the apiserver continued kproxy's trace %s; want its own trace linked to it", list.TraceID)
+	}
+	t.Logf("list: %s\n%s", ls.Summary, layerTable(ls))
+
+	// A certificate caller: forwarded by impersonation as kproxy, whose
+	// identity is in system:monitoring: one trace.
+	cfg, err := c.ClientCertConfig("dave", "devs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(cfg.CertData, cfg.KeyData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = do(t, r.client(&cert), r.base, request{method: "GET", path: cmPath + "/traced"})
+	if got.status != http.StatusOK {
+		t.Fatalf("get as dave: %d %s", got.status, got.body)
+	}
+	get := next("GET", cmPath+"/traced")
+	gs := checkServer(t, "get", get)
+	if gs.TraceID != get.TraceID {
+		t.Errorf("get (certificate, forwarded as kproxy in system:monitoring): the apiserver's trace %s, kproxy's %s: want one trace", gs.TraceID, get.TraceID)
+	}
+
+	// Jaeger has the apiserver's spans, passed on by kproxy: the linked
+	// trace is the apiserver's alone, the create's is kproxy's and the
+	// apiserver's.
+	k.stop()
+	if names, ok := jaegerOperations(j.QueryURL, ls.TraceID, "List", "cacher.GetList", "SerializeObject"); !ok {
+		t.Errorf("Jaeger's trace %s lacks the apiserver's List span: %v", ls.TraceID, names)
+	}
+	// kproxy's own spans: its server span and the upstream call.
+	if names, ok := jaegerOperations(j.QueryURL, create.TraceID, "Call validating webhook", "Create", "upstream"); !ok {
+		t.Errorf("Jaeger's trace %s lacks kproxy's or the apiserver's spans (want them in one trace): %v", create.TraceID, names)
+	}
+}
+
+// checkServer checks what every joined record has and returns its Server.
+func checkServer(t *testing.T, what string, rec *record.Record) record.Server {
+	t.Helper()
+	if rec.Server == nil {
+		t.Fatalf("%s: no server layers on the record (audit ID %s, trace %s)", what, rec.Actual.AuditID, rec.TraceID)
+	}
+	s := *rec.Server
+	if s.Source != record.ServerFromTrace || rec.Latency.ServerNs != s.TotalNs || len(s.Layers) < 6 {
+		t.Fatalf("%s: server %+v, latency %+v", what, s, rec.Latency)
+	}
+	// Self times add up to the total exactly: every instant of the
+	// apiserver's time is attributed to one layer.
+	var sum int64
+	for _, l := range s.Layers {
+		if l.SelfNs < 0 || l.OffsetNs < 0 || l.OffsetNs+l.DurationNs > s.TotalNs {
+			t.Errorf("%s: layer %+v", what, l)
+		}
+		sum += l.SelfNs
+	}
+	if sum != s.TotalNs {
+		t.Errorf("%s: self times add up to %v, the total is %v", what, time.Duration(sum), time.Duration(s.TotalNs))
+	}
+	// The apiserver's time is within what kproxy saw upstream (same
+	// machine, same clock; 2 ms of slack for the connection's ends).
+	if s.TotalNs > rec.Latency.UpstreamNs+int64(2*time.Millisecond) {
+		t.Errorf("%s: the apiserver's %v is more than kproxy's upstream %v", what, time.Duration(s.TotalNs), time.Duration(rec.Latency.UpstreamNs))
+	}
+	if s.Layers[0].Stage != record.StageAuthentication || s.Layers[0].Depth != 0 || s.Summary == "" {
+		t.Errorf("%s: first layer %+v, summary %q", what, s.Layers[0], s.Summary)
+	}
+	return s
+}
+
+func biggestSelf(s record.Server) record.ServerLayer {
+	var top record.ServerLayer
+	for _, l := range s.Layers {
+		if l.SelfNs > top.SelfNs {
+			top = l
+		}
+	}
+	return top
+}
+
+func layerTable(s record.Server) string {
+	var b strings.Builder
+	for _, l := range s.Layers {
+		fmt.Fprintf(&b, "  %-50s %-22s off %-10v dur %-10v self %v\n", strings.Repeat("  ", l.Depth)+l.Name, l.Stage,
+			time.Duration(l.OffsetNs).Round(time.Microsecond), time.Duration(l.DurationNs).Round(time.Microsecond), time.Duration(l.SelfNs).Round(time.Microsecond))
+	}
+	return b.String()
+}
+
+// startTracedKproxy starts kproxy in front of c with its OTLP receiver on
+// receiver, exporting to tel.
+func startTracedKproxy(t *testing.T, c *localcluster.Cluster, receiver string, stream *record.Stream, tel telemetry.Options) *kproxy {
+	t.Helper()
+	dir := t.TempDir()
+	kc, err := c.UpstreamKubeconfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aopts, _, err := apiserver.OptionsFromArgs(c.APIServerFlags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := serve.New(ctx, &serve.Options{
+		UpstreamKubeconfig: kc, Listen: "127.0.0.1:0", Mode: "reverse", PKIDir: filepath.Join(dir, "pki"),
+		APIServer: aopts, Telemetry: tel, Stream: stream,
+		OTLPReceiverListen: receiver,
+		Log:                slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		cancel()
+		t.Fatalf("start kproxy: %v", err)
+	}
+	if s.OTLPReceiverAddr != receiver {
+		t.Fatalf("receiver on %s, want %s", s.OTLPReceiverAddr, receiver)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	// The apiserver started before the receiver listened: its exporter
+	// connects after a backoff. Its first observation (kproxy's own
+	// requests, syncing the replay's state) says it has.
+	deadline := time.Now().Add(time.Minute)
+	for s.Joiner.Stats().Observations == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the apiserver's spans did not reach kproxy's receiver within a minute")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	k := &kproxy{addr: s.Addr, ca: tlsTrusting(s.CA).RootCAs, caPEM: pki.CertPEM(s.CA.Cert)}
+	var stopped bool
+	k.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("kproxy stopped with: %v", err)
+		}
+	}
+	t.Cleanup(k.stop)
+	return k
+}
+
+// registerSlowWebhook serves the validating webhook that sleeps and
+// registers it for configmaps in serverTraceNS.
+func registerSlowWebhook(t *testing.T, admin kubernetes.Interface) {
+	t.Helper()
+	ca, err := pki.NewCA("servertrace-webhook-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.Leaf{CommonName: "servertrace-webhook", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		var ar admissionv1.AdmissionReview
+		b, _ := io.ReadAll(r.Body)
+		if err := json.Unmarshal(b, &ar); err != nil || ar.Request == nil {
+			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
+			return
+		}
+		select {
+		case <-time.After(slowWebhookTime):
+		case <-r.Context().Done():
+			return
+		}
+		ar.Response = &admissionv1.AdmissionResponse{UID: ar.Request.UID, Allowed: true}
+		ar.Request = nil
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(ar)
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}}}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+	url := "https://" + ln.Addr().String() + "/slow"
+	none, fail, ten := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.Fail, int32(10)
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-servertrace"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: slowWebhook, ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: pki.CertPEM(ca.Cert), URL: &url},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+			}},
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": serverTraceNS}},
+			FailurePolicy:     &fail, SideEffects: &none, TimeoutSeconds: &ten, AdmissionReviewVersions: []string{"v1"},
+		}}}
+	if _, err := admin.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(context.Background(), vwc, createOpts); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// jaegerOperations polls Jaeger's query API until the trace has every
+// operation wanted, and returns its operations.
+func jaegerOperations(queryURL, traceID string, want ...string) ([]string, bool) {
+	deadline := time.Now().Add(30 * time.Second)
+	var names []string
+	for time.Now().Before(deadline) {
+		names = names[:0]
+		resp, err := http.Get(fmt.Sprintf("%s/api/traces/%s", queryURL, traceID))
+		if err == nil {
+			var body struct {
+				Data []struct {
+					Spans []struct {
+						OperationName string `json:"operationName"`
+					} `json:"spans"`
+				} `json:"data"`
+			}
+			if json.NewDecoder(resp.Body).Decode(&body) == nil && len(body.Data) > 0 {
+				for _, s := range body.Data[0].Spans {
+					names = append(names, s.OperationName)
+				}
+			}
+			resp.Body.Close()
+			if !slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(names, w) }) {
+				return names, true
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	return names, false
+}

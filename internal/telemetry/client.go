@@ -1,0 +1,66 @@
+package telemetry
+
+import (
+	"os"
+	"strings"
+
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+)
+
+// Client is an OTLP trace client to where Setup, given the same options
+// and environment, exports kproxy's spans: for passing on spans kproxy
+// receives from elsewhere (internal/servertrace), as raw protos. It is
+// nil, with no error, when nothing is exported. The caller starts and
+// stops it.
+func Client(o Options, getenv func(string) string) (otlptrace.Client, error) {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	c, err := choose(o, getenv)
+	if err != nil || c.off != "" {
+		return nil, err
+	}
+	if c.protocol == "grpc" {
+		var opts []otlptracegrpc.Option
+		if o.Endpoint != "" {
+			host, insecure := hostPort(o.Endpoint)
+			opts = append(opts, otlptracegrpc.WithEndpoint(host))
+			if insecure || o.Insecure {
+				opts = append(opts, otlptracegrpc.WithInsecure())
+			}
+		}
+		return otlptracegrpc.NewClient(opts...), nil
+	}
+	var opts []otlptracehttp.Option
+	if o.Endpoint != "" {
+		if strings.Contains(o.Endpoint, "://") {
+			opts = append(opts, otlptracehttp.WithEndpointURL(strings.TrimSuffix(o.Endpoint, "/")+"/v1/traces"))
+		} else {
+			opts = append(opts, otlptracehttp.WithEndpoint(o.Endpoint))
+			if o.Insecure || isLoopback(o.Endpoint) {
+				opts = append(opts, otlptracehttp.WithInsecure())
+			}
+		}
+	}
+	return otlptracehttp.NewClient(opts...), nil
+}
+
+// EndpointHostPort is the host:port Setup exports to, "" when nothing is
+// exported or the exporter's default applies: to tell an endpoint that
+// would loop back into kproxy.
+func EndpointHostPort(o Options, getenv func(string) string) string {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	c, err := choose(o, getenv)
+	if err != nil || c.off != "" || c.endpoint == "" {
+		return ""
+	}
+	hp, _ := hostPort(c.endpoint)
+	if i := strings.IndexByte(hp, '/'); i >= 0 {
+		hp = hp[:i]
+	}
+	return hp
+}
