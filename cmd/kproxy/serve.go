@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -80,6 +81,8 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.PKIDir, "pki-dir", serve.DefaultPKIDir(), "directory of kproxy's CA (ca.crt, ca.key), created on first use")
 	f.StringVar(&o.DebugAddr, "debug-addr", "", "serve Go's pprof and expvar on this address (e.g. 127.0.0.1:6060); off by default")
 	f.StringVar(&o.Capture, "capture", "", "append one JSON record per request to this file (JSON Lines)")
+	f.DurationVar(&o.BodyIdleTimeout, "request-body-idle-timeout", time.Minute, "end a request whose body stops arriving for this long (a client that never finishes its body holds a connection otherwise); 0 for no limit")
+	f.IntVar(&o.MaxConnections, "max-connections", 0, "client connections kproxy holds at once; past it, new ones wait to be accepted (0: no limit)")
 	f.BoolVar(&o.CaptureBodies, "capture-bodies", false, "also record each write's body (as JSON; Secret data, tokens and keys redacted) and its Impersonate-* headers")
 	f.StringVar(&o.Mode, "mode", "reverse", "reverse (clients connect to kproxy) or forward (clients use kproxy as HTTPS proxy)")
 	f.StringVar(&o.Telemetry.Endpoint, "otlp-endpoint", "", "OTLP endpoint for traces (overrides OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4318 or 127.0.0.1:4317 with --otlp-protocol grpc")

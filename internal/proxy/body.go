@@ -3,7 +3,9 @@ package proxy
 import (
 	"bytes"
 	"io"
+	"net/http"
 	"sync"
+	"time"
 )
 
 // teeBody passes the request body upstream untouched and keeps a copy of
@@ -85,4 +87,26 @@ func (t *teeBody) bytesRead() int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.n
+}
+
+// idleBody ends a request body that stops arriving: each read must bring
+// bytes within idle, or it fails with a timeout (and the request with it),
+// so a client that never finishes its body cannot hold a connection for
+// ever. The deadline is the connection's (or, over HTTP/2, the stream's)
+// and is cleared once the body ends.
+type idleBody struct {
+	io.ReadCloser
+	ctl  *http.ResponseController
+	idle time.Duration
+	now  func() time.Time
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	// A writer that cannot take deadlines (a test recorder) reads as before.
+	_ = b.ctl.SetReadDeadline(b.now().Add(b.idle))
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		_ = b.ctl.SetReadDeadline(time.Time{})
+	}
+	return n, err
 }

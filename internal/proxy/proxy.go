@@ -76,6 +76,9 @@ type Config struct {
 	// CaptureBodies records a write's body (secrets redacted) and its
 	// Impersonate-* headers (bodies.go).
 	CaptureBodies bool
+	// BodyIdleTimeout ends a request whose body stops arriving for that
+	// long (0: no limit).
+	BodyIdleTimeout time.Duration
 	// Log receives operational messages (never secrets).
 	Log *slog.Logger
 }
@@ -99,6 +102,7 @@ type Proxy struct {
 	pending             sync.WaitGroup         // records not yet written
 	reruns              *rerunStore            // nil: re-runs off
 	captureBodies       bool
+	bodyIdle            time.Duration
 	perRequestLog       *slog.Logger // p.log, rate-limited
 }
 
@@ -127,6 +131,7 @@ func New(cfg Config) (*Proxy, error) {
 		log:           cfg.Log,
 		reruns:        newRerunStore(cfg.Rerun),
 		captureBodies: cfg.CaptureBodies,
+		bodyIdle:      cfg.BodyIdleTimeout,
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -284,6 +289,9 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		ex.rec.Request.User, ex.rec.Request.Groups = u.GetName(), u.GetGroups()
 	}
 	if r.Body != nil && r.Body != http.NoBody {
+		if p.bodyIdle > 0 {
+			r.Body = &idleBody{ReadCloser: r.Body, ctl: http.NewResponseController(w), idle: p.bodyIdle, now: p.clock.Now}
+		}
 		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, startReplay)
 		r.Body = ex.body
 	} else {

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/netutil"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -76,6 +77,11 @@ type Options struct {
 	APIRerunKeepBytes int64
 	// LogFlows logs one line per finished flow.
 	LogFlows bool
+	// BodyIdleTimeout ends a request whose body stops arriving for that
+	// long (0: none); MaxConnections bounds the client connections kproxy
+	// holds at once (0: no bound; past it, new ones wait to be accepted).
+	BodyIdleTimeout time.Duration
+	MaxConnections  int
 	// CaptureBodies records write bodies (secrets redacted) and
 	// impersonation in the records.
 	CaptureBodies bool
@@ -130,6 +136,12 @@ func (o *Options) Validate() error {
 		if err != nil || u.Scheme != "https" || u.Host == "" {
 			return fmt.Errorf("--upstream=%q: want the apiserver's https URL, e.g. https://10.0.0.1:6443", o.Upstream)
 		}
+	}
+	if o.BodyIdleTimeout < 0 {
+		return fmt.Errorf("--request-body-idle-timeout=%v: want a duration such as 1m, or 0 for no limit", o.BodyIdleTimeout)
+	}
+	if o.MaxConnections < 0 {
+		return fmt.Errorf("--max-connections=%d: want how many client connections kproxy holds at once, or 0 for no limit", o.MaxConnections)
 	}
 	if err := o.validateServerTrace(); err != nil {
 		return err
@@ -328,6 +340,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		Mode:              o.Mode,
 		Rerun:             o.rerunLimits(),
 		CaptureBodies:     o.CaptureBodies,
+		BodyIdleTimeout:   o.BodyIdleTimeout,
 		Log:               log,
 	}
 	if up.Impersonating != nil {
@@ -358,6 +371,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		return nil, fmt.Errorf("--listen=%s: %w", o.Listen, err)
 	}
 	s.Addr = s.ln.Addr().String()
+	if o.MaxConnections > 0 {
+		s.ln = netutil.LimitListener(s.ln, o.MaxConnections)
+	}
 	if o.Mode == "forward" {
 		s.forward = proxy.NewForwardServer(s.handler, up.URL.Host, s.tlsCfg, s.ln.Addr(), log)
 	}

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
@@ -23,6 +24,8 @@ func TestValidate(t *testing.T) {
 		{"half a certificate", func(o *Options) { o.TLSCertFile = "c.crt" }, "--tls-cert-file and --tls-private-key-file go together"},
 		{"bad listen", func(o *Options) { o.Listen = "8443" }, `--listen="8443"`},
 		{"http upstream", func(o *Options) { o.Upstream = "http://10.0.0.1:6443" }, `--upstream="http://10.0.0.1:6443"`},
+		{"negative body idle timeout", func(o *Options) { o.BodyIdleTimeout = -time.Second }, "--request-body-idle-timeout=-1s"},
+		{"negative connection limit", func(o *Options) { o.MaxConnections = -1 }, "--max-connections=-1"},
 		// The flow API: plain HTTP on loopback only.
 		{"loopback, plain HTTP", func(*Options) {}, ""},
 		{"off", func(o *Options) { o.APIListen = "off" }, ""},
