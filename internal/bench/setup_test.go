@@ -156,7 +156,10 @@ func (e *env) startKproxy(name string, trace bool) (*target, error) {
 	// Every read is replayed (no shedding), so that the cost measured is
 	// the replay's whole cost.
 	args := []string{"serve", "--listen=" + addr, "--upstream-kubeconfig=" + kc,
-		"--apiserver-manifest=" + manifest, "--pki-dir=" + pkiDir, "--log-level=warn", "--replay-etcd-qps=1000000"}
+		"--apiserver-manifest=" + manifest, "--pki-dir=" + pkiDir, "--log-level=warn", "--replay-etcd-qps=1000000",
+		// The flow API stays on, as by default, on a port of its own: the
+		// bench runs several kproxies at once.
+		"--api-listen=127.0.0.1:0"}
 	want := os.Getenv("KPROXY_BENCH_DEBUG_TARGET") // which kproxy process to expose
 	if want == "" {
 		want = "kproxy"

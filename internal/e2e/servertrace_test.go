@@ -13,12 +13,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
@@ -169,6 +172,11 @@ func TestServerTrace(t *testing.T) {
 	if gs.TraceID != get.TraceID {
 		t.Errorf("get (certificate, forwarded as kproxy in system:monitoring): the apiserver's trace %s, kproxy's %s: want one trace", gs.TraceID, get.TraceID)
 	}
+
+	// APF queue wait under load: alice's requests get a priority level
+	// of a few seats that borrows none; a burst of creates, each held
+	// 300 ms by the webhook, queues, and the records say so.
+	apfUnderLoad(t, admin, r, recs, cmPath)
 
 	// Jaeger has the apiserver's spans, passed on by kproxy: the linked
 	// trace is the apiserver's alone, the create's is kproxy's and the
@@ -374,4 +382,89 @@ func jaegerOperations(queryURL, traceID string, want ...string) ([]string, bool)
 		time.Sleep(250 * time.Millisecond)
 	}
 	return names, false
+}
+
+// apfUnderLoad sends a burst of slow creates through a narrow priority
+// level and expects the APF layer to hold queue wait.
+func apfUnderLoad(t *testing.T, admin kubernetes.Interface, r route, recs <-chan *record.Record, cmPath string) {
+	t.Helper()
+	ctx := context.Background()
+	one, zero := int32(1), int32(0)
+	plc := &flowcontrolv1.PriorityLevelConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-narrow"},
+		Spec: flowcontrolv1.PriorityLevelConfigurationSpec{Type: flowcontrolv1.PriorityLevelEnablementLimited,
+			Limited: &flowcontrolv1.LimitedPriorityLevelConfiguration{NominalConcurrencyShares: &one, BorrowingLimitPercent: &zero,
+				LimitResponse: flowcontrolv1.LimitResponse{Type: flowcontrolv1.LimitResponseTypeQueue,
+					Queuing: &flowcontrolv1.QueuingConfiguration{Queues: 1, HandSize: 1, QueueLengthLimit: 100}}}}}
+	if _, err := admin.FlowcontrolV1().PriorityLevelConfigurations().Create(ctx, plc, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	fs := &flowcontrolv1.FlowSchema{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-narrow"},
+		Spec: flowcontrolv1.FlowSchemaSpec{PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: plc.Name},
+			MatchingPrecedence: 100,
+			Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
+				Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindUser, User: &flowcontrolv1.UserSubject{Name: "alice"}}},
+				ResourceRules: []flowcontrolv1.ResourcePolicyRule{{Verbs: []string{"create"}, APIGroups: []string{""},
+					Resources: []string{"configmaps"}, Namespaces: []string{serverTraceNS}}},
+			}}}}
+	if _, err := admin.FlowcontrolV1().FlowSchemas().Create(ctx, fs, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	// The APF controller takes the new objects in within a moment: wait
+	// until a create reports the new flow schema.
+	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		got := do(t, r.client(nil), r.base, request{method: "POST", path: cmPath + "?dryRun=All", user: "alice",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"apf-probe"}}`})
+		return got.header.Get("X-Kubernetes-Pf-Flowschema-Uid") != "" && flowSchemaIs(admin, got.header.Get("X-Kubernetes-Pf-Flowschema-Uid"), fs.Name), nil
+	}); err != nil {
+		t.Fatalf("the flow schema %s never took alice's creates: %v", fs.Name, err)
+	}
+	const burst = 12
+	var wg sync.WaitGroup
+	for i := 0; i < burst; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			do(t, r.client(nil), r.base, request{method: "POST", path: cmPath + "?dryRun=All&fieldManager=burst", user: "alice",
+				body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"apf-%d"}}`, i)})
+		}(i)
+	}
+	wg.Wait()
+	var maxWait int64
+	var queued *record.Record
+	deadline := time.After(30 * time.Second)
+	for n := 0; n < burst; {
+		select {
+		case rec := <-recs:
+			if rec.Request.Method != "POST" || rec.Request.Path != cmPath || !strings.Contains(rec.Request.Query, "fieldManager=burst") {
+				continue // an earlier request's record
+			}
+			n++
+			if rec.Server == nil {
+				t.Errorf("a create of the burst has no server layers (audit ID %s)", rec.Actual.AuditID)
+				continue
+			}
+			for _, l := range rec.Server.Layers {
+				if l.Stage == record.StageFlowControl && l.SelfNs > maxWait {
+					maxWait, queued = l.SelfNs, rec
+				}
+			}
+		case <-deadline:
+			t.Fatalf("only %d of the burst's %d records arrived", n, burst)
+		}
+	}
+	// With a few seats and 12 requests of 300 ms each, some wait at least
+	// one webhook call in the queue.
+	if maxWait < int64(slowWebhookTime)/2 {
+		t.Fatalf("the longest APF self time in the burst is %v: want queue wait of the order of the webhook's %v", time.Duration(maxWait), slowWebhookTime)
+	}
+	if !strings.Contains(queued.Server.Summary, "APF") {
+		t.Errorf("the most queued request's summary does not name APF: %q", queued.Server.Summary)
+	}
+	t.Logf("APF under load: %s\n%s", queued.Server.Summary, layerTable(*queued.Server))
+}
+
+// flowSchemaIs reports whether the flow schema with uid is named name.
+func flowSchemaIs(admin kubernetes.Interface, uid, name string) bool {
+	fs, err := admin.FlowcontrolV1().FlowSchemas().Get(context.Background(), name, metav1.GetOptions{})
+	return err == nil && string(fs.UID) == uid
 }

@@ -152,7 +152,7 @@ func (s *Server) listenAPI() error {
 
 	ln, err := net.Listen("tcp", o.APIListen)
 	if err != nil {
-		return fmt.Errorf("--api-listen=%s: %w (give another address, or off)", o.APIListen, err)
+		return fmt.Errorf("--api-listen=%s: %w (another kproxy serve may hold it: give another address, 127.0.0.1:0 for a free port, or off)", o.APIListen, err)
 	}
 	baseCtx, cancel := context.WithCancel(context.Background())
 	a := &flowAPI{ln: ln, tls: tlsCfg != nil, cancel: cancel}
