@@ -2,12 +2,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,15 +11,11 @@ import (
 	"testing"
 	"time"
 
-	admissionv1 "k8s.io/api/admission/v1"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kproxy/kproxy/internal/auditlatency"
 	"github.com/kproxy/kproxy/internal/flowview"
 	"github.com/kproxy/kproxy/internal/localcluster"
-	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
 
@@ -87,7 +79,7 @@ func TestAuditLatency(t *testing.T) {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, namespace(auditLatencyNS), createOpts); err != nil {
 		t.Fatal(err)
 	}
-	registerAuditSlowWebhook(t, admin)
+	registerSlowWebhook(t, admin, auditSlowWebhook, auditLatencyNS, auditSlowWebhookTime)
 
 	for _, src := range []struct {
 		name  string
@@ -217,60 +209,5 @@ func startAuditKproxy(t *testing.T, c *localcluster.Cluster, stream *record.Stre
 		if err := <-done; err != nil {
 			t.Errorf("kproxy stopped with: %v", err)
 		}
-	}
-}
-
-// registerAuditSlowWebhook serves a validating webhook for configmaps in
-// auditLatencyNS that sleeps auditSlowWebhookTime, then allows.
-func registerAuditSlowWebhook(t *testing.T, admin kubernetes.Interface) {
-	t.Helper()
-	ca, err := pki.NewCA("auditlatency-webhook-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Issue(pki.Leaf{CommonName: "auditlatency-webhook", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
-		var ar admissionv1.AdmissionReview
-		b, _ := io.ReadAll(r.Body)
-		if err := json.Unmarshal(b, &ar); err != nil || ar.Request == nil {
-			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
-			return
-		}
-		select {
-		case <-time.After(auditSlowWebhookTime):
-		case <-r.Context().Done():
-			return
-		}
-		ar.Response = &admissionv1.AdmissionResponse{UID: ar.Request.UID, Allowed: true}
-		ar.Request = nil
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(ar)
-	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}}}
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
-	url := "https://" + ln.Addr().String() + "/slow"
-	none, fail, ten := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.Fail, int32(10)
-	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-auditlatency"},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name: auditSlowWebhook, ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: pki.CertPEM(ca.Cert), URL: &url},
-			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
-			}},
-			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": auditLatencyNS}},
-			FailurePolicy:     &fail, SideEffects: &none, TimeoutSeconds: &ten, AdmissionReviewVersions: []string{"v1"},
-		}}}
-	if _, err := admin.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(context.Background(), vwc, createOpts); err != nil {
-		t.Fatal(err)
 	}
 }

@@ -80,7 +80,7 @@ func TestServerTrace(t *testing.T) {
 	if err := localcluster.GrantDevs(ctx, admin, serverTraceNS); err != nil {
 		t.Fatal(err)
 	}
-	registerSlowWebhook(t, admin)
+	registerSlowWebhook(t, admin, slowWebhook, serverTraceNS, slowWebhookTime)
 	j, err := localcluster.StartJaeger(ctx, "", "", os.Stderr)
 	if err != nil {
 		t.Fatal(err)
@@ -298,15 +298,16 @@ func startTracedKproxy(t *testing.T, c *localcluster.Cluster, receiver string, s
 	return k
 }
 
-// registerSlowWebhook serves the validating webhook that sleeps and
-// registers it for configmaps in serverTraceNS.
-func registerSlowWebhook(t *testing.T, admin kubernetes.Interface) {
+// registerSlowWebhook serves a validating webhook named name for the
+// creates of configmaps in namespace ns that sleeps for sleep, then
+// allows: the slow layer the apiserver's own account must point at.
+func registerSlowWebhook(t *testing.T, admin kubernetes.Interface, name, ns string, sleep time.Duration) {
 	t.Helper()
-	ca, err := pki.NewCA("servertrace-webhook-ca")
+	ca, err := pki.NewCA(ns + "-webhook-ca")
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf, err := ca.Issue(pki.Leaf{CommonName: "servertrace-webhook", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	leaf, err := ca.Issue(pki.Leaf{CommonName: ns + "-webhook", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +320,7 @@ func registerSlowWebhook(t *testing.T, admin kubernetes.Interface) {
 			return
 		}
 		select {
-		case <-time.After(slowWebhookTime):
+		case <-time.After(sleep):
 		case <-r.Context().Done():
 			return
 		}
@@ -338,14 +339,14 @@ func registerSlowWebhook(t *testing.T, admin kubernetes.Interface) {
 	t.Cleanup(func() { _ = srv.Close() })
 	url := "https://" + ln.Addr().String() + "/slow"
 	none, fail, ten := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.Fail, int32(10)
-	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-servertrace"},
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-" + ns},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name: slowWebhook, ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: pki.CertPEM(ca.Cert), URL: &url},
+			Name: name, ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: pki.CertPEM(ca.Cert), URL: &url},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
 			}},
-			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": serverTraceNS}},
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
 			FailurePolicy:     &fail, SideEffects: &none, TimeoutSeconds: &ten, AdmissionReviewVersions: []string{"v1"},
 		}}}
 	if _, err := admin.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(context.Background(), vwc, createOpts); err != nil {
