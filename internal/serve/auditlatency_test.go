@@ -28,51 +28,6 @@ const (
 	auditLogSlow   = "79aadb8f-9220-4884-b5aa-f51586bc3f86" // its third line
 )
 
-func TestValidateAuditLatency(t *testing.T) {
-	tlsAnd := func(o *Options) { o.AuditWebhookTLSCertFile, o.AuditWebhookTLSKeyFile = "c.crt", "c.key" }
-	for _, tc := range []struct {
-		name   string
-		mutate func(*Options)
-		want   string
-	}{
-		{"off", func(*Options) {}, ""},
-		{"off by name", func(o *Options) { o.AuditWebhookListen = "off" }, ""},
-		{"loopback, plain HTTP", func(o *Options) { o.AuditWebhookListen = "127.0.0.1:7071" }, ""},
-		{"localhost", func(o *Options) { o.AuditWebhookListen = "localhost:7071" }, ""},
-		{"no port", func(o *Options) { o.AuditWebhookListen = "127.0.0.1" }, `--audit-webhook-listen="127.0.0.1": want host:port`},
-		{"elsewhere, plain", func(o *Options) { o.AuditWebhookListen = "0.0.0.0:7071" },
-			"--audit-webhook-listen=0.0.0.0:7071 is not a loopback address"},
-		{"elsewhere, TLS", func(o *Options) { o.AuditWebhookListen = "10.0.0.1:7071"; tlsAnd(o) }, ""},
-		{"elsewhere, TLS and client certificates", func(o *Options) {
-			o.AuditWebhookListen = ":7071"
-			tlsAnd(o)
-			o.AuditWebhookClientCAFile = "ca.crt"
-		}, ""},
-		{"half a certificate", func(o *Options) { o.AuditWebhookListen = "127.0.0.1:7071"; o.AuditWebhookTLSKeyFile = "c.key" },
-			"--audit-webhook-tls-cert-file and --audit-webhook-tls-private-key-file go together"},
-		{"client CA without TLS", func(o *Options) { o.AuditWebhookListen = "127.0.0.1:7071"; o.AuditWebhookClientCAFile = "ca.crt" },
-			"--audit-webhook-client-ca-file needs --audit-webhook-tls-cert-file"},
-		{"TLS without the webhook", func(o *Options) { tlsAnd(o) }, "need --audit-webhook-listen"},
-		{"the log", func(o *Options) { o.AuditLogFollow = "/var/log/kubernetes/audit.log" }, ""},
-		{"the log on standard output", func(o *Options) { o.AuditLogFollow = "-" }, "use --audit-webhook-listen"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			o := Options{Mode: "reverse", Listen: "127.0.0.1:8443"}
-			tc.mutate(&o)
-			err := o.Validate()
-			if tc.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want %q", err, tc.want)
-			}
-		})
-	}
-}
-
 // auditServer wires the joiner and the audit sources as New does, and
 // serves them; records reach got.
 func auditServer(t *testing.T, o *Options) (*Server, record.Sink, <-chan *record.Record) {

@@ -8,12 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kproxy/kproxy/internal/telemetry"
+
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 func TestValidate(t *testing.T) {
 	good := func() Options { return Options{Mode: "reverse", Listen: "127.0.0.1:8443", APIListen: "127.0.0.1:0"} }
 	tlsAnd := func(o *Options) { o.APITLSCertFile, o.APITLSKeyFile = "c.crt", "c.key" }
+	auditTLS := func(o *Options) { o.AuditWebhookTLSCertFile, o.AuditWebhookTLSKeyFile = "c.crt", "c.key" }
 	for _, tc := range []struct {
 		name   string
 		mutate func(*Options)
@@ -26,6 +29,41 @@ func TestValidate(t *testing.T) {
 		{"http upstream", func(o *Options) { o.Upstream = "http://10.0.0.1:6443" }, `--upstream="http://10.0.0.1:6443"`},
 		{"negative body idle timeout", func(o *Options) { o.BodyIdleTimeout = -time.Second }, "--request-body-idle-timeout=-1s"},
 		{"negative connection limit", func(o *Options) { o.MaxConnections = -1 }, "--max-connections=-1"},
+		// The apiserver's own account: its spans, its audit events.
+		{"otlp receiver: off", func(*Options) {}, ""},
+		{"otlp receiver: on", func(o *Options) { o.OTLPReceiverListen = "127.0.0.1:4317" }, ""},
+		{"otlp receiver: no port", func(o *Options) { o.OTLPReceiverListen = "127.0.0.1" }, `--otlp-receiver-listen="127.0.0.1": want host:port`},
+		{"otlp receiver: negative wait", func(o *Options) { o.ServerTraceWait = -time.Second }, "--server-trace-wait=-1s"},
+		{"otlp receiver: an hour's wait", func(o *Options) { o.ServerTraceWait = time.Hour }, "at most 1m0s"},
+		{"otlp receiver: a loop", func(o *Options) {
+			o.OTLPReceiverListen, o.Telemetry = ":4317", telemetry.Options{Endpoint: "localhost:4317", Protocol: "grpc"}
+		}, "kproxy would pass the apiserver's spans on to itself"},
+		{"otlp receiver: a loop by URL", func(o *Options) {
+			o.OTLPReceiverListen, o.Telemetry = "127.0.0.1:4318", telemetry.Options{Endpoint: "http://127.0.0.1:4318/", Protocol: "http/protobuf"}
+		}, "is also where kproxy exports its own traces"},
+		{"otlp receiver: a collector beside it", func(o *Options) {
+			o.OTLPReceiverListen, o.Telemetry = "127.0.0.1:14317", telemetry.Options{Endpoint: "127.0.0.1:4317", Protocol: "grpc"}
+		}, ""},
+		{"audit: off", func(*Options) {}, ""},
+		{"audit: off by name", func(o *Options) { o.AuditWebhookListen = "off" }, ""},
+		{"audit: loopback, plain HTTP", func(o *Options) { o.AuditWebhookListen = "127.0.0.1:7071" }, ""},
+		{"audit: localhost", func(o *Options) { o.AuditWebhookListen = "localhost:7071" }, ""},
+		{"audit: no port", func(o *Options) { o.AuditWebhookListen = "127.0.0.1" }, `--audit-webhook-listen="127.0.0.1": want host:port`},
+		{"audit: elsewhere, plain", func(o *Options) { o.AuditWebhookListen = "0.0.0.0:7071" },
+			"--audit-webhook-listen=0.0.0.0:7071 is not a loopback address"},
+		{"audit: elsewhere, TLS", func(o *Options) { o.AuditWebhookListen = "10.0.0.1:7071"; auditTLS(o) }, ""},
+		{"audit: elsewhere, TLS and client certificates", func(o *Options) {
+			o.AuditWebhookListen = ":7071"
+			auditTLS(o)
+			o.AuditWebhookClientCAFile = "ca.crt"
+		}, ""},
+		{"audit: half a certificate", func(o *Options) { o.AuditWebhookListen = "127.0.0.1:7071"; o.AuditWebhookTLSKeyFile = "c.key" },
+			"--audit-webhook-tls-cert-file and --audit-webhook-tls-private-key-file go together"},
+		{"audit: client CA without TLS", func(o *Options) { o.AuditWebhookListen = "127.0.0.1:7071"; o.AuditWebhookClientCAFile = "ca.crt" },
+			"--audit-webhook-client-ca-file needs --audit-webhook-tls-cert-file"},
+		{"audit: TLS without the webhook", func(o *Options) { auditTLS(o) }, "need --audit-webhook-listen"},
+		{"audit: the log", func(o *Options) { o.AuditLogFollow = "/var/log/kubernetes/audit.log" }, ""},
+		{"audit: the log on standard output", func(o *Options) { o.AuditLogFollow = "-" }, "use --audit-webhook-listen"},
 		// The flow API: plain HTTP on loopback only.
 		{"loopback, plain HTTP", func(*Options) {}, ""},
 		{"off", func(o *Options) { o.APIListen = "off" }, ""},

@@ -3,7 +3,6 @@ package serve
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -14,46 +13,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/servertrace"
-	"github.com/kproxy/kproxy/internal/telemetry"
 )
-
-func TestValidateServerTrace(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		mutate func(*Options)
-		want   string
-	}{
-		{"off", func(*Options) {}, ""},
-		{"on", func(o *Options) { o.OTLPReceiverListen = "127.0.0.1:4317" }, ""},
-		{"no port", func(o *Options) { o.OTLPReceiverListen = "127.0.0.1" }, `--otlp-receiver-listen="127.0.0.1": want host:port`},
-		{"negative wait", func(o *Options) { o.ServerTraceWait = -time.Second }, "--server-trace-wait=-1s"},
-		{"an hour's wait", func(o *Options) { o.ServerTraceWait = time.Hour }, "at most 1m0s"},
-		{"a loop", func(o *Options) {
-			o.OTLPReceiverListen, o.Telemetry = ":4317", telemetry.Options{Endpoint: "localhost:4317", Protocol: "grpc"}
-		}, "kproxy would pass the apiserver's spans on to itself"},
-		{"a loop by URL", func(o *Options) {
-			o.OTLPReceiverListen, o.Telemetry = "127.0.0.1:4318", telemetry.Options{Endpoint: "http://127.0.0.1:4318/", Protocol: "http/protobuf"}
-		}, "is also where kproxy exports its own traces"},
-		{"a collector beside it", func(o *Options) {
-			o.OTLPReceiverListen, o.Telemetry = "127.0.0.1:14317", telemetry.Options{Endpoint: "127.0.0.1:4317", Protocol: "grpc"}
-		}, ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			o := Options{Mode: "reverse", Listen: "127.0.0.1:8443"}
-			tc.mutate(&o)
-			err := o.Validate()
-			if tc.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %v, want %q", err, tc.want)
-			}
-		})
-	}
-}
 
 // TestNoSourceNoDelay: without a receiver the sinks are not wrapped, so
 // no record waits.
