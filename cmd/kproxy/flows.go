@@ -101,8 +101,22 @@ that does not parse, flags that do not go together).
 // badInput reports input kproxy flows cannot use on stderr and ends with
 // exit status 2.
 func badInput(cmd *cobra.Command, format string, args ...any) error {
-	fmt.Fprintf(cmd.ErrOrStderr(), "kproxy flows: "+format+"\n", args...)
+	fmt.Fprintf(cmd.ErrOrStderr(), "kproxy "+cmd.Name()+": "+format+"\n", args...)
 	return exitCode(exitBadInput)
+}
+
+// parseFilter parses --filter; a mistake is bad input, shown with a caret
+// under it (kproxy flows and kproxy tui).
+func parseFilter(cmd *cobra.Command, expr string) (*filter.Expr, error) {
+	e, err := filter.Parse(expr)
+	if err == nil {
+		return e, nil
+	}
+	var se *filter.SyntaxError
+	if errors.As(err, &se) {
+		return nil, badInput(cmd, "--filter: %s at position %d:\n%s\n(kproxy %s --help lists the filter language)", se.Msg, se.Pos+1, strings.TrimSuffix(indent(se.Caret(), "  "), "\n"), cmd.Name())
+	}
+	return nil, badInput(cmd, "--filter: %v", err)
 }
 
 func runFlows(cmd *cobra.Command, o *flowsOptions, args []string) error {
@@ -124,13 +138,9 @@ func runFlows(cmd *cobra.Command, o *flowsOptions, args []string) error {
 	case o.stats && format == "name":
 		return badInput(cmd, "-o name lists flows; --stats prints a summary: use -o table, json or yaml")
 	}
-	expr, err := filter.Parse(o.filter)
+	expr, err := parseFilter(cmd, o.filter)
 	if err != nil {
-		var se *filter.SyntaxError
-		if errors.As(err, &se) {
-			return badInput(cmd, "--filter: %s at position %d:\n%s\n(kproxy flows --help lists the filter language)", se.Msg, se.Pos+1, strings.TrimSuffix(indent(se.Caret(), "  "), "\n"))
-		}
-		return badInput(cmd, "--filter: %v", err)
+		return err
 	}
 
 	p := &flowPrinter{o: o, w: cmd.OutOrStdout(), format: format}

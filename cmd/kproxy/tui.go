@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"os"
 
 	osc52 "github.com/aymanbagabas/go-osc52/v2"
@@ -40,8 +39,8 @@ trace. ? lists the keys, / filters, : runs a command (:export har FILE).
   kubectl logs deploy/kproxy | kproxy tui -`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if _, err := filter.Parse(filterExpr); err != nil {
-				return badFilter(err)
+			if _, err := parseFilter(cmd, filterExpr); err != nil {
+				return err
 			}
 			if !term.IsTerminal(int(os.Stdout.Fd())) {
 				return errors.New("kproxy tui needs a terminal on stdout; for scripts and pipes use kproxy flows (same sources, --filter and -o)")
@@ -73,15 +72,4 @@ trace. ? lists the keys, / filters, : runs a command (:export har FILE).
 	fs.StringVar(&filterExpr, "filter", "", "start with this filter (the language below)")
 	fs.IntVar(&maxFlows, "max-flows", 100_000, "flows held in memory; the oldest go first past it")
 	return cmd
-}
-
-// badFilter reports a filter expression's mistake with a caret under it,
-// as bad input (exit status 2).
-func badFilter(err error) error {
-	var se *filter.SyntaxError
-	if errors.As(err, &se) {
-		fmt.Fprintf(os.Stderr, "kproxy: --filter: %s\n%s\n", se.Msg, se.Caret())
-		return exitCode(2)
-	}
-	return err
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,8 +17,6 @@ import (
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
-
-	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // The validating webhook of TestAuditLatency sleeps past the apiserver's
@@ -38,9 +35,6 @@ const (
 // the validating webhooks layer; a fast read is written at once, without
 // waiting for annotations the apiserver never writes for it.
 func TestAuditLatency(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster of its own")
-	}
 	ctx := context.Background()
 	dir := t.TempDir()
 	ports, err := localcluster.FreePorts(1)
@@ -181,33 +175,9 @@ func checkAuditServer(t *testing.T, rec *record.Record) {
 // startAuditKproxy starts kproxy in front of c with set's audit source.
 func startAuditKproxy(t *testing.T, c *localcluster.Cluster, stream *record.Stream, set func(*serve.Options)) (*serve.Server, func()) {
 	t.Helper()
-	dir := t.TempDir()
-	kc, err := c.UpstreamKubeconfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	aopts, _, err := apiserver.OptionsFromArgs(c.APIServerFlags)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := &serve.Options{
-		UpstreamKubeconfig: kc, Listen: "127.0.0.1:0", Mode: "reverse", PKIDir: filepath.Join(dir, "pki"),
-		APIServer: aopts, Stream: stream, ServerTraceWait: 10 * time.Second,
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}
-	set(o)
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := serve.New(ctx, o)
-	if err != nil {
-		cancel()
-		t.Fatalf("start kproxy: %v", err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	return s, func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("kproxy stopped with: %v", err)
-		}
-	}
+	k := startKproxy(t, kproxyOptions{cluster: c, stream: stream, set: func(o *serve.Options) {
+		o.ServerTraceWait = 10 * time.Second
+		set(o)
+	}})
+	return k.srv, k.stop
 }

@@ -134,6 +134,12 @@ func TestCapture(t *testing.T) {
 	if !strings.Contains(string(created.Request.Body), `"password":"REDACTED"`) || !strings.Contains(string(created.Request.Body), `"name":"t-capture"`) {
 		t.Errorf("the Secret's body: %s (want it, its values redacted)", created.Request.Body)
 	}
+	if h := created.Request.Headers["Authorization"]; len(h) != 1 || h[0] != "Bearer "+record.Redacted {
+		t.Errorf("the create's Authorization header in the record: %q, want the scheme and %s", h, record.Redacted)
+	}
+	if created.Actual.Headers["Audit-Id"] == nil {
+		t.Errorf("the create's response headers lack Audit-Id: %v", created.Actual.Headers)
+	}
 	if patched := byPath("PATCH", "/api/v1/namespaces/"+testNS+"/secrets/t-capture"); !strings.Contains(string(patched.Request.Body), `"value":"REDACTED"`) {
 		t.Errorf("the JSON patch of a Secret: %s", patched.Request.Body)
 	}

@@ -194,9 +194,14 @@ type kproxyOptions struct {
 	log     io.Writer
 	// captureBodies is --capture-bodies.
 	captureBodies bool
+	// cluster is the cluster kproxy goes in front of (the shared one when
+	// nil); set changes any other option last.
+	cluster *localcluster.Cluster
+	set     func(*serve.Options)
 }
 
 type kproxy struct {
+	srv    *serve.Server
 	addr   string
 	apiURL string // the flow API's URL, when on
 	ca     *x509.CertPool
@@ -206,8 +211,12 @@ type kproxy struct {
 
 func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	t.Helper()
+	c := o.cluster
+	if c == nil {
+		c = cluster
+	}
 	dir := t.TempDir()
-	kc, err := cluster.UpstreamKubeconfig(dir)
+	kc, err := c.UpstreamKubeconfig(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +225,7 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	}
 	// kproxy gets the apiserver's own command line, as an operator would
 	// hand it over.
-	args := cluster.APIServerFlags
+	args := c.APIServerFlags
 	if o.noEtcd || o.etcdServers != "" {
 		args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return strings.HasPrefix(a, "--etcd-servers") })
 	}
@@ -243,6 +252,9 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	if o.flowAPI {
 		opts.APIListen, opts.APIRerunKeep, opts.LogFlows = "127.0.0.1:0", serve.DefaultAPIRerunKeep, true
 	}
+	if o.set != nil {
+		o.set(opts)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s, err := serve.New(ctx, opts)
 	if err != nil {
@@ -251,7 +263,7 @@ func startKproxy(t testing.TB, o kproxyOptions) *kproxy {
 	}
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
-	k := &kproxy{addr: s.Addr, apiURL: s.APIURL, ca: x509.NewCertPool(), caPEM: pki.CertPEM(s.CA.Cert)}
+	k := &kproxy{srv: s, addr: s.Addr, apiURL: s.APIURL, ca: x509.NewCertPool(), caPEM: pki.CertPEM(s.CA.Cert)}
 	k.ca.AddCert(s.CA.Cert)
 	var once bool
 	k.stop = func() {

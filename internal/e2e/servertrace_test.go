@@ -6,11 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -29,8 +27,6 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/telemetry"
-
-	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // slowWebhook is the validating webhook of TestServerTrace: it sleeps
@@ -53,9 +49,6 @@ const (
 // apiserver's; the other token caller a linked trace; and Jaeger receives
 // the apiserver's spans, passed on by kproxy.
 func TestServerTrace(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a cluster of its own")
-	}
 	ctx := context.Background()
 	ports, err := localcluster.FreePorts(1)
 	if err != nil {
@@ -247,54 +240,21 @@ func layerTable(s record.Server) string {
 // receiver, exporting to tel.
 func startTracedKproxy(t *testing.T, c *localcluster.Cluster, receiver string, stream *record.Stream, tel telemetry.Options) *kproxy {
 	t.Helper()
-	dir := t.TempDir()
-	kc, err := c.UpstreamKubeconfig(dir)
-	if err != nil {
-		t.Fatal(err)
+	k := startKproxy(t, kproxyOptions{cluster: c, stream: stream, telemetry: tel,
+		set: func(o *serve.Options) { o.OTLPReceiverListen = receiver }})
+	if k.srv.OTLPReceiverAddr != receiver {
+		t.Fatalf("receiver on %s, want %s", k.srv.OTLPReceiverAddr, receiver)
 	}
-	aopts, _, err := apiserver.OptionsFromArgs(c.APIServerFlags)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s, err := serve.New(ctx, &serve.Options{
-		UpstreamKubeconfig: kc, Listen: "127.0.0.1:0", Mode: "reverse", PKIDir: filepath.Join(dir, "pki"),
-		APIServer: aopts, Telemetry: tel, Stream: stream,
-		OTLPReceiverListen: receiver,
-		Log:                slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
-	if err != nil {
-		cancel()
-		t.Fatalf("start kproxy: %v", err)
-	}
-	if s.OTLPReceiverAddr != receiver {
-		t.Fatalf("receiver on %s, want %s", s.OTLPReceiverAddr, receiver)
-	}
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
 	// The apiserver started before the receiver listened: its exporter
 	// connects after a backoff. Its first observation (kproxy's own
 	// requests, syncing the replay's state) says it has.
 	deadline := time.Now().Add(time.Minute)
-	for s.Joiner.Stats().Observations == 0 {
+	for k.srv.Joiner.Stats().Observations == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the apiserver's spans did not reach kproxy's receiver within a minute")
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	k := &kproxy{addr: s.Addr, ca: tlsTrusting(s.CA).RootCAs, caPEM: pki.CertPEM(s.CA.Cert)}
-	var stopped bool
-	k.stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("kproxy stopped with: %v", err)
-		}
-	}
-	t.Cleanup(k.stop)
 	return k
 }
 

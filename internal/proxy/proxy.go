@@ -472,6 +472,9 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 // relayed and writes the record. The replay never fails the exchange.
 func (p *Proxy) replayAndRecord(ctx context.Context, req *stages.Request, ex *exchange) {
 	defer p.pending.Done()
+	// The request's headers as the client sent them (the replay's copy,
+	// taken on arrival), redacted here, off the client's path.
+	headers := record.RedactHeaders(req.HTTP.Header)
 	if shortRead(req) {
 		// A read changes nothing, so its replay can wait until the
 		// response is relayed: off the client's path, on a 2-core box
@@ -481,6 +484,7 @@ func (p *Proxy) replayAndRecord(ctx context.Context, req *stages.Request, ex *ex
 	}
 	o := p.replay(ctx, req)
 	<-ex.done
+	ex.rec.Request.Headers = headers
 	p.keepForRerun(req)
 	if p.captureBodies {
 		captureBody(&ex.rec.Request, req)
@@ -641,7 +645,6 @@ func requestFields(r *http.Request, info *apirequest.RequestInfo) record.Request
 	q := record.Request{
 		Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery,
 		UserAgent: r.UserAgent(), ContentType: r.Header.Get("Content-Type"),
-		Headers: record.RedactHeaders(r.Header),
 	}
 	if info != nil {
 		q.Verb, q.APIGroup, q.APIVersion = info.Verb, info.APIGroup, info.APIVersion

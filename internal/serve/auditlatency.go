@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/kproxy/kproxy/internal/auditlatency"
-	"github.com/kproxy/kproxy/internal/record"
 )
 
 // The apiserver's own account of slow requests from its audit events'
@@ -83,17 +82,16 @@ type auditLatency struct {
 }
 
 // listenAuditLatency starts the audit sources, feeding the Joiner
-// (joinServerTrace made it), and returns the sink the proxy writes to:
-// join, or, when audit annotations are the only source of the
-// apiserver's account, join for slow requests only (fastPath).
-// The webhook's address is known when it returns; it is served by Run.
-func (s *Server) listenAuditLatency(join, direct record.Sink) (record.Sink, error) {
+// (joinServerTrace made it; when audit annotations are its only source it
+// lets requests faster than auditlatency.Threshold pass at once). The
+// webhook's address is known when it returns; it is served by Run.
+func (s *Server) listenAuditLatency() error {
 	o := s.opts
 	if !o.auditLatencyOn() {
-		return join, nil
+		return nil
 	}
 	if s.Joiner == nil {
-		return nil, errors.New("the audit sources need the joiner: none was made (joinOn must include auditLatencyOn)")
+		return errors.New("the audit sources need the joiner: none was made (joinOn must include auditLatencyOn)")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &auditLatency{log: s.log, cancel: cancel}
@@ -103,12 +101,12 @@ func (s *Server) listenAuditLatency(join, direct record.Sink) (record.Sink, erro
 	s.shutdown = append(s.shutdown, a.close)
 	if o.auditWebhookOn() {
 		if err := s.listenAuditWebhook(ctx, a); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if o.AuditLogFollow != "" {
 		if err := checkAuditLog(o.AuditLogFollow); err != nil {
-			return nil, err
+			return err
 		}
 		a.follow = &auditlatency.Stats{}
 		// New returns once the follower has taken its place at the end
@@ -137,9 +135,8 @@ func (s *Server) listenAuditLatency(join, direct record.Sink) (record.Sink, erro
 	}
 	if o.serverTraceOn() {
 		s.log.Info("both the apiserver's spans and its audit annotations are received: a record takes whichever comes first")
-		return join, nil
 	}
-	return fastPath{join: join, direct: direct}, nil
+	return nil
 }
 
 // checkAuditLog fails at once on an audit log kproxy could never read; a
@@ -249,20 +246,4 @@ func (a *auditLatency) close(ctx context.Context) error {
 	}
 	a.log.Info("stopped reading the apiserver's audit events", "read", strings.Join(parts, "; "))
 	return err
-}
-
-// fastPath writes at once the records the apiserver's audit annotations
-// cannot be for, when they are its only account: the apiserver annotates
-// only requests slower than auditlatency.Threshold, and its time for a
-// request is within kproxy's upstream time for it, so a request kproxy
-// saw answered within the threshold never gets one. Holding its record
-// would only delay it.
-type fastPath struct{ join, direct record.Sink }
-
-func (f fastPath) Write(r *record.Record) {
-	if r.Latency.UpstreamNs > 0 && r.Latency.UpstreamNs <= int64(auditlatency.Threshold) {
-		f.direct.Write(r)
-		return
-	}
-	f.join.Write(r)
 }

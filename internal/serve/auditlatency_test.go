@@ -42,14 +42,13 @@ func auditServer(t *testing.T, o *Options) (*Server, record.Sink, <-chan *record
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink, err := s.listenAuditLatency(join, sinks)
-	if err != nil {
+	if err := s.listenAuditLatency(); err != nil {
 		s.close(context.Background())
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.close(context.Background()) })
 	go s.audit.serve()
-	return s, sink, got
+	return s, join, got
 }
 
 func waitJoined(t *testing.T, got <-chan *record.Record, id string) *record.Record {

@@ -307,7 +307,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		return nil, err
 	}
 	// And for the audit latency annotations, when they are received.
-	if sink, err = s.listenAuditLatency(sink, sinks); err != nil {
+	if err := s.listenAuditLatency(); err != nil {
 		return nil, err
 	}
 

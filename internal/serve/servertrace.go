@@ -7,6 +7,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/kproxy/kproxy/internal/auditlatency"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/servertrace"
 	"github.com/kproxy/kproxy/internal/telemetry"
@@ -84,7 +85,13 @@ func (s *Server) joinServerTrace(ctx context.Context, sinks record.Sinks) (recor
 	if !o.joinOn() {
 		return sinks, nil
 	}
-	j := servertrace.NewJoiner(sinks, servertrace.JoinOptions{Wait: o.serverTraceWait(), Log: s.log})
+	jo := servertrace.JoinOptions{Wait: o.serverTraceWait(), Log: s.log}
+	if !o.serverTraceOn() {
+		// Audit annotations only: the apiserver writes them for requests
+		// slower than auditlatency.Threshold, so faster ones never wait.
+		jo.MinUpstream = auditlatency.Threshold
+	}
+	j := servertrace.NewJoiner(sinks, jo)
 	s.Joiner = j
 	s.shutdown = append(s.shutdown, func(context.Context) error {
 		j.Close()

@@ -46,6 +46,12 @@ type JoinOptions struct {
 	// Log receives a warning when records wait and no observation has
 	// ever come (default: discarded).
 	Log *slog.Logger
+	// MinUpstream, when set, lets a record whose request the apiserver
+	// answered within it pass at once: when the only account comes from
+	// audit annotations, which the apiserver writes only for slower
+	// requests (its time is within kproxy's upstream time), waiting would
+	// only delay the record.
+	MinUpstream time.Duration
 }
 
 // JoinStats counts what a Joiner did.
@@ -71,11 +77,12 @@ type JoinStats struct {
 // waits for its observation at most Wait, never blocking the proxy (Write
 // only files it), and is written without one after that.
 type Joiner struct {
-	next    record.Sink
-	wait    time.Duration
-	maxHeld int
-	clock   clock.WithTicker
-	log     *slog.Logger
+	next        record.Sink
+	wait        time.Duration
+	minUpstream time.Duration
+	maxHeld     int
+	clock       clock.WithTicker
+	log         *slog.Logger
 
 	mu       sync.Mutex
 	closed   bool
@@ -110,7 +117,7 @@ type heldObservation struct {
 
 // NewJoiner starts a Joiner writing to next.
 func NewJoiner(next record.Sink, opts JoinOptions) *Joiner {
-	j := &Joiner{next: next, wait: opts.Wait, maxHeld: opts.MaxHeld, clock: opts.Clock, log: opts.Log,
+	j := &Joiner{next: next, wait: opts.Wait, minUpstream: opts.MinUpstream, maxHeld: opts.MaxHeld, clock: opts.Clock, log: opts.Log,
 		records: index[*heldRecord]{}, obs: index[*heldObservation]{},
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if j.wait <= 0 {
@@ -133,16 +140,17 @@ func NewJoiner(next record.Sink, opts JoinOptions) *Joiner {
 }
 
 // holds reports whether a record can have an observation: the request
-// reached the apiserver's traced chain.
-func holds(r *record.Record) bool {
-	return r.RerunOf == "" && r.Latency.UpstreamNs > 0 && r.Actual.Error == "" && r.Actual.Status != 401
+// reached the apiserver's traced chain (and took longer than
+// MinUpstream).
+func (j *Joiner) holds(r *record.Record) bool {
+	return r.RerunOf == "" && r.Latency.UpstreamNs > int64(j.minUpstream) && r.Actual.Error == "" && r.Actual.Status != 401
 }
 
 // Write implements record.Sink: it holds r until its observation arrives
 // or Wait passes, then writes it to next.
 func (j *Joiner) Write(r *record.Record) {
 	j.mu.Lock()
-	if j.closed || !holds(r) {
+	if j.closed || !j.holds(r) {
 		j.stats.PassedThrough++
 		j.mu.Unlock()
 		j.next.Write(r)

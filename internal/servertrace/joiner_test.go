@@ -209,6 +209,27 @@ func TestPassThrough(t *testing.T) {
 	}
 }
 
+// TestMinUpstream: with audit annotations as the only account, a request
+// the apiserver answered faster than they are written for passes at once;
+// a slower one waits.
+func TestMinUpstream(t *testing.T) {
+	j, c, _ := newTestJoiner(t, JoinOptions{Wait: time.Hour, MinUpstream: 500 * time.Millisecond})
+	fast := rec("fast", "a1", "t1")
+	fast.Latency.UpstreamNs = int64(500 * time.Millisecond)
+	j.Write(fast)
+	if got := c.next(t); got != fast {
+		t.Fatalf("%s held", got.ID)
+	}
+	slow := rec("slow", "a2", "t2")
+	slow.Latency.UpstreamNs = int64(700 * time.Millisecond)
+	j.Write(slow)
+	c.none(t)
+	j.Offer(obs("a2", "t2"))
+	if got := c.next(t); got != slow || got.Server == nil {
+		t.Fatalf("the slow record: %+v", got)
+	}
+}
+
 func TestMaxHeld(t *testing.T) {
 	j, c, _ := newTestJoiner(t, JoinOptions{Wait: time.Hour, MaxHeld: 2})
 	j.Write(rec("1", "a1", "t1"))

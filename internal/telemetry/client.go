@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"fmt"
 	"os"
 	"strings"
 
@@ -9,9 +10,9 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 )
 
-// Client is an OTLP trace client to where Setup, given the same options
-// and environment, exports kproxy's spans: for passing on spans kproxy
-// receives from elsewhere (internal/servertrace), as raw protos. It is
+// Client is the OTLP trace client behind Setup's exporter, given the same
+// options and environment: also used to pass on spans kproxy receives
+// from elsewhere (internal/servertrace), as raw protos. It is
 // nil, with no error, when nothing is exported. The caller starts and
 // stops it.
 func Client(o Options, getenv func(string) string) (otlptrace.Client, error) {
@@ -22,7 +23,8 @@ func Client(o Options, getenv func(string) string) (otlptrace.Client, error) {
 	if err != nil || c.off != "" {
 		return nil, err
 	}
-	if c.protocol == "grpc" {
+	switch c.protocol {
+	case "grpc":
 		var opts []otlptracegrpc.Option
 		if o.Endpoint != "" {
 			host, insecure := hostPort(o.Endpoint)
@@ -32,19 +34,21 @@ func Client(o Options, getenv func(string) string) (otlptrace.Client, error) {
 			}
 		}
 		return otlptracegrpc.NewClient(opts...), nil
-	}
-	var opts []otlptracehttp.Option
-	if o.Endpoint != "" {
-		if strings.Contains(o.Endpoint, "://") {
-			opts = append(opts, otlptracehttp.WithEndpointURL(strings.TrimSuffix(o.Endpoint, "/")+"/v1/traces"))
-		} else {
-			opts = append(opts, otlptracehttp.WithEndpoint(o.Endpoint))
-			if o.Insecure || isLoopback(o.Endpoint) {
-				opts = append(opts, otlptracehttp.WithInsecure())
+	case "http/protobuf", "http":
+		var opts []otlptracehttp.Option
+		if o.Endpoint != "" {
+			if strings.Contains(o.Endpoint, "://") {
+				opts = append(opts, otlptracehttp.WithEndpointURL(strings.TrimSuffix(o.Endpoint, "/")+"/v1/traces"))
+			} else {
+				opts = append(opts, otlptracehttp.WithEndpoint(o.Endpoint))
+				if o.Insecure || isLoopback(o.Endpoint) {
+					opts = append(opts, otlptracehttp.WithInsecure())
+				}
 			}
 		}
+		return otlptracehttp.NewClient(opts...), nil
 	}
-	return otlptracehttp.NewClient(opts...), nil
+	return nil, fmt.Errorf("OTLP protocol %q is not supported: use grpc or http/protobuf", c.protocol)
 }
 
 // EndpointHostPort is the host:port Setup exports to, "" when nothing is

@@ -11,8 +11,7 @@ import (
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -202,36 +201,11 @@ func withoutUserinfo(endpoint string) string {
 }
 
 func exporter(ctx context.Context, o Options, getenv func(string) string) (sdktrace.SpanExporter, error) {
-	c, err := choose(o, getenv)
-	if err != nil || c.off != "" {
+	c, err := Client(o, getenv)
+	if err != nil || c == nil {
 		return nil, err
 	}
-	switch c.protocol {
-	case "grpc":
-		var opts []otlptracegrpc.Option
-		if o.Endpoint != "" {
-			host, insecure := hostPort(o.Endpoint)
-			opts = append(opts, otlptracegrpc.WithEndpoint(host))
-			if insecure || o.Insecure {
-				opts = append(opts, otlptracegrpc.WithInsecure())
-			}
-		}
-		return otlptracegrpc.New(ctx, opts...)
-	case "http/protobuf", "http":
-		var opts []otlptracehttp.Option
-		if o.Endpoint != "" {
-			if strings.Contains(o.Endpoint, "://") {
-				opts = append(opts, otlptracehttp.WithEndpointURL(strings.TrimSuffix(o.Endpoint, "/")+"/v1/traces"))
-			} else {
-				opts = append(opts, otlptracehttp.WithEndpoint(o.Endpoint))
-				if o.Insecure || isLoopback(o.Endpoint) {
-					opts = append(opts, otlptracehttp.WithInsecure())
-				}
-			}
-		}
-		return otlptracehttp.New(ctx, opts...)
-	}
-	return nil, fmt.Errorf("OTLP protocol %q is not supported: use grpc or http/protobuf", c.protocol)
+	return otlptrace.New(ctx, c)
 }
 
 // hostPort strips a scheme; http:// (or a loopback host) means no TLS.
