@@ -56,7 +56,7 @@ why, and exports one OpenTelemetry span per stage.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServeCommand(), newExplainCommand(), newDecodeCommand(), newEtcdCommand(), newKubeconfigCommand(), newDemoCommand(), newTUICommand(), newFlowsCommand(), newVersionCommand())
+	root.AddCommand(newServeCommand(), newExplainCommand(), newTestCommand(), newSnapshotCommand(), newDecodeCommand(), newEtcdCommand(), newKubeconfigCommand(), newDemoCommand(), newTUICommand(), newFlowsCommand(), newVersionCommand())
 	return root
 }
 

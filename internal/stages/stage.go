@@ -48,6 +48,10 @@ type Request struct {
 	User user.Info
 	// Caller is the authenticated identity, before impersonation.
 	Caller user.Info
+	// Given is an identity a CI test case gives by name (kproxy test
+	// --engine local): authentication takes it as found, with no
+	// credential to check. nil for every proxied request.
+	Given user.Info
 	// FlowSchema and PriorityLevel are APF's classification (flowcontrol).
 	FlowSchema, PriorityLevel string
 

@@ -348,3 +348,26 @@ func GivenOtherAPIServerFlags(fs *pflag.FlagSet) []string {
 	})
 	return out
 }
+
+// Args are the mirrored kube-apiserver flags that were given, as
+// --name=value, in a form ParseAPIServerArgs reads back (kproxy snapshot
+// keeps them).
+func (o *Options) Args() []string {
+	if o.fs == nil {
+		return nil
+	}
+	var out []string
+	// VisitAll and Changed: the flags are shared with the command's flag
+	// set, which is where they were set.
+	o.fs.VisitAll(func(f *pflag.Flag) {
+		if !f.Changed || !o.mirrors(f.Name) || (o.replayFlags != nil && o.replayFlags.Lookup(f.Name) != nil) {
+			return
+		}
+		v := f.Value.String()
+		if s, ok := f.Value.(pflag.SliceValue); ok {
+			v = strings.Join(s.GetSlice(), ",")
+		}
+		out = append(out, "--"+f.Name+"="+v)
+	})
+	return out
+}
