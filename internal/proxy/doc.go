@@ -10,9 +10,11 @@
 // chunks of a big LIST are flushed as they arrive). Transport compression is
 // off (DisableCompression) and Accept-Encoding passes through, so kproxy
 // neither gunzips what the client wanted compressed nor makes the apiserver
-// compress what the client did not ask for. The replay runs in its own
-// goroutine on a copy of the request: it never delays the response, and
-// when it fails the record says "unknown".
+// compress what the client did not ask for. The replay runs on a copy of
+// the request in a bounded pool of workers (replaypool.go): it never
+// delays the response; when the pool and its queue are full the replay is
+// shed ("replay shed: kproxy is over its replay budget"), and when it is
+// shed or fails the record says "unknown".
 //
 // # Identity
 //
@@ -46,6 +48,7 @@
 //
 // Each request ends as one record (package record): request, prediction,
 // actual answer, stage verdicts, latency and trace ID. The record is
-// finished after the response has been relayed, in a goroutine, so waiting
-// for a slow replay never holds the client's response open.
+// written once both the replay and the relay are over, by whichever ends
+// last, so waiting for a slow replay never holds the client's response
+// open.
 package proxy

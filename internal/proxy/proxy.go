@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -30,6 +31,7 @@ import (
 	"github.com/kproxy/kproxy/internal/decode"
 	"github.com/kproxy/kproxy/internal/flowview"
 	"github.com/kproxy/kproxy/internal/logging"
+	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/stages"
 	"github.com/kproxy/kproxy/internal/telemetry"
@@ -79,6 +81,15 @@ type Config struct {
 	// BodyIdleTimeout ends a request whose body stops arriving for that
 	// long (0: no limit).
 	BodyIdleTimeout time.Duration
+	// ReplayWorkers bounds the replays run at once (0:
+	// DefaultReplayWorkers); ReplayQueue the replays waiting for a worker
+	// (0: DefaultReplayQueue). Past both, a replay is shed: the request
+	// is forwarded and recorded all the same, its prediction unknown
+	// (replaypool.go).
+	ReplayWorkers int
+	ReplayQueue   int
+	// Metrics receives kproxy's measurements; nil: none.
+	Metrics *metrics.Metrics
 	// Log receives operational messages (never secrets).
 	Log *slog.Logger
 }
@@ -104,6 +115,8 @@ type Proxy struct {
 	captureBodies       bool
 	bodyIdle            time.Duration
 	perRequestLog       *slog.Logger // p.log, rate-limited
+	pool                *replayPool
+	metrics             *metrics.Metrics // nil: none
 }
 
 // Drain waits until every record of a finished request has been written:
@@ -132,6 +145,7 @@ func New(cfg Config) (*Proxy, error) {
 		reruns:        newRerunStore(cfg.Rerun),
 		captureBodies: cfg.CaptureBodies,
 		bodyIdle:      cfg.BodyIdleTimeout,
+		metrics:       cfg.Metrics,
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -160,6 +174,7 @@ func New(cfg Config) (*Proxy, error) {
 	if p.mode == "" {
 		p.mode = "reverse"
 	}
+	p.pool = newReplayPool(cfg.ReplayWorkers, cfg.ReplayQueue, p.clock, p.metrics)
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:   p.rewrite,
 		Transport: upstreamTransport{p},
@@ -212,6 +227,17 @@ type exchange struct {
 	// done is closed when the response has been relayed and rec's actual
 	// side is final.
 	done chan struct{}
+	// replayReq is the replay's copy of the request, replayCtx its
+	// context (the server span's, never canceled).
+	replayReq *stages.Request
+	replayCtx context.Context
+	// outcome is the replay's (or the shed's) outcome, headers the
+	// request's headers redacted before the replay touched them.
+	outcome stages.Outcome
+	headers map[string][]string
+	// parts counts what the record still waits for: the replay and the
+	// relay. Whichever ends last writes the record.
+	parts atomic.Int32
 }
 
 type exchangeKey struct{}
@@ -235,9 +261,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // begin starts the exchange: the record and the server span, the
 // replay's copy of the request (taken before anything here touches it),
 // the caller's identity, and the body tee that hands the replay the body
-// the apiserver reads. The replay runs in one goroutine per request, which
-// then waits for the response to be relayed and writes the record: the
-// client never waits for it.
+// the apiserver reads. The replay runs in the replay pool, and the record
+// is written once both the replay and the relay are over, by whichever
+// ends last: the client never waits for either.
 func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.Request, *responseRecorder) {
 	start := p.clock.Now()
 	ctx := p.propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
@@ -260,6 +286,7 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		start: start,
 		done:  make(chan struct{}),
 	}
+	ex.parts.Store(2)
 	// The apiserver uses a client-supplied Audit-ID; otherwise kproxy sets
 	// one so its trace, the apiserver's trace and the audit log join up.
 	ex.auditID = r.Header.Get("Audit-Id")
@@ -276,10 +303,18 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		// answered with (stages.Request.Actual).
 		replayReq.Actual = ex.actualAnswer
 	}
+	ex.replayReq, ex.replayCtx = replayReq, context.WithoutCancel(ctx)
 	p.pending.Add(1)
 	startReplay := func(body []byte, truncated bool) {
 		replayReq.Body, replayReq.BodyTruncated = body, truncated
-		go p.replayAndRecord(context.WithoutCancel(ctx), replayReq, ex)
+		// A read changes nothing, so its replay can wait until the
+		// response is relayed (finish submits it): off the client's
+		// path, on a 2-core box that is latency saved. Writes replay at
+		// once (state at arrival), and so do watches, which may stay
+		// open for hours.
+		if !shortRead(replayReq) {
+			p.submitReplay(ex)
+		}
 	}
 	// Identify after the copy: the front-proxy authenticator removes the
 	// X-Remote-* headers it consumed.
@@ -373,6 +408,16 @@ func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
 	ex.actualWrite, ex.okBody = stages.ActualWrite{Status: rw.status}, rw.okBody
 	ex.end = p.clock.Now()
 	close(ex.done)
+	// The body tee has handed the replay its copy (ex.body.finish above):
+	// a short read's replay starts now.
+	if shortRead(ex.replayReq) {
+		p.submitReplay(ex)
+	}
+	if ex.parts.Add(-1) == 0 {
+		// The replay is over too: the record is written off the
+		// handler's goroutine, which net/http needs to end the response.
+		go p.complete(ex)
+	}
 	if v != nil {
 		panic(v)
 	}
@@ -468,28 +513,55 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	http.Error(w, msg, http.StatusBadGateway)
 }
 
-// replayAndRecord runs the replay, then waits for the response to be
-// relayed and writes the record. The replay never fails the exchange.
-func (p *Proxy) replayAndRecord(ctx context.Context, req *stages.Request, ex *exchange) {
-	defer p.pending.Done()
+// submitReplay hands the request's replay to the pool, or, when the
+// pool is full, records it as shed. It never blocks.
+func (p *Proxy) submitReplay(ex *exchange) {
+	if p.replayer == nil {
+		ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
+		p.replayDone(ex, p.replay(ex.replayCtx, ex.replayReq))
+		return
+	}
+	if p.pool.submit(func() { p.replayAndRecord(ex) }) {
+		return
+	}
+	p.perRequestLog.Warn("replay shed: the replay workers and their queue are full; the request is forwarded and recorded, its prediction unknown (raise --replay-workers or --replay-queue, or give kproxy more CPU)",
+		"id", ex.rec.ID, "workers", p.pool.workers, "queue", p.pool.capacity)
+	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
+	p.replayDone(ex, shedOutcome())
+}
+
+// replayAndRecord runs the replay, on a worker of the pool; the record
+// is written by whichever of the replay and the relay ends last. The
+// replay never fails the exchange.
+func (p *Proxy) replayAndRecord(ex *exchange) {
+	req := ex.replayReq
 	// The request's headers as the client sent them (the replay's copy,
 	// taken on arrival), redacted here, off the client's path.
-	headers := record.RedactHeaders(req.HTTP.Header)
-	if shortRead(req) {
-		// A read changes nothing, so its replay can wait until the
-		// response is relayed: off the client's path, on a 2-core box
-		// that is latency saved. Writes replay at once (state at arrival),
-		// and so do watches, which may stay open for hours.
-		<-ex.done
+	ex.headers = record.RedactHeaders(req.HTTP.Header)
+	o := p.replay(ex.replayCtx, req)
+	p.metrics.ReplayRan(o.Duration, o.Stages)
+	p.replayDone(ex, o)
+}
+
+// replayDone files the replay's outcome, and writes the record when the
+// response has been relayed already.
+func (p *Proxy) replayDone(ex *exchange, o stages.Outcome) {
+	ex.outcome = o
+	if ex.parts.Add(-1) == 0 {
+		p.complete(ex)
 	}
-	o := p.replay(ctx, req)
-	<-ex.done
-	ex.rec.Request.Headers = headers
-	p.keepForRerun(req)
+}
+
+// complete writes the record of an exchange whose replay and relay are
+// both over.
+func (p *Proxy) complete(ex *exchange) {
+	defer p.pending.Done()
+	ex.rec.Request.Headers = ex.headers
+	p.keepForRerun(ex.replayReq)
 	if p.captureBodies {
-		captureBody(&ex.rec.Request, req)
+		captureBody(&ex.rec.Request, ex.replayReq)
 	}
-	p.writeRecord(ex, o)
+	p.writeRecord(ex, ex.outcome)
 }
 
 // shortRead reports a get, list or non-resource GET: reads that complete
@@ -551,6 +623,7 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	// The span ends before the sinks see the record: whoever reads the
 	// record finds its trace complete.
 	endServerSpan(ex.span, rec, ex.end)
+	p.metrics.Record(rec)
 	p.sink.Write(rec)
 }
 

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/net/netutil"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -28,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kproxy/kproxy/internal/flowapi"
+	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/proxy"
 	"github.com/kproxy/kproxy/internal/record"
@@ -104,6 +106,14 @@ type Options struct {
 	AuditWebhookClientCAFile string
 	AuditLogFollow           string
 
+	// MetricsListen serves kproxy's own Prometheus metrics (/metrics),
+	// "" or "off" for nowhere. ReplayWorkers bounds the replays run at
+	// once and ReplayQueue those waiting (0: sized from GOMAXPROCS);
+	// past both, replays are shed (proxy.ShedMessage).
+	MetricsListen string
+	ReplayWorkers int
+	ReplayQueue   int
+
 	// Stream, when set, also receives every record (the TUI, the demo).
 	Stream *record.Stream
 	Log    *slog.Logger
@@ -149,7 +159,29 @@ func (o *Options) Validate() error {
 	if err := o.validateAuditLatency(); err != nil {
 		return err
 	}
+	if err := o.validateMetrics(); err != nil {
+		return err
+	}
 	return o.validateAPI()
+}
+
+func (o *Options) metricsOn() bool { return o.MetricsListen != "" && o.MetricsListen != "off" }
+
+// validateMetrics checks --metrics-listen and the replay pool's bounds.
+func (o *Options) validateMetrics() error {
+	if o.ReplayWorkers < 0 {
+		return fmt.Errorf("--replay-workers=%d: want how many replays run at once, e.g. %d, or 0 for one per CPU", o.ReplayWorkers, proxy.DefaultReplayWorkers())
+	}
+	if o.ReplayQueue < 0 {
+		return fmt.Errorf("--replay-queue=%d: want how many replays may wait for a worker, e.g. %d, or 0 for %d per worker", o.ReplayQueue, proxy.DefaultReplayQueue(proxy.DefaultReplayWorkers()), proxy.DefaultReplayQueue(1))
+	}
+	if !o.metricsOn() {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(o.MetricsListen); err != nil {
+		return fmt.Errorf("--metrics-listen=%q: want host:port, e.g. 127.0.0.1:9090, or off (%v)", o.MetricsListen, err)
+	}
+	return nil
 }
 
 // LoadUpstreamConfig reads kproxy's own client configuration the kubectl
@@ -247,6 +279,9 @@ type Server struct {
 	// received ("" when off).
 	AuditWebhookURL string
 	audit           *auditLatency
+	// MetricsAddr is where /metrics is served ("" when off).
+	MetricsAddr string
+	metrics     *metrics.Server
 }
 
 // New builds the server and starts listening (so the address is known and
@@ -275,6 +310,13 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		}
 	}()
 
+	// kproxy's own metrics, on a registry of their own; nil when off (the
+	// proxy then measures nothing).
+	var m *metrics.Metrics
+	if o.metricsOn() {
+		m = metrics.New(prometheus.NewRegistry())
+	}
+
 	tp, shutdownTP, err := telemetry.Setup(ctx, o.Telemetry, nil)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
@@ -288,7 +330,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 			return nil, err
 		}
 		s.shutdown = append(s.shutdown, func(context.Context) error { return fs.Close() })
-		sinks = append(sinks, fs)
+		sinks = append(sinks, m.CaptureSink(fs))
 	}
 	if o.Stream != nil {
 		sinks = append(sinks, o.Stream)
@@ -296,6 +338,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	if o.apiOn() {
 		s.Flows = flowapi.NewBuffer(o.apiBuffer())
 		sinks = append(sinks, s.Flows)
+		m.FlowBuffer(s.Flows)
 	}
 	if o.LogFlows {
 		sinks = append(sinks, flowLogger{log})
@@ -305,6 +348,11 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	sink, err := s.joinServerTrace(ctx, sinks)
 	if err != nil {
 		return nil, err
+	}
+	if s.otlp != nil {
+		m.ServerTrace(s.otlp.r, s.Joiner)
+	} else {
+		m.ServerTrace(nil, s.Joiner)
 	}
 	// And for the audit latency annotations, when they are received.
 	if err := s.listenAuditLatency(); err != nil {
@@ -341,6 +389,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		Rerun:             o.rerunLimits(),
 		CaptureBodies:     o.CaptureBodies,
 		BodyIdleTimeout:   o.BodyIdleTimeout,
+		ReplayWorkers:     o.ReplayWorkers,
+		ReplayQueue:       o.ReplayQueue,
+		Metrics:           m,
 		Log:               log,
 	}
 	if up.Impersonating != nil {
@@ -359,6 +410,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		return nil, err
 	}
 	if err := s.listenAPI(); err != nil {
+		return nil, err
+	}
+	if err := s.listenMetrics(m); err != nil {
 		return nil, err
 	}
 
@@ -400,6 +454,13 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.audit != nil {
 		go s.audit.serve()
 	}
+	if s.metrics != nil {
+		go func() {
+			if err := s.metrics.Serve(); err != nil {
+				s.log.Error("--metrics-listen: serving /metrics stopped", "error", err)
+			}
+		}()
+	}
 	var err error
 	if s.forward != nil {
 		err = s.forward.Serve(ctx, s.ln)
@@ -413,6 +474,28 @@ func (s *Server) Run(ctx context.Context) error {
 	defer cancel()
 	s.close(cctx)
 	return err
+}
+
+// listenMetrics starts listening for scrapes of m (served by Run). Off
+// loopback, /metrics is plain HTTP without authentication, as Prometheus
+// scrapes by default: it names no user, path or secret, only counts.
+func (s *Server) listenMetrics(m *metrics.Metrics) error {
+	if m == nil {
+		return nil
+	}
+	ms, err := metrics.Listen(s.opts.MetricsListen, m.Registry(), s.log)
+	if err != nil {
+		return fmt.Errorf("--metrics-listen=%s: %w (give another address, or off)", s.opts.MetricsListen, err)
+	}
+	s.metrics, s.MetricsAddr = ms, ms.Addr()
+	s.shutdown = append(s.shutdown, ms.Close)
+	s.log.Info("serving kproxy's metrics", "addr", s.MetricsAddr, "path", "/metrics")
+	if host, _, _ := net.SplitHostPort(s.opts.MetricsListen); !isLoopback(host) {
+		s.log.Warn("kproxy's metrics are served beyond loopback, as plain HTTP without authentication: "+
+			"whoever reaches the address sees kproxy's request rates and replay health (counts only: no user, path or secret); keep it on a network only Prometheus reaches",
+			"addr", s.MetricsAddr)
+	}
+	return nil
 }
 
 // ShutdownTimeout bounds the flush of spans and captures when kproxy stops.

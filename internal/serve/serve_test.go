@@ -84,6 +84,14 @@ func TestValidate(t *testing.T) {
 		{"half an API certificate", func(o *Options) { o.APITLSCertFile = "c.crt" }, "--api-tls-cert-file and --api-tls-private-key-file go together"},
 		{"client CA without TLS", func(o *Options) { o.APIClientCAFile = "ca" }, "--api-client-ca-file needs --api-tls-cert-file"},
 		{"negative buffer", func(o *Options) { o.APIBuffer = -1 }, "--api-buffer=-1"},
+		// kproxy's own metrics and the replay pool.
+		{"metrics: off", func(o *Options) { o.MetricsListen = "off" }, ""},
+		{"metrics: loopback", func(o *Options) { o.MetricsListen = "127.0.0.1:9090" }, ""},
+		{"metrics: every interface", func(o *Options) { o.MetricsListen = ":9090" }, ""},
+		{"metrics: no port", func(o *Options) { o.MetricsListen = "127.0.0.1" }, `--metrics-listen="127.0.0.1": want host:port`},
+		{"replay pool: sized by hand", func(o *Options) { o.ReplayWorkers, o.ReplayQueue = 1, 1 }, ""},
+		{"replay pool: negative workers", func(o *Options) { o.ReplayWorkers = -1 }, "--replay-workers=-1"},
+		{"replay pool: negative queue", func(o *Options) { o.ReplayQueue = -2 }, "--replay-queue=-2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := good()

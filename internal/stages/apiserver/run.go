@@ -317,10 +317,34 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			run.Status = &metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.Code), Message: strings.TrimSpace(resp.Body.String())}
 		}
 		run.Decided = run.attribute(run.Status)
+		if replayTimedOut(run.Status) {
+			run.markUnknown(replayTimeoutWhy)
+		}
 	} else if !run.Read {
 		run.Object = resp.Body.Bytes()
 	}
 	return run
+}
+
+// requestTimeoutMessage begins (after "Timeout: ") the apiserver's 504
+// for a request whose context ended: its handlers' finisher, and its
+// webhook dispatchers before and between calls.
+const requestTimeoutMessage = "request did not complete within requested timeout"
+
+// replayTimeoutWhy is the run's unknown when the handler timed out.
+const replayTimeoutWhy = "the replay ran out of time inside the apiserver's handler (its request timeout, " +
+	"or kproxy's replay budget, counted on kproxy's replay, which waits for the apiserver's own answer and shares kproxy's CPU): " +
+	"a timeout of the replay says nothing about the apiserver's answer"
+
+// replayTimedOut reports the handler's 504 for a request whose context
+// ended. In a replay the only deadlines on that context are kproxy's: its
+// replay budget and the handler's own request timeout, both counted from
+// when kproxy replays, not from when the apiserver ran the request. A 504
+// the apiserver gives for another reason (a resourceVersion too far ahead
+// of the watch cache) keeps its prediction.
+func replayTimedOut(st *metav1.Status) bool {
+	return st != nil && st.Code == http.StatusGatewayTimeout && st.Reason == metav1.StatusReasonTimeout &&
+		strings.HasPrefix(strings.TrimPrefix(st.Message, "Timeout: "), requestTimeoutMessage)
 }
 
 // recorder records the handler's answer; it can take a watch's stream

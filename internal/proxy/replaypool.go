@@ -1,0 +1,154 @@
+package proxy
+
+import (
+	"runtime"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+
+	"github.com/kproxy/kproxy/internal/metrics"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/stages"
+)
+
+// Replays run in a bounded pool: at most `workers` at once, at most
+// `queue` more waiting for a worker. Past both, a replay is shed: the
+// request was forwarded all the same (forwarding never waits for a
+// replay) and its record is written all the same, with the prediction
+// unknown (ShedMessage). So under a load the replay cannot keep up with,
+// kproxy's goroutines and memory stay bounded (one goroutine per replay
+// made 3,900 of them and tripled the RSS under 32 clients), and a replay
+// never starves into its budget and guesses.
+//
+// Workers come and go with the work: a worker starts when a replay is
+// submitted and fewer than `workers` run, takes the queued replays one
+// after the other, and ends when the queue is empty. An idle proxy holds
+// no replay goroutine, and nothing is left running once Drain returns.
+
+// ShedMessage is the prediction's message on the record of a request
+// whose replay was shed.
+const ShedMessage = "replay shed: kproxy is over its replay budget"
+
+// replayQueuePerWorker sizes the default queue: a short burst waits
+// rather than being shed (32 clients with one request each on a 2-core
+// machine), while what waits (a copy of each request, its body up to
+// the apiserver's 3 MiB limit) stays bounded.
+const replayQueuePerWorker = 16
+
+// DefaultReplayWorkers is the default bound on the replays run at once:
+// one per CPU Go schedules on (GOMAXPROCS). A replay runs the apiserver's
+// own code and is mostly CPU: more workers than CPUs only share them, and
+// every replay then takes longer.
+func DefaultReplayWorkers() int { return max(1, runtime.GOMAXPROCS(0)) }
+
+// DefaultReplayQueue is the default bound on the replays waiting for a
+// worker, for that many workers.
+func DefaultReplayQueue(workers int) int { return replayQueuePerWorker * max(1, workers) }
+
+// replayPool runs replays on at most workers goroutines, with a queue of
+// at most capacity replays waiting.
+type replayPool struct {
+	workers  int
+	capacity int
+	clock    clock.PassiveClock
+	m        *metrics.Metrics
+
+	mu      sync.Mutex
+	running int            // worker goroutines alive (each busy)
+	queue   []queuedReplay // a ring of len capacity
+	head, n int
+	shed    uint64
+	ran     uint64
+}
+
+type queuedReplay struct {
+	run func()
+	at  time.Time // when it was submitted
+}
+
+// replayPoolStats is a snapshot of the pool.
+type replayPoolStats struct {
+	Workers, Capacity int // the bounds
+	Busy, Queued      int
+	Ran, Shed         uint64
+}
+
+func newReplayPool(workers, capacity int, clk clock.PassiveClock, m *metrics.Metrics) *replayPool {
+	if workers <= 0 {
+		workers = DefaultReplayWorkers()
+	}
+	if capacity <= 0 {
+		capacity = DefaultReplayQueue(workers)
+	}
+	m.ReplayPool(workers, capacity)
+	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m,
+		queue: make([]queuedReplay, capacity)}
+}
+
+// submit runs run on a worker, now or once one is free, and reports
+// true; or, when every worker is busy and the queue is full, sheds it and
+// reports false. It never blocks.
+func (q *replayPool) submit(run func()) bool {
+	job := queuedReplay{run: run, at: q.clock.Now()}
+	q.mu.Lock()
+	switch {
+	case q.running < q.workers:
+		q.running++
+		q.mu.Unlock()
+		go q.work(job)
+		return true
+	case q.n == q.capacity:
+		q.shed++
+		q.mu.Unlock()
+		q.m.ReplayShed()
+		return false
+	}
+	q.queue[(q.head+q.n)%q.capacity] = job
+	q.n++
+	q.mu.Unlock()
+	q.m.ReplayQueued(1)
+	return true
+}
+
+// work runs job, then the queued replays, and ends when none is left.
+// Taking the next replay and ending are decided under the lock that
+// submit queues under, so a replay is never queued just as the last
+// worker leaves.
+func (q *replayPool) work(job queuedReplay) {
+	for {
+		q.m.ReplayStarted(q.clock.Since(job.at))
+		job.run()
+		q.m.ReplayFinished()
+		q.mu.Lock()
+		q.ran++
+		if q.n == 0 {
+			q.running--
+			q.mu.Unlock()
+			return
+		}
+		job = q.queue[q.head]
+		q.queue[q.head] = queuedReplay{} // the replay's request can go
+		q.head = (q.head + 1) % q.capacity
+		q.n--
+		q.mu.Unlock()
+		q.m.ReplayQueued(-1)
+	}
+}
+
+func (q *replayPool) stats() replayPoolStats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return replayPoolStats{Workers: q.workers, Capacity: q.capacity, Busy: q.running, Queued: q.n, Ran: q.ran, Shed: q.shed}
+}
+
+// shedOutcome is the replay's outcome when it was shed: unknown, every
+// stage skipped (not replayed), as the contract wants all nine.
+func shedOutcome() stages.Outcome {
+	o := stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: ShedMessage}}
+	o.Stages = make([]record.StageResult, 0, len(record.StageOrder))
+	for _, name := range record.StageOrder {
+		o.Stages = append(o.Stages, record.StageResult{Name: name, Outcome: record.Skip, Explanation: "not replayed: " + ShedMessage})
+	}
+	return o
+}

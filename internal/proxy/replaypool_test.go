@@ -1,0 +1,339 @@
+package proxy
+
+import (
+	"context"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
+
+	"github.com/kproxy/kproxy/internal/metrics"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/stages"
+)
+
+// gatedReplayer predicts 200 once its gate is open: a closed gate lets
+// replays through, an open one holds them (the replay of an overloaded
+// kproxy).
+type gatedReplayer struct {
+	mu   sync.Mutex
+	gate chan struct{}
+	ran  atomic.Int32
+}
+
+func (g *gatedReplayer) hold() chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.gate = make(chan struct{})
+	return g.gate
+}
+
+func (g *gatedReplayer) Run(ctx context.Context, req *stages.Request) stages.Outcome {
+	g.mu.Lock()
+	gate := g.gate
+	g.mu.Unlock()
+	<-gate
+	g.ran.Add(1)
+	o := stages.Outcome{Predicted: record.Prediction{Status: http.StatusOK}, Duration: time.Millisecond}
+	if req.HTTP.Method == http.MethodPost {
+		o.Predicted.Status = http.StatusCreated
+	}
+	for _, name := range record.StageOrder {
+		o.Stages = append(o.Stages, record.StageResult{Name: name, Outcome: record.Pass, DurationNs: 1000})
+	}
+	return o
+}
+
+// records is a record.Sink for the pool's tests.
+type records struct {
+	mu   sync.Mutex
+	recs []*record.Record
+}
+
+func (r *records) Write(rec *record.Record) {
+	r.mu.Lock()
+	r.recs = append(r.recs, rec)
+	r.mu.Unlock()
+}
+
+func (r *records) list() []*record.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*record.Record(nil), r.recs...)
+}
+
+// poll waits, at most 20s, until cond holds.
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 20*time.Second, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
+
+// goroutinesAtMost waits until at most n goroutines run (goleak's way:
+// goroutines that are ending get the time to end, no sleep).
+func goroutinesAtMost(t *testing.T, what string, n int) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 20*time.Second, true,
+		func(context.Context) (bool, error) { return runtime.NumGoroutine() <= n, nil })
+	if err != nil {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("%s: %d goroutines, want at most %d: %v\n%s", what, runtime.NumGoroutine(), n, err, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// gauge reads one sample of a registered metric (a counter or a gauge).
+func gauge(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			match := label == ""
+			for _, l := range m.GetLabel() {
+				match = match || (l.GetName() == label && l.GetValue() == value)
+			}
+			if !match {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s{%s=%q}", name, label, value)
+	return 0
+}
+
+// TestReplayPoolSheds saturates the replay pool with replays that do not
+// end, and checks that kproxy keeps forwarding at once, records every
+// request (the shed ones unknown, saying why), counts the sheds, holds no
+// more goroutines than its workers, and, once the replays end, runs the
+// queued ones and leaves nothing running.
+func TestReplayPoolSheds(t *testing.T) {
+	const workers, queue = 2, 3
+	const gets, posts = 40, 5
+
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if r.Method == http.MethodPost {
+			w.WriteHeader(http.StatusCreated)
+		}
+		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x","resourceVersion":"5"}}`)
+	}))
+	defer upstream.Close()
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
+	up, err := NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Passthrough.CloseIdleConnections()
+
+	closed := make(chan struct{})
+	close(closed)
+	replayer := &gatedReplayer{gate: closed}
+	sink := &records{}
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, Replayer: replayer, Sink: sink,
+		ReplayWorkers: workers, ReplayQueue: queue, Metrics: metrics.New(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewUnstartedServer(p)
+	front.EnableHTTP2 = true
+	front.StartTLS()
+	defer front.Close()
+	client := front.Client()
+	client.Timeout = 10 * time.Second // forwarding must never wait for a replay
+	defer client.CloseIdleConnections()
+
+	do := func(method, path, body string) {
+		t.Helper()
+		req, err := http.NewRequest(method, front.URL+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer not-a-secret-here")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v (forwarding waited for the replay?)", method, path, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if want := map[string]int{http.MethodGet: 200, http.MethodPost: 201}[method]; resp.StatusCode != want {
+			t.Fatalf("%s %s: status %d, want %d", method, path, resp.StatusCode, want)
+		}
+	}
+	getPath := "/api/v1/namespaces/default/configmaps/x"
+	postPath := "/api/v1/namespaces/default/configmaps"
+	postBody := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"y"},"data":{"k":"v"}}`
+
+	// A first request opens the connections; then the baseline.
+	do(http.MethodGet, getPath, "")
+	poll(t, "the first record", func() bool { return len(sink.list()) == 1 })
+	poll(t, "the first replay's worker ends", func() bool { return p.pool.stats().Busy == 0 })
+	baseline := runtime.NumGoroutine()
+
+	// The replays now hold their workers. Every request is still answered
+	// at once: two replays run, three wait, the rest are shed.
+	gate := replayer.hold()
+	for range gets {
+		do(http.MethodGet, getPath, "")
+	}
+	for range posts {
+		do(http.MethodPost, postPath, postBody)
+	}
+	shed := gets + posts - workers - queue
+	poll(t, "the shed requests' records", func() bool { return len(sink.list()) == 1+shed })
+	st := p.pool.stats()
+	if st.Busy != workers || st.Queued != queue || st.Shed != uint64(shed) {
+		t.Errorf("pool %+v, want %d busy, %d queued, %d shed", st, workers, queue, shed)
+	}
+	for _, rec := range sink.list()[1:] {
+		if rec.Predicted.Stage != record.StageUnknown || rec.Predicted.Message != ShedMessage || rec.Predicted.Status != 0 {
+			t.Errorf("shed record %s %s predicted %+v, want unknown: %q", rec.Request.Method, rec.Request.Path, rec.Predicted, ShedMessage)
+		}
+		if rec.Actual.Status != 200 && rec.Actual.Status != 201 {
+			t.Errorf("shed record %s: actual %d, want the apiserver's answer", rec.ID, rec.Actual.Status)
+		}
+		if len(rec.Stages) != len(record.StageOrder) {
+			t.Errorf("shed record %s: %d stages, want the nine", rec.ID, len(rec.Stages))
+		}
+		for i, s := range rec.Stages {
+			if s.Name != record.StageOrder[i] || s.Outcome != record.Skip {
+				t.Errorf("shed record %s: stage %d is %s %s, want %s skip", rec.ID, i, s.Name, s.Outcome, record.StageOrder[i])
+			}
+		}
+		if got := http.Header(rec.Request.Headers).Get("Authorization"); got == "" || strings.Contains(got, "not-a-secret-here") {
+			t.Errorf("shed record %s: Authorization %q, want it redacted", rec.ID, got)
+		}
+	}
+	if got := gauge(t, reg, "kproxy_replays_total", "result", "shed"); got != float64(shed) {
+		t.Errorf("kproxy_replays_total{result=shed} = %v, want %d", got, shed)
+	}
+	if got := gauge(t, reg, "kproxy_replay_queue_depth", "", ""); got != queue {
+		t.Errorf("kproxy_replay_queue_depth = %v, want %d", got, queue)
+	}
+	if got := gauge(t, reg, "kproxy_replay_workers_busy", "", ""); got != workers {
+		t.Errorf("kproxy_replay_workers_busy = %v, want %d", got, workers)
+	}
+	// The held replays hold their workers' goroutines, and nothing else:
+	// not one goroutine per request.
+	goroutinesAtMost(t, "while the pool is full", baseline+workers+2)
+
+	// The replays end: the queued ones run, every record is written, and
+	// nothing is left running.
+	close(gate)
+	p.Drain()
+	recs := sink.list()
+	if len(recs) != 1+gets+posts {
+		t.Fatalf("%d records, want one per request (%d)", len(recs), 1+gets+posts)
+	}
+	if n := replayer.ran.Load(); n != 1+workers+queue {
+		t.Errorf("%d replays ran, want %d", n, 1+workers+queue)
+	}
+	var predicted int
+	for _, rec := range recs {
+		if rec.Predicted.Stage != record.StageUnknown {
+			predicted++
+			if rec.Predicted.Status != rec.Actual.Status {
+				t.Errorf("record %s: predicted %d, actual %d", rec.ID, rec.Predicted.Status, rec.Actual.Status)
+			}
+		}
+	}
+	if predicted != 1+workers+queue {
+		t.Errorf("%d records predicted, want %d", predicted, 1+workers+queue)
+	}
+	if got := gauge(t, reg, "kproxy_replays_total", "result", "run"); got != 1+workers+queue {
+		t.Errorf("kproxy_replays_total{result=run} = %v, want %d", got, 1+workers+queue)
+	}
+	if got := gauge(t, reg, "kproxy_records_total", "", ""); got != 1+gets+posts {
+		t.Errorf("kproxy_records_total = %v, want %d", got, 1+gets+posts)
+	}
+	if got := gauge(t, reg, "kproxy_replay_queue_depth", "", ""); got != 0 {
+		t.Errorf("kproxy_replay_queue_depth = %v after the drain, want 0", got)
+	}
+	goroutinesAtMost(t, "after the drain", baseline)
+	if st := p.pool.stats(); st.Busy != 0 || st.Queued != 0 {
+		t.Errorf("pool %+v after the drain, want idle", st)
+	}
+}
+
+// TestReplayPoolRunsEachAcceptedReplayOnce submits from many goroutines
+// at once, with replays that end at once: every replay the pool accepts
+// runs exactly once (none is queued just as the last worker leaves), at
+// most `workers` at a time, and the pool ends idle.
+func TestReplayPoolRunsEachAcceptedReplayOnce(t *testing.T) {
+	const workers, queue, submitters, each = 3, 4, 16, 200
+	before := runtime.NumGoroutine()
+	q := newReplayPool(workers, queue, clock.RealClock{}, nil)
+	var accepted, ran, running, peak atomic.Int64
+	var wg sync.WaitGroup
+	for range submitters {
+		wg.Go(func() {
+			for range each {
+				ok := q.submit(func() {
+					n := running.Add(1)
+					for {
+						p := peak.Load()
+						if n <= p || peak.CompareAndSwap(p, n) {
+							break
+						}
+					}
+					runtime.Gosched()
+					running.Add(-1)
+					ran.Add(1)
+				})
+				if ok {
+					accepted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	poll(t, "every accepted replay runs", func() bool { return ran.Load() == accepted.Load() && q.stats().Busy == 0 })
+	st := q.stats()
+	if got := st.Ran + st.Shed; got != submitters*each {
+		t.Errorf("ran %d + shed %d = %d, want %d submitted", st.Ran, st.Shed, got, submitters*each)
+	}
+	if st.Ran != uint64(ran.Load()) {
+		t.Errorf("pool counted %d run, %d ran", st.Ran, ran.Load())
+	}
+	if p := peak.Load(); p > workers {
+		t.Errorf("%d replays ran at once, want at most %d", p, workers)
+	}
+	goroutinesAtMost(t, "after the replays", before)
+}
+
+// TestReplayPoolDefaults sizes the pool from GOMAXPROCS.
+func TestReplayPoolDefaults(t *testing.T) {
+	q := newReplayPool(0, 0, clock.RealClock{}, nil)
+	if w := runtime.GOMAXPROCS(0); q.workers != w || q.capacity != replayQueuePerWorker*w {
+		t.Errorf("defaults: %d workers, queue %d; want %d and %d", q.workers, q.capacity, w, replayQueuePerWorker*w)
+	}
+	if got := fmt.Sprint(DefaultReplayQueue(DefaultReplayWorkers())); got != fmt.Sprint(q.capacity) {
+		t.Errorf("DefaultReplayQueue %s, pool %d", got, q.capacity)
+	}
+}
