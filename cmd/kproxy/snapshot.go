@@ -114,7 +114,7 @@ func runSnapshot(cmd *cobra.Command, o *snapshotOptions) error {
 		return err
 	}
 	cancel()
-	named, err := namedObjects(files)
+	named, lists, caseDocs, err := caseReads(files)
 	if err != nil {
 		return err
 	}
@@ -125,13 +125,13 @@ func runSnapshot(cmd *cobra.Command, o *snapshotOptions) error {
 	if err != nil {
 		return err
 	}
-	var docs []snapshot.DocRef
+	docs := caseDocs
 	for _, d := range rec.Docs() {
 		if !strings.HasPrefix(d.Path, "/openapi/v2") {
 			docs = append(docs, d)
 		}
 	}
-	m, err := snapshot.Take(cmd.Context(), o.dir, snapshot.Options{Config: cfg, Collect: rec.Collections(), Named: named,
+	m, err := snapshot.Take(cmd.Context(), o.dir, snapshot.Options{Config: cfg, Collect: append(rec.Collections(), lists...), Named: named,
 		Docs: docs, APIServerArgs: args, LeftOut: leftOut, Progress: progress})
 	if err != nil {
 		return err
@@ -152,22 +152,35 @@ func runSnapshot(cmd *cobra.Command, o *snapshotOptions) error {
 	return nil
 }
 
-// namedObjects are the objects the cases read or write: the object a
-// request names (for a create, the body's name), and its namespace.
-func namedObjects(files []*testfile.File) ([]snapshot.ObjectRef, error) {
-	var out []snapshot.ObjectRef
+// caseReads are what the cases' requests read: the object a request
+// names (for a create, the body's name) and its namespace, the
+// collections they list or watch, and the other documents they get
+// (health checks, discovery with their Accept).
+func caseReads(files []*testfile.File) (named []snapshot.ObjectRef, lists []schema.GroupVersionResource, docs []snapshot.DocRef, err error) {
 	for _, f := range files {
 		for i := range f.Cases {
 			c := &f.Cases[i]
 			req, body, err := citest.NewRequest(c, "https://kproxy-snapshot")
 			if err != nil {
-				return nil, err
+				return nil, nil, nil, err
 			}
 			info, err := stages.ResolveRequestInfo(req)
-			if err != nil || !info.IsResourceRequest {
+			if err != nil {
+				continue
+			}
+			if !info.IsResourceRequest {
+				if req.Method == http.MethodGet || req.Method == http.MethodHead {
+					docs = append(docs, snapshot.DocRef{Path: req.URL.RequestURI(), Accept: req.Header.Get("Accept")})
+					if p, ok := stages.HealthReadPath(req.URL); ok {
+						docs = append(docs, snapshot.DocRef{Path: p})
+					}
+				}
 				continue
 			}
 			gvr := schema.GroupVersionResource{Group: info.APIGroup, Version: info.APIVersion, Resource: info.Resource}
+			if info.Verb == "list" || info.Verb == "watch" || info.Verb == "deletecollection" {
+				lists = append(lists, gvr)
+			}
 			name := info.Name
 			if name == "" && info.Verb == "create" && body != nil {
 				var meta struct {
@@ -180,39 +193,52 @@ func namedObjects(files []*testfile.File) ([]snapshot.ObjectRef, error) {
 				}
 			}
 			if name != "" {
-				out = append(out, snapshot.ObjectRef{GVR: gvr, Namespace: info.Namespace, Name: name})
+				named = append(named, snapshot.ObjectRef{GVR: gvr, Namespace: info.Namespace, Name: name})
 			}
 			if info.Namespace != "" {
-				out = append(out, snapshot.ObjectRef{GVR: schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, Name: info.Namespace})
+				named = append(named, snapshot.ObjectRef{GVR: schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}, Name: info.Namespace})
 			}
 		}
 	}
-	return out, nil
+	return named, lists, docs, nil
 }
 
-// Flags whose files are public and copied into a snapshot, and flags
-// whose files hold credentials and are left out.
+// Flags whose files are public and copied into a snapshot; flags whose
+// files may hold credentials, kept by reference (the path, never the
+// contents: the local engine reads them where they are) or dropped.
 var (
 	publicFileFlags = []string{"client-ca-file", "requestheader-client-ca-file", "service-account-key-file",
 		"authorization-config", "authentication-config", "admission-control-config-file", "oidc-ca-file",
 		"authorization-policy-file"}
-	secretFileFlags = map[string]string{
-		"token-auth-file":                          "it holds bearer tokens",
+	referencedFileFlags = map[string]string{
 		"authorization-webhook-config-file":        "a kubeconfig, which may hold credentials",
 		"authentication-token-webhook-config-file": "a kubeconfig, which may hold credentials",
-		"service-account-signing-key-file":         "a private key",
+	}
+	droppedFileFlags = map[string]string{
+		"token-auth-file":                  "it holds bearer tokens (the local engine does not check tokens)",
+		"service-account-signing-key-file": "a private key (tokens are checked with the public keys of --service-account-key-file)",
 	}
 )
 
 // copyFlagFiles copies the public files the flags name into dir/files
-// and points the flags there (relative to the snapshot); flags naming
-// files with credentials are dropped, with a note.
+// and points the flags there (relative to the snapshot); files that may
+// hold credentials are never copied: referenced by path, or dropped,
+// each with a note.
 func copyFlagFiles(dir string, args []string) ([]string, []string, error) {
 	var out, leftOut []string
 	for _, a := range args {
 		name, value, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
-		if why, ok := secretFileFlags[name]; ok {
-			leftOut = append(leftOut, fmt.Sprintf("--%s: %s", name, why))
+		if why, ok := droppedFileFlags[name]; ok {
+			leftOut = append(leftOut, fmt.Sprintf("--%s: left out: %s", name, why))
+			continue
+		}
+		if why, ok := referencedFileFlags[name]; ok {
+			abs, err := filepath.Abs(value)
+			if err != nil {
+				return nil, nil, err
+			}
+			leftOut = append(leftOut, fmt.Sprintf("--%s: %s, so kept by path (%s), not copied; the local engine reads it there, or give another with --set-flag %s=PATH", name, why, abs, name))
+			out = append(out, "--"+name+"="+abs)
 			continue
 		}
 		if strings.HasPrefix(name, "etcd-") || name == "encryption-provider-config" {
@@ -344,7 +370,7 @@ func localReplay(ctx context.Context, dir string, overlays, setFlags []string, s
 	}
 	opts, ignored, err := apiserverOptionsFromArgs(args)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("the snapshot's apiserver flags with --set-flag: %w", err)
+		return nil, nil, nil, fmt.Errorf("the snapshot's apiserver flags (%s, with --set-flag on top): %w", filepath.Join(dir, snapshot.ManifestFile), err)
 	}
 	for _, s := range setFlags {
 		name, _, _ := strings.Cut(strings.TrimPrefix(s, "--"), "=")

@@ -138,6 +138,9 @@ func (e *Cluster) Run(ctx context.Context, c *testfile.Case) (Verdict, error) {
 	if err != nil {
 		return Verdict{}, err
 	}
+	if why := cannotSend(c, send); why != "" {
+		return Verdict{Stage: record.StageUnknown, Unknown: why}, nil
+	}
 	dryRun(send)
 	client := e.Anonymous
 	var clientCert *tls.Certificate
@@ -214,6 +217,20 @@ func (e *Cluster) Run(ctx context.Context, c *testfile.Case) (Verdict, error) {
 		}
 	}
 	return v, nil
+}
+
+// connectSubresources cannot be dry-run: sending one would run it.
+var connectSubresources = map[string]bool{"exec": true, "attach": true, "portforward": true, "proxy": true}
+
+// cannotSend says why the cluster engine cannot send c faithfully.
+func cannotSend(c *testfile.Case, r *http.Request) string {
+	if c.User != "" && c.Impersonate != nil {
+		return "the cluster engine sends a case's user by impersonation, and impersonation cannot be nested: give the case a token or client certificate of " + c.User + ", or run it with --engine local"
+	}
+	if info, err := stages.ResolveRequestInfo(r); err == nil && connectSubresources[info.Subresource] {
+		return "the cluster engine never sends " + info.Resource + "/" + info.Subresource + ": it cannot be dry-run, and sending it would run it (--engine local replays it)"
+	}
+	return ""
 }
 
 // answerVerdict reads the apiserver's answer: status, the Status object

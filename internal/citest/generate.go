@@ -76,7 +76,7 @@ func caseOf(r *record.Record) (*testfile.Case, string) {
 			notes = append(notes, "the query had a credential, redacted in the capture")
 		}
 	}
-	c.Request = testfile.Request{Method: r.Request.Method, Path: path}
+	c.Request = testfile.Request{Method: r.Request.Method, Path: path, Headers: keptHeaders(r.Request.Headers)}
 	if ct := r.Request.ContentType; ct != "" && hasBody(r.Request.Method) {
 		c.Request.ContentType = ct
 	}
@@ -123,6 +123,35 @@ func caseOf(r *record.Record) (*testfile.Case, string) {
 	c.Name = caseName(r)
 	c.Note = strings.Join(slices.Compact(notes), "; ")
 	return c, ""
+}
+
+// droppedHeaders are not part of what a case asks: credentials and
+// identity (the case says who), what the client library adds about the
+// connection, and what the engine sets itself.
+var droppedHeaders = map[string]bool{
+	"Authorization": true, "Proxy-Authorization": true, "Cookie": true, "Content-Type": true, "Content-Length": true,
+	"User-Agent": true, "Accept-Encoding": true, "Connection": true, "Host": true, "Audit-Id": true,
+	"Traceparent": true, "Tracestate": true, "Te": true, "Upgrade": true, "Keep-Alive": true, "Transfer-Encoding": true,
+}
+
+// keptHeaders are the recorded request headers a case sends again:
+// Accept, conditional and content negotiation headers, and the like.
+func keptHeaders(h map[string][]string) map[string]string {
+	out := map[string]string{}
+	for k, vs := range h {
+		ck := http.CanonicalHeaderKey(k)
+		if droppedHeaders[ck] || strings.HasPrefix(ck, "Impersonate-") || strings.HasPrefix(ck, "X-Remote-") {
+			continue
+		}
+		if slices.ContainsFunc(vs, func(v string) bool { return strings.Contains(v, record.Redacted) }) {
+			continue
+		}
+		out[ck] = strings.Join(vs, ", ")
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 func hasBody(method string) bool {

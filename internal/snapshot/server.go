@@ -198,11 +198,18 @@ func (h *Server) serveDoc(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if found == nil {
-		status(w, http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("the snapshot does not hold %s (kproxy snapshot keeps discovery, /version and the OpenAPI index)", path))
+		// Not a 404: the apiserver may well serve it. Unknown, not wrong.
+		unavailable(w, fmt.Sprintf("the snapshot does not hold %s: take it again with the test files that ask for it (kproxy snapshot --for)", path))
 		return
 	}
 	if found.ContentType != "" {
 		w.Header().Set("Content-Type", found.ContentType)
+	}
+	if found.LastModified != "" {
+		w.Header().Set("Last-Modified", found.LastModified)
+	}
+	if found.CacheControl != "" {
+		w.Header().Set("Cache-Control", found.CacheControl)
 	}
 	if found.ETag != "" {
 		w.Header().Set("ETag", found.ETag)

@@ -106,7 +106,11 @@ type Doc struct {
 	Status      int    `json:"status"`
 	ContentType string `json:"contentType,omitempty"`
 	ETag        string `json:"etag,omitempty"`
-	Body        string `json:"body"`
+	// LastModified and CacheControl are the headers conditional
+	// requests and the replay's handlers read.
+	LastModified string `json:"lastModified,omitempty"`
+	CacheControl string `json:"cacheControl,omitempty"`
+	Body         string `json:"body"`
 }
 
 // Snapshot is a loaded snapshot.

@@ -120,7 +120,7 @@ func Take(ctx context.Context, dir string, o Options) (*Manifest, error) {
 		}
 	}
 	collected := map[schema.GroupVersionResource][]map[string]any{}
-	collect := append([]schema.GroupVersionResource{}, o.Collect...)
+	collect := dedupe(o.Collect)
 	sort.Slice(collect, func(i, j int) bool { return collect[i].String() < collect[j].String() })
 	for _, gvr := range collect {
 		i, ok := index[gvr]
@@ -225,6 +225,18 @@ func Take(ctx context.Context, dir string, o Options) (*Manifest, error) {
 	return m, nil
 }
 
+func dedupe(in []schema.GroupVersionResource) []schema.GroupVersionResource {
+	seen := map[schema.GroupVersionResource]bool{}
+	var out []schema.GroupVersionResource
+	for _, g := range in {
+		if !seen[g] {
+			seen[g] = true
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
 func hasObject(items []map[string]any, ref ObjectRef) bool {
 	for _, it := range items {
 		u := unstructured.Unstructured{Object: it}
@@ -307,7 +319,8 @@ func takeDocs(ctx context.Context, hc *http.Client, host string, gvs []string, e
 			return nil, fmt.Errorf("read %s: %w", r.Path, err)
 		}
 		docs = append(docs, Doc{Path: r.Path, Accept: r.Accept, Status: resp.StatusCode,
-			ContentType: resp.Header.Get("Content-Type"), ETag: resp.Header.Get("ETag"), Body: string(body)})
+			ContentType: resp.Header.Get("Content-Type"), ETag: resp.Header.Get("ETag"),
+			LastModified: resp.Header.Get("Last-Modified"), CacheControl: resp.Header.Get("Cache-Control"), Body: string(body)})
 	}
 	return docs, nil
 }

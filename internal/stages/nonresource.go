@@ -106,19 +106,33 @@ func healthEndpoint(p string) string {
 	return ""
 }
 
-// health predicts a health endpoint from the apiserver's health now: kproxy
-// reads the same endpoint, with the request's exclusions, verbosely, and
-// reports every check.
-func (d decode) health(ctx context.Context, req *Request, p string) Result {
+// HealthReadPath is what the replay reads to predict a request for a
+// health endpoint (kproxy snapshot keeps it); ok is false for other paths.
+func HealthReadPath(u *url.URL) (string, bool) {
+	if healthEndpoint(u.Path) == "" {
+		return "", false
+	}
+	return healthRead(u.Path, u), true
+}
+
+// healthRead is the endpoint with the request's exclusions, verbosely.
+func healthRead(p string, u *url.URL) string {
 	q := url.Values{}
-	for k, v := range req.HTTP.URL.Query() {
+	for k, v := range u.Query() {
 		q[k] = v
 	}
 	if _, ok := q["verbose"]; !ok {
 		q.Set("verbose", "1")
 	}
+	return p + "?" + q.Encode()
+}
+
+// health predicts a health endpoint from the apiserver's health now: kproxy
+// reads the same endpoint, with the request's exclusions, verbosely, and
+// reports every check.
+func (d decode) health(ctx context.Context, req *Request, p string) Result {
 	// Health is read live (it changes), and is small.
-	doc, err := d.m.write.Served().Read(ctx, p+"?"+q.Encode(), "")
+	doc, err := d.m.write.Served().Read(ctx, healthRead(p, req.HTTP.URL), "")
 	if err != nil {
 		return Unknown("the apiserver's health: " + err.Error())
 	}

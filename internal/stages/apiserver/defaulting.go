@@ -18,7 +18,7 @@ func DefaultObject(obj map[string]any) (map[string]any, error) {
 	gvk := u.GroupVersionKind()
 	typed, err := legacyscheme.Scheme.New(gvk)
 	if err != nil {
-		return obj, nil // not a built-in kind
+		return obj, nil //nolint:nilerr // not a built-in kind: nothing to default
 	}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj, typed); err != nil {
 		return nil, fmt.Errorf("%s %s: %w", gvk.Kind, u.GetName(), err)
