@@ -388,6 +388,11 @@ func localReplay(ctx context.Context, dir string, overlays, setFlags []string, s
 	go func() { _ = srv.Serve(ln) }()
 	rctx, cancel := context.WithCancel(ctx)
 	stop := func() { cancel(); _ = srv.Close() }
+	// The replay's warnings about the cluster it reads (no etcd access)
+	// say nothing about a snapshot: only errors, unless asked for more.
+	if logLevel == "warn" {
+		logLevel = "error"
+	}
 	log := newLoggerTo(logOut, logLevel)
 	cfg := &rest.Config{Host: "http://" + ln.Addr().String(), QPS: -1}
 	pipeline, err := serve.NewReplay(rctx, cfg, true, opts, noop.NewTracerProvider(), syncTimeout, log)

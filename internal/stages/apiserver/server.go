@@ -483,6 +483,21 @@ func (w serviceDialWatcher) ClientConfigForService(name, namespace string, port 
 	if err != nil || cfg == nil {
 		return cfg, err
 	}
+	return watchDial(cfg, "served by Service "+namespace+"/"+name), nil
+}
+
+// ClientConfigFor is a webhook given by URL: kproxy (or kproxy test's
+// local engine, far from the cluster) may not reach it either.
+func (w serviceDialWatcher) ClientConfigFor(hostPort string) (*rest.Config, error) {
+	cfg, err := w.AuthenticationInfoResolver.ClientConfigFor(hostPort)
+	if err != nil || cfg == nil {
+		return cfg, err
+	}
+	return watchDial(cfg, "at "+hostPort), nil
+}
+
+// watchDial makes a failed dial of a webhook the run's unknown.
+func watchDial(cfg *rest.Config, where string) *rest.Config {
 	dial := cfg.Dial
 	if dial == nil {
 		dial = (&net.Dialer{Timeout: 30 * time.Second}).DialContext
@@ -491,12 +506,12 @@ func (w serviceDialWatcher) ClientConfigForService(name, namespace string, port 
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			if run := runFrom(ctx); run != nil {
-				run.markUnknown(fmt.Sprintf("depends on an admission webhook served by Service %s/%s, which kproxy could not reach (%v); the apiserver calls it from inside the cluster", namespace, name, err))
+				run.markUnknown(fmt.Sprintf("depends on an admission webhook %s, which kproxy could not reach (%v); the apiserver calls it from inside the cluster", where, err))
 			}
 		}
 		return c, err
 	}
-	return cfg, nil
+	return cfg
 }
 
 // emptyGRPCServer serves gRPC with no services on a loopback port until
