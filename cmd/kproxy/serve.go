@@ -104,6 +104,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.AuditWebhookClientCAFile, "audit-webhook-client-ca-file", "", "the apiserver must present a client certificate signed by this CA to the audit webhook (its --audit-webhook-config-file names the certificate)")
 	f.StringVar(&o.AuditLogFollow, "audit-log-follow", "", "follow the apiserver's JSON audit log (its --audit-log-path, --audit-log-format=json) as tail -F does, through rotations, from its end, for the same latency annotations as --audit-webhook-listen; kproxy must be able to read the file")
 	f.StringVar(&o.MetricsListen, "metrics-listen", "", "serve kproxy's own Prometheus metrics (/metrics: requests, replays run and shed, stage durations, prediction agreement, records, the replay pool) on this address, e.g. 127.0.0.1:9090; plain HTTP, counts only; off by default")
+	f.StringVar(&o.Replica, "replica", "", "this kproxy's name in its records (record field replica), when several run behind one load balancer, e.g. --replica=$(POD_NAME)")
 	f.IntVar(&o.ReplayWorkers, "replay-workers", 0, "how many replays run at once (0: one per CPU, GOMAXPROCS); past them and --replay-queue a request is still forwarded and recorded, its prediction unknown (replay shed)")
 	f.IntVar(&o.ReplayQueue, "replay-queue", 0, "how many replays may wait for a free replay worker (0: 16 per worker); each holds a copy of its request, body included")
 	o.Telemetry.Version = version

@@ -21,8 +21,10 @@ type Server struct {
 }
 
 // Listen starts listening on addr (host:port; port 0 picks a free one)
-// for scrapes of g, so that the address is known before Serve.
-func Listen(addr string, g prometheus.Gatherer, log *slog.Logger) (*Server, error) {
+// for scrapes of g, so that the address is known before Serve. It also
+// answers a load balancer's health checks: /livez (kproxy is up) and
+// /readyz (ready says why not; nil: ready).
+func Listen(addr string, g prometheus.Gatherer, log *slog.Logger, ready func() error) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -38,6 +40,16 @@ func Listen(addr string, g prometheus.Gatherer, log *slog.Logger) (*Server, erro
 		MaxRequestsInFlight: 4,
 		Timeout:             10 * time.Second,
 	}))
+	mux.HandleFunc("GET /livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if ready != nil {
+			if err := ready(); err != nil {
+				http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)}
 	return &Server{ln: ln, srv: srv}, nil

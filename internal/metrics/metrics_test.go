@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -142,7 +144,8 @@ func TestListen(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	m.Record(rec("get", 200, 200, ""))
-	s, err := Listen("127.0.0.1:0", reg, nil)
+	var notReady error = errors.New("the replay's cluster state has not synced")
+	s, err := Listen("127.0.0.1:0", reg, nil, func() error { return notReady })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +159,28 @@ func TestListen(t *testing.T) {
 			t.Error(err)
 		}
 	}()
+	// Health checks for a load balancer: /livez always, /readyz once ready.
+	for _, tc := range []struct {
+		path   string
+		ready  error
+		status int
+		body   string
+	}{
+		{"/livez", notReady, 200, "ok"},
+		{"/readyz", notReady, 503, "not ready: the replay's cluster state has not synced"},
+		{"/readyz", nil, 200, "ok"},
+	} {
+		notReady = tc.ready
+		resp, err := http.Get("http://" + s.Addr() + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || !strings.Contains(string(b), tc.body) {
+			t.Errorf("%s: %d %q, want %d %q", tc.path, resp.StatusCode, b, tc.status, tc.body)
+		}
+	}
 	resp, err := http.Get("http://" + s.Addr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)

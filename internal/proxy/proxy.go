@@ -90,6 +90,8 @@ type Config struct {
 	ReplayQueue   int
 	// Metrics receives kproxy's measurements; nil: none.
 	Metrics *metrics.Metrics
+	// Replica names this kproxy in its records ("": not named).
+	Replica string
 	// Log receives operational messages (never secrets).
 	Log *slog.Logger
 }
@@ -116,6 +118,7 @@ type Proxy struct {
 	bodyIdle            time.Duration
 	perRequestLog       *slog.Logger // p.log, rate-limited
 	pool                *replayPool
+	replica             string
 	metrics             *metrics.Metrics // nil: none
 }
 
@@ -146,6 +149,7 @@ func New(cfg Config) (*Proxy, error) {
 		captureBodies: cfg.CaptureBodies,
 		bodyIdle:      cfg.BodyIdleTimeout,
 		metrics:       cfg.Metrics,
+		replica:       cfg.Replica,
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -276,7 +280,7 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 
 	ex := &exchange{
 		rec: &record.Record{
-			ID: id, Start: start, Mode: p.mode,
+			ID: id, Start: start, Mode: p.mode, Replica: p.replica,
 			TraceID:           span.SpanContext().TraceID().String(),
 			KubernetesVersion: stages.KubernetesVersion,
 			Request:           requestFields(r, info),

@@ -77,6 +77,9 @@ type Record struct {
 	// the id of the flow whose request was replayed again at Start,
 	// without going upstream; Actual is that flow's answer, copied.
 	RerunOf string `json:"rerunOf,omitempty"`
+	// Replica is the kproxy instance that wrote the record (kproxy serve
+	// --replica), when set: several replicas behind one load balancer.
+	Replica string `json:"replica,omitempty"`
 }
 
 // Request describes the request as the apiserver resolves it.

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,6 +114,9 @@ type Options struct {
 	MetricsListen string
 	ReplayWorkers int
 	ReplayQueue   int
+	// Replica names this kproxy in its records, when several run behind
+	// one load balancer ("": not named).
+	Replica string
 
 	// Stream, when set, also receives every record (the TUI, the demo).
 	Stream *record.Stream
@@ -282,6 +286,10 @@ type Server struct {
 	// MetricsAddr is where /metrics is served ("" when off).
 	MetricsAddr string
 	metrics     *metrics.Server
+	// pipeline is the replay (its readiness); stopping is set once Run's
+	// context ends, so /readyz turns a load balancer away first.
+	pipeline *stages.Pipeline
+	stopping atomic.Bool
 }
 
 // New builds the server and starts listening (so the address is known and
@@ -378,6 +386,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.pipeline = pipeline
 	pcfg := proxy.Config{
 		Upstream:          up.URL,
 		Passthrough:       up.Passthrough,
@@ -392,6 +401,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		ReplayWorkers:     o.ReplayWorkers,
 		ReplayQueue:       o.ReplayQueue,
 		Metrics:           m,
+		Replica:           o.Replica,
 		Log:               log,
 	}
 	if up.Impersonating != nil {
@@ -461,6 +471,7 @@ func (s *Server) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	go func() { <-ctx.Done(); s.stopping.Store(true) }()
 	var err error
 	if s.forward != nil {
 		err = s.forward.Serve(ctx, s.ln)
@@ -483,7 +494,7 @@ func (s *Server) listenMetrics(m *metrics.Metrics) error {
 	if m == nil {
 		return nil
 	}
-	ms, err := metrics.Listen(s.opts.MetricsListen, m.Registry(), s.log)
+	ms, err := metrics.Listen(s.opts.MetricsListen, m.Registry(), s.log, s.ready)
 	if err != nil {
 		return fmt.Errorf("--metrics-listen=%s: %w (give another address, or off)", s.opts.MetricsListen, err)
 	}
@@ -494,6 +505,18 @@ func (s *Server) listenMetrics(m *metrics.Metrics) error {
 		s.log.Warn("kproxy's metrics are served beyond loopback, as plain HTTP without authentication: "+
 			"whoever reaches the address sees kproxy's request rates and replay health (counts only: no user, path or secret); keep it on a network only Prometheus reaches",
 			"addr", s.MetricsAddr)
+	}
+	return nil
+}
+
+// ready says why kproxy should not get traffic yet (nil: it should): its
+// replay's caches have not synced, or it is stopping.
+func (s *Server) ready() error {
+	if s.stopping.Load() {
+		return errors.New("kproxy is stopping")
+	}
+	if s.pipeline != nil {
+		return s.pipeline.Ready()
 	}
 	return nil
 }

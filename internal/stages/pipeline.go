@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"errors"
 	"context"
 	"fmt"
 	"log/slog"
@@ -455,6 +456,22 @@ func (p *Pipeline) WaitReady(ctx context.Context, timeout time.Duration) bool {
 		return p.m.apfReady(), nil
 	})
 	return err == nil
+}
+
+// Ready says why predictions are not ready yet (nil: they are): the
+// cluster state has not synced, or APF has not digested it. Without a
+// view of the cluster there is nothing to wait for.
+func (p *Pipeline) Ready() error {
+	if p.state == nil {
+		return nil
+	}
+	if !p.state.Synced() {
+		return errors.New("the replay's cluster state has not synced")
+	}
+	if p.m != nil && p.m.apfReady != nil && !p.m.apfReady() {
+		return errors.New("the replay's APF controller has not digested the flow schemas")
+	}
+	return nil
 }
 
 // StorageAccess says how the storage stage reads: etcd directly (the
