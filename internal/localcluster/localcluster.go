@@ -99,6 +99,9 @@ type Cluster struct {
 	tmp   bool
 	procs []*process
 	log   io.Writer
+	// How etcd and the apiserver were started, to start them again.
+	etcdBin, apiBin  string
+	etcdArgs, apiEnv []string
 }
 
 type process struct {
@@ -189,15 +192,16 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	c.EtcdURL = fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
 	fmt.Fprintf(c.log, "starting etcd on %s\n", c.EtcdURL)
-	if err := c.run("etcd", etcdBin,
+	c.etcdBin, c.etcdArgs = etcdBin, []string{
 		"--name=default",
-		"--data-dir="+filepath.Join(c.Dir, "etcd-data"),
-		"--listen-client-urls="+c.EtcdURL, "--advertise-client-urls="+c.EtcdURL,
-		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
-		"--initial-cluster=default="+peerURL,
+		"--data-dir=" + filepath.Join(c.Dir, "etcd-data"),
+		"--listen-client-urls=" + c.EtcdURL, "--advertise-client-urls=" + c.EtcdURL,
+		"--listen-peer-urls=" + peerURL, "--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=default=" + peerURL,
 		"--unsafe-no-fsync", // test data only: fsync dominates etcd latency on shared disks
 		"--log-level=warn",
-	); err != nil {
+	}
+	if err := c.run("etcd", etcdBin, c.etcdArgs...); err != nil {
 		return nil, err
 	}
 	if err := waitHTTP(ctx, c.EtcdURL+"/health", nil, 60*time.Second, c.procs[0]); err != nil {
@@ -253,20 +257,56 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		apiEnv = append(apiEnv, "OTEL_BSP_SCHEDULE_DELAY=100")
 	}
 	fmt.Fprintf(c.log, "starting kube-apiserver on %s\n", c.URL)
+	c.apiBin, c.apiEnv = apiBin, apiEnv
 	if err := c.runEnv("kube-apiserver", apiBin, apiEnv, c.APIServerFlags...); err != nil {
 		return nil, err
 	}
-	admin := c.UserConfig("admin")
-	tlsCfg, err := rest.TLSConfigFor(admin)
-	if err != nil {
+	if err := c.waitAPIServer(ctx); err != nil {
 		return nil, err
-	}
-	hdr := http.Header{"Authorization": {"Bearer " + Users[0].Token}}
-	if err := waitHTTP(ctx, c.URL+"/readyz", &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}, 3*time.Minute, c.procs[1], hdr); err != nil {
-		return nil, fmt.Errorf("kube-apiserver did not become ready: %w (log: %s)", err, c.procs[1].logf)
 	}
 	fmt.Fprintf(c.log, "kube-apiserver ready\n")
 	return c, nil
+}
+
+func (c *Cluster) waitAPIServer(ctx context.Context) error {
+	admin := c.UserConfig("admin")
+	tlsCfg, err := rest.TLSConfigFor(admin)
+	if err != nil {
+		return err
+	}
+	hdr := http.Header{"Authorization": {"Bearer " + Users[0].Token}}
+	if err := waitHTTP(ctx, c.URL+"/readyz", &http.Client{Transport: &http.Transport{TLSClientConfig: tlsCfg}}, 3*time.Minute, c.procs[1], hdr); err != nil {
+		return fmt.Errorf("kube-apiserver did not become ready: %w (log: %s)", err, c.procs[1].logf)
+	}
+	return nil
+}
+
+// KillAPIServer kills the kube-apiserver as a crash would (SIGKILL) and
+// waits until it is gone; StartAPIServer starts it again (fault tests).
+func (c *Cluster) KillAPIServer() { c.procs[1].kill() }
+
+// StartAPIServer starts the kube-apiserver again, with the same flags,
+// and waits until it is ready.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	if err := c.runEnv("kube-apiserver", c.apiBin, c.apiEnv, c.APIServerFlags...); err != nil {
+		return err
+	}
+	c.procs[1], c.procs = c.procs[len(c.procs)-1], c.procs[:len(c.procs)-1]
+	return c.waitAPIServer(ctx)
+}
+
+// KillEtcd kills etcd (SIGKILL) and waits until it is gone; StartEtcd
+// starts it again on its data (fault tests).
+func (c *Cluster) KillEtcd() { c.procs[0].kill() }
+
+// StartEtcd starts etcd again, on the same data and ports, and waits
+// until it is healthy.
+func (c *Cluster) StartEtcd(ctx context.Context) error {
+	if err := c.run("etcd", c.etcdBin, c.etcdArgs...); err != nil {
+		return err
+	}
+	c.procs[0], c.procs = c.procs[len(c.procs)-1], c.procs[:len(c.procs)-1]
+	return waitHTTP(ctx, c.EtcdURL+"/health", nil, 60*time.Second, c.procs[0])
 }
 
 // UserConfig is a client config for a static-token user.
@@ -336,6 +376,16 @@ func (c *Cluster) runEnv(name, bin string, env []string, args ...string) error {
 	}()
 	c.procs = append(c.procs, p)
 	return nil
+}
+
+func (p *process) kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
 }
 
 func (p *process) stop() {

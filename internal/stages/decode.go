@@ -30,12 +30,12 @@ func (decode) Name() string { return record.StageDecode }
 // handler.
 func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) {
 	switch {
-	case req.Info != nil && !req.Info.IsResourceRequest && d.m.write != nil && d.m.write.ServesDiscovery(req.HTTP.Method, req.Info):
+	case req.Info != nil && !req.Info.IsResourceRequest && d.m.writer() != nil && d.m.writer().ServesDiscovery(req.HTTP.Method, req.Info):
 		return Result{}, true // discovery and /version: the replay server's own handlers
 	case req.Info == nil:
 		return Unknown("the request could not be resolved as the apiserver resolves it"), false
-	case !req.Info.IsResourceRequest && d.m.write == nil:
-		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error()), false
+	case !req.Info.IsResourceRequest && d.m.writer() == nil:
+		return Unknown("the write path cannot be replayed: " + d.m.writeError().Error()), false
 	case !req.Info.IsResourceRequest && !strings.HasPrefix(req.Info.Path, "/apis/"):
 		return d.nonResource(ctx, req), false
 	case !req.Info.IsResourceRequest:
@@ -46,16 +46,16 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 	if why := notReplayable(req); why != "" {
 		return Unknown(why), false
 	}
-	if d.m.write == nil {
-		return Unknown("the write path cannot be replayed: " + d.m.writeErr.Error()), false
+	if d.m.writer() == nil {
+		return Unknown("the write path cannot be replayed: " + d.m.writeError().Error()), false
 	}
-	if i := req.Info; !builtIn(i.APIGroup) && !d.m.write.ServesCustom(i.APIGroup, i.Resource) {
-		if s, ok, why := aggregatedFor(d.m.write, i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
+	if i := req.Info; !builtIn(i.APIGroup) && !d.m.writer().ServesCustom(i.APIGroup, i.Resource) {
+		if s, ok, why := aggregatedFor(d.m.writer(), i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
 			return aggregatedAPI(s, req.Info.Path), false
 		} else if why != "" {
 			return Unknown(why), false
 		}
-		if groupUnknown(d.m.write, i.APIGroup) {
+		if groupUnknown(d.m.writer(), i.APIGroup) {
 			st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
 			return Reject(st, fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup)), false
 		}
@@ -99,7 +99,7 @@ func (d decode) discovery(ctx context.Context, req *Request, run *apiserver.Run)
 	if !apiserver.DiscoveryRoot(req.Info) || (run.Code != http.StatusOK && run.Code != http.StatusNotModified) || run.ETag == "" || inm == "" {
 		return Pass("the apiserver's discovery handlers answer " + req.Info.Path)
 	}
-	current, err := d.m.write.Served().ETag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
+	current, err := d.m.writer().Served().ETag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
 	if err != nil {
 		return Unknown("a conditional discovery request (If-None-Match): " + err.Error())
 	}

@@ -33,7 +33,7 @@ func (d decode) groupDiscovery(req *Request) Result {
 	if !discoveryAcceptable(req.HTTP.Header.Get("Accept")) {
 		return Unknown("discovery of " + req.Info.Path + " with Accept " + req.HTTP.Header.Get("Accept") + ": content negotiation not modelled")
 	}
-	w := d.m.write
+	w := d.m.writer()
 	crds, err := w.CRDs().List(labels.Everything())
 	if err != nil {
 		return Unknown("the cluster's CustomResourceDefinitions: " + err.Error())

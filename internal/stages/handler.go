@@ -57,7 +57,7 @@ func (h *resourceHandler) run(ctx context.Context, req *Request) (*apiserver.Run
 	if !ok {
 		return nil, &res
 	}
-	return h.m.write.Run(ctx, req.forServer(), h.m.now), nil
+	return h.m.writer().Run(ctx, req.forServer(), h.m.now), nil
 }
 
 // handlerRunOf is the run a stage after decode reports on, or, when there

@@ -3,9 +3,11 @@ package stages
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -60,7 +62,10 @@ type machinery struct {
 	apfName  func(flowSchemaUID, priorityLevelUID string) (string, string)
 
 	// write is kube-apiserver's resource handler over read-only storage,
-	// with its admission chain (decode through storage).
+	// with its admission chain (decode through storage); writeErr why it
+	// is not built. Built in the background again when the apiserver was
+	// unreachable (writer, writeError).
+	writeMu  sync.RWMutex
 	write    *apiserver.Server
 	writeErr error
 
@@ -104,13 +109,67 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	case m.authnErr != nil:
 		m.writeErr = fmt.Errorf("it needs the authenticator: %w", m.authnErr)
 	default:
-		m.write, m.writeErr = apiserver.New(ctx, apiserver.Config{Options: o, State: cfg.State, Authenticator: m.authn, Authorizer: m.authz,
-			RuleResolver: m.rules, Clock: m.clock, Explainer: newAdmissionExplainer(cfg.State)})
+		build := func(ctx context.Context) (*apiserver.Server, error) {
+			return apiserver.New(ctx, apiserver.Config{Options: o, State: cfg.State, Authenticator: m.authn, Authorizer: m.authz,
+				RuleResolver: m.rules, Clock: m.clock, Explainer: newAdmissionExplainer(cfg.State)})
+		}
+		bctx, cancel := context.WithCancel(ctx)
+		if m.write, m.writeErr = build(bctx); m.writeErr != nil {
+			cancel()
+			go m.rebuildWrite(ctx, build, cfg.Log)
+		} else {
+			context.AfterFunc(ctx, cancel)
+		}
 	}
 	if cfg.State != nil && (o == nil || o.EnablePriorityAndFairness) {
 		m.buildFlowControl(ctx, cfg.State)
 	}
 	return m
+}
+
+// rebuildWrite builds the write path again, with backoff, until it is
+// built or ctx ends: when kproxy started while the apiserver was down,
+// its informers could not sync, and predictions that need the handler
+// stay unknown only until the apiserver is back.
+func (m *machinery) rebuildWrite(ctx context.Context, build func(context.Context) (*apiserver.Server, error), log *slog.Logger) {
+	delay := 5 * time.Second
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		bctx, cancel := context.WithCancel(ctx)
+		w, err := build(bctx)
+		if err == nil {
+			context.AfterFunc(ctx, cancel)
+			m.writeMu.Lock()
+			m.write, m.writeErr = w, nil
+			m.writeMu.Unlock()
+			if log != nil {
+				log.Info("the replay's write path is built: predictions of writes and reads resume")
+			}
+			return
+		}
+		cancel()
+		m.writeMu.Lock()
+		m.writeErr = err
+		m.writeMu.Unlock()
+		delay = min(2*delay, 2*time.Minute)
+	}
+}
+
+// writer is the write path (nil until built); writeError why it is not.
+func (m *machinery) writer() *apiserver.Server {
+	m.writeMu.RLock()
+	defer m.writeMu.RUnlock()
+	return m.write
+}
+
+func (m *machinery) writeError() error {
+	m.writeMu.RLock()
+	defer m.writeMu.RUnlock()
+	return m.writeErr
 }
 
 // buildFlowControl runs the APF controller as kube-apiserver does, with a

@@ -53,7 +53,7 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 		}
 		return Pass("the apiserver serves its OpenAPI v2 document")
 	}
-	doc, err := d.m.write.Served().Get(ctx, "/", "application/json")
+	doc, err := d.m.writer().Served().Get(ctx, "/", "application/json")
 	if err != nil {
 		return Unknown("which non-resource paths the apiserver serves: " + err.Error())
 	}
@@ -132,7 +132,7 @@ func healthRead(p string, u *url.URL) string {
 // reports every check.
 func (d decode) health(ctx context.Context, req *Request, p string) Result {
 	// Health is read live (it changes), and is small.
-	doc, err := d.m.write.Served().Read(ctx, healthRead(p, req.HTTP.URL), "")
+	doc, err := d.m.writer().Served().Read(ctx, healthRead(p, req.HTTP.URL), "")
 	if err != nil {
 		return Unknown("the apiserver's health: " + err.Error())
 	}
@@ -178,7 +178,7 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 	case p == "/openapi/v3":
 		return Pass("the apiserver's OpenAPI v3 index")
 	}
-	doc, err := d.m.write.Served().Get(ctx, "/openapi/v3", "application/json")
+	doc, err := d.m.writer().Served().Get(ctx, "/openapi/v3", "application/json")
 	if err != nil {
 		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
 	}
@@ -204,7 +204,7 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 // and modification time, read from the apiserver now (kubectl asks with
 // If-Modified-Since).
 func (d decode) conditionalIndex(ctx context.Context, req *Request, header string) Result {
-	doc, err := d.m.write.Served().Read(ctx, "/openapi/v3", "")
+	doc, err := d.m.writer().Served().Read(ctx, "/openapi/v3", "")
 	if err != nil {
 		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
 	}

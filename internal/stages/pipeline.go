@@ -1,8 +1,8 @@
 package stages
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -477,10 +477,10 @@ func (p *Pipeline) Ready() error {
 // StorageAccess says how the storage stage reads: etcd directly (the
 // apiserver's etcd3 store), or the apiserver's view and why.
 func (p *Pipeline) StorageAccess() (etcd bool, why string) {
-	if p.m == nil || p.m.write == nil {
+	if p.m == nil || p.m.writer() == nil {
 		return false, "the write path is not built"
 	}
-	return p.m.write.EtcdAccess()
+	return p.m.writer().EtcdAccess()
 }
 
 // APFNames resolves the UIDs of the apiserver's X-Kubernetes-PF-* response

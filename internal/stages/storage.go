@@ -92,7 +92,7 @@ func explainReads(reads []string) string {
 // when the request arrived (the revision the replay read it at), when
 // kproxy can read etcd.
 func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *apiserver.Run) (string, []childSpan, *apiserver.EtcdKV) {
-	w := st.m.write
+	w := st.m.writer()
 	if w == nil {
 		return "; etcd not read (kproxy was not given --etcd-servers): the apiserver's view", nil, nil
 	}

@@ -38,7 +38,7 @@ const encryptionSlack = 4096
 // does (storage codec and version, encryption at rest) and compares the
 // etcd transaction with etcd's limits.
 func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *apiserver.Run, pass string, current *apiserver.EtcdKV) Result {
-	w := st.m.write
+	w := st.m.writer()
 	if len(run.Object) == 0 || (run.Verb != "create" && run.Verb != "update" && run.Verb != "patch") || len(run.Reads) == 0 {
 		return Pass(pass)
 	}
