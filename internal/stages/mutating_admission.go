@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/kproxy/kproxy/internal/record"
 
@@ -47,6 +48,8 @@ func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool
 			changed = append(changed, c.Name)
 		}
 	}
+	plugins := len(children)
+	children = summarizeUnchanged(children)
 	start, end, reached := run.PhaseTimes(phase)
 	var res Result
 	switch {
@@ -63,7 +66,7 @@ func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool
 		}
 		res = Reject(run.Status, msg)
 	default:
-		msg := fmt.Sprintf("%d plugins admitted the request", len(children))
+		msg := fmt.Sprintf("%d plugins admitted the request", plugins)
 		if len(changed) > 0 {
 			msg += "; changed by " + strings.Join(changed, ", ")
 		}
@@ -81,6 +84,40 @@ func notReached(run *apiserver.Run) string {
 	return "not reached: " + run.Decided + " refuses first (" + apiserver.StatusMessage(run.Status) + ")"
 }
 
+// admittedUnchanged is a plugin child that admitted without a change.
+const admittedUnchanged = "admitted, no change"
+
+// slowPlugin is how long a plugin may take and still be summarised.
+const slowPlugin = time.Millisecond
+
+// summarizeUnchanged keeps the plugins that explain the verdict or the
+// time (those that refused, changed the object, or took a millisecond or
+// more) and folds the rest into one child naming them: a record keeps
+// what explains it, and every plugin still has its own span in the trace.
+func summarizeUnchanged(children []record.StageResult) []record.StageResult {
+	var kept []record.StageResult
+	var names []string
+	var folded record.StageResult
+	for _, ch := range children {
+		if ch.Outcome != record.Pass || ch.Explanation != admittedUnchanged || ch.DurationNs >= slowPlugin.Nanoseconds() {
+			kept = append(kept, ch)
+			continue
+		}
+		if len(names) == 0 {
+			folded.OffsetNs = ch.OffsetNs
+		}
+		names = append(names, ch.Name)
+		folded.DurationNs += ch.DurationNs
+	}
+	if len(names) < 2 {
+		return children
+	}
+	folded.Name = fmt.Sprintf("%d more plugins", len(names))
+	folded.Outcome = record.Pass
+	folded.Explanation = "admitted without change, each in under " + slowPlugin.String() + ": " + strings.Join(names, ", ")
+	return append(kept, folded)
+}
+
 // childFor is a plugin call as a stage child.
 func childFor(c apiserver.PluginCall) record.StageResult {
 	ch := record.StageResult{Name: c.Name, Outcome: record.Pass, DurationNs: c.End.Sub(c.Start).Nanoseconds()}
@@ -93,7 +130,7 @@ func childFor(c apiserver.PluginCall) record.StageResult {
 	case c.Patch != "":
 		ch.Explanation = "changed the object: " + c.Patch
 	default:
-		ch.Explanation = "admitted, no change"
+		ch.Explanation = admittedUnchanged
 	}
 	return ch
 }
