@@ -103,9 +103,15 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	if err := o.apiserver.load(log, true); err != nil {
 		return err
 	}
+	// The path is printed as a capture records it: a credential in the
+	// query (access_token) redacted, in errors too.
+	shown := path
+	if p, q, ok := strings.Cut(path, "?"); ok {
+		shown = p + "?" + record.RedactQuery(q)
+	}
 	u, err := url.ParseRequestURI(path)
 	if err != nil || !strings.HasPrefix(path, "/") {
-		return fmt.Errorf("PATH %q: want a request path such as /api/v1/namespaces/default/pods", path)
+		return fmt.Errorf("PATH %q: want a request path such as /api/v1/namespaces/default/pods", shown)
 	}
 	cfg, err := serve.LoadUpstreamConfig(&o.serve)
 	if err != nil {
@@ -126,7 +132,7 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	}
 	info, err := stages.ResolveRequestInfo(req)
 	if err != nil {
-		return fmt.Errorf("resolve %s %s: %w", method, path, err)
+		return fmt.Errorf("resolve %s %s: %w", method, shown, err)
 	}
 	pipeline, err := serve.NewReplay(cmd.Context(), cfg, credential.InConfig(cfg), o.serve.APIServer, noop.NewTracerProvider(), o.serve.SyncTimeout, log)
 	if err != nil {
@@ -139,7 +145,7 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	sreq := &stages.Request{ID: "explain", Arrival: time.Now(), HTTP: req, Info: info,
 		Body: body, BodyTruncated: len(body) > stages.MaxBodyBytes}
 	out := pipeline.Run(cmd.Context(), sreq)
-	if err := printExplanation(cmd.OutOrStdout(), o.output, method, path, out); err != nil {
+	if err := printExplanation(cmd.OutOrStdout(), o.output, method, shown, out); err != nil {
 		return err
 	}
 	return explainExit(out.Predicted)

@@ -68,7 +68,7 @@ func TestSoak(t *testing.T) {
 	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 		resp, err := http.Get("http://" + metricsAddr + "/readyz")
 		if err != nil {
-			return false, nil
+			return false, nil //nolint:nilerr // not listening yet: poll again
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK, nil
@@ -244,16 +244,16 @@ func kproxyState(t *testing.T, pid int, metricsAddr string) state {
 			continue
 		}
 		v, _ := strconv.ParseFloat(f[1], 64)
-		switch {
-		case f[0] == "go_goroutines":
+		switch f[0] {
+		case "go_goroutines":
 			s.goroutines = int(v)
-		case f[0] == "kproxy_replay_queue_depth":
+		case "kproxy_replay_queue_depth":
 			s.queue = int(v)
-		case f[0] == "kproxy_replay_workers_busy":
+		case "kproxy_replay_workers_busy":
 			s.busy = int(v)
-		case f[0] == `kproxy_replays_total{result="shed"}`:
+		case `kproxy_replays_total{result="shed"}`:
 			s.shed = int(v)
-		case f[0] == "process_resident_memory_bytes":
+		case "process_resident_memory_bytes":
 			s.rss = int64(v)
 		}
 	}

@@ -1,9 +1,13 @@
 package record
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"strings"
+
+	"sigs.k8s.io/yaml"
 )
 
 // Redacted replaces a secret value.
@@ -141,8 +145,10 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // RedactBody redacts what a request body to resource must not leave in a
 // record: a Secret's data and stringData values (and the copy kubectl
-// apply keeps in an annotation), a JSON patch's values on secrets, and a
-// TokenReview's token. v is the body decoded from JSON.
+// apply keeps in an annotation), a JSON patch's values on secrets, a
+// TokenReview's token, and the credentials of kubeconfigs a ConfigMap
+// holds (RedactKubeconfig; in any patch of one too). v is the body decoded
+// from JSON.
 func RedactBody(resource string, v any) any {
 	switch b := v.(type) {
 	case map[string]any:
@@ -171,9 +177,16 @@ func RedactBody(resource string, v any) any {
 					spec["token"] = Redacted
 				}
 			}
+		case resource == "configmaps" || kind == "ConfigMap":
+			redactKubeconfigs(b)
 		}
 		return b
 	case []any:
+		if resource == "configmaps" {
+			// A JSON patch of a ConfigMap: its values may be kubeconfigs.
+			redactKubeconfigs(b)
+			return b
+		}
 		// A JSON patch: on a Secret every value may be data.
 		if resource != "secrets" {
 			return b
@@ -191,4 +204,194 @@ func RedactBody(resource string, v any) any {
 		return Redacted
 	}
 	return v
+}
+
+// RedactConfigMapObject redacts the credentials of the kubeconfigs a
+// ConfigMap holds, in an unstructured object (as decoded from JSON): in
+// its data and binaryData values and in the copy kubectl apply keeps in an
+// annotation (RedactKubeconfig). Everything else is kept. Other kinds are
+// returned unchanged (an object without a kind is taken for a ConfigMap).
+func RedactConfigMapObject(obj map[string]any) map[string]any {
+	if obj == nil {
+		return nil
+	}
+	if kind, _ := obj["kind"].(string); kind != "ConfigMap" && kind != "" {
+		return obj
+	}
+	redactKubeconfigs(obj)
+	return obj
+}
+
+// redactKubeconfigs walks a decoded JSON value and redacts, in place, the
+// credentials of every string that holds a kubeconfig, of the base64
+// values of a binaryData map that hold one, and of the kubeconfigs inside
+// a string that holds a JSON object (kubectl apply's last-applied
+// annotation). It reports whether anything changed.
+func redactKubeconfigs(v any) bool {
+	changed := false
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			if s, ok := e.(string); ok {
+				if r, ok := redactKubeconfigString(s, false); ok {
+					x[k], changed = r, true
+				}
+				continue
+			}
+			if bd, ok := e.(map[string]any); ok && k == "binaryData" {
+				for bk, be := range bd {
+					if s, ok := be.(string); ok {
+						if r, ok := redactKubeconfigString(s, true); ok {
+							bd[bk], changed = r, true
+						}
+					}
+				}
+				continue
+			}
+			if redactKubeconfigs(e) {
+				changed = true
+			}
+		}
+	case []any:
+		for i, e := range x {
+			if s, ok := e.(string); ok {
+				if r, ok := redactKubeconfigString(s, false); ok {
+					x[i], changed = r, true
+				}
+				continue
+			}
+			if redactKubeconfigs(e) {
+				changed = true
+			}
+		}
+	}
+	return changed
+}
+
+// redactKubeconfigString redacts the kubeconfig s holds (base64-encoded
+// when b64), or the kubeconfigs inside the JSON object s holds.
+func redactKubeconfigString(s string, b64 bool) (string, bool) {
+	if b64 {
+		raw, err := base64.StdEncoding.DecodeString(s)
+		if err != nil {
+			return s, false
+		}
+		r, ok := RedactKubeconfig(string(raw))
+		if !ok {
+			return s, false
+		}
+		return base64.StdEncoding.EncodeToString([]byte(r)), true
+	}
+	if r, ok := RedactKubeconfig(s); ok {
+		return r, true
+	}
+	t := strings.TrimSpace(s)
+	if !strings.HasPrefix(t, "{") || !strings.Contains(t, "users") {
+		return s, false
+	}
+	var inner any
+	if err := json.Unmarshal([]byte(t), &inner); err != nil || !redactKubeconfigs(inner) {
+		return s, false
+	}
+	b, err := json.Marshal(inner)
+	if err != nil {
+		return Redacted, true
+	}
+	return string(b), true
+}
+
+// kubeconfigUserSecrets are the credentials of a kubeconfig's
+// users[].user (client-certificate and client-key are paths: kept).
+var kubeconfigUserSecrets = []string{"token", "password", "client-key-data"}
+
+// authProviderSecrets are the credentials in users[].user.auth-provider.config
+// (oidc, gcp, azure).
+var authProviderSecrets = []string{"id-token", "refresh-token", "access-token", "client-secret"}
+
+// RedactKubeconfig returns s with a kubeconfig's credentials replaced when
+// s is a kubeconfig (JSON or YAML, kind Config, apiVersion v1; or no kind
+// but a users list, which client-go loads as one): each user's token,
+// password and client-key-data, its auth-provider's id-token,
+// refresh-token, access-token and client-secret, and the values of exec
+// environment variables whose names say token, secret, password or key.
+// The rest (servers, CA data, user names, paths) is kept, re-encoded as
+// YAML (JSON when s was JSON). Text that looks like a kubeconfig with
+// credentials but does not parse is replaced whole. The second result
+// says whether anything was redacted (s is returned as it is otherwise).
+func RedactKubeconfig(s string) (string, bool) {
+	if !strings.Contains(s, "users") {
+		return s, false
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(s), &cfg); err != nil {
+		if strings.Contains(s, "clusters") && containsAny(s, "token", "password", "client-key-data") {
+			return Redacted, true
+		}
+		return s, false
+	}
+	kind, _ := cfg["kind"].(string)
+	apiVersion, _ := cfg["apiVersion"].(string)
+	users, isList := cfg["users"].([]any)
+	if !isList || (kind != "Config" && kind != "") || (apiVersion != "v1" && apiVersion != "") {
+		return s, false
+	}
+	changed := false
+	for _, u := range users {
+		um, _ := u.(map[string]any)
+		user, _ := um["user"].(map[string]any)
+		if user == nil {
+			continue
+		}
+		changed = redactKeys(user, kubeconfigUserSecrets) || changed
+		if ap, ok := user["auth-provider"].(map[string]any); ok {
+			if c, ok := ap["config"].(map[string]any); ok {
+				changed = redactKeys(c, authProviderSecrets) || changed
+			}
+		}
+		if ex, ok := user["exec"].(map[string]any); ok {
+			env, _ := ex["env"].([]any)
+			for _, e := range env {
+				em, _ := e.(map[string]any)
+				name, _ := em["name"].(string)
+				if _, ok := em["value"]; ok && containsAny(strings.ToLower(name), "token", "secret", "password", "key") {
+					em["value"], changed = Redacted, true
+				}
+			}
+		}
+	}
+	if !changed {
+		return s, false
+	}
+	var out []byte
+	var err error
+	if strings.HasPrefix(strings.TrimSpace(s), "{") {
+		out, err = json.Marshal(cfg)
+	} else {
+		out, err = yaml.Marshal(cfg)
+	}
+	if err != nil {
+		return Redacted, true
+	}
+	return string(out), true
+}
+
+// redactKeys replaces the values of keys in m; it reports whether any was
+// there.
+func redactKeys(m map[string]any, keys []string) bool {
+	found := false
+	for _, k := range keys {
+		if _, ok := m[k]; ok {
+			m[k], found = Redacted, true
+		}
+	}
+	return found
+}
+
+func containsAny(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
 }

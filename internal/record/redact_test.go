@@ -1,8 +1,11 @@
 package record
 
 import (
+	"encoding/base64"
 	"net/http"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -83,11 +86,164 @@ func TestRedactBody(t *testing.T) {
 		{"a ConfigMap stays", "configmaps", map[string]any{"kind": "ConfigMap", "data": map[string]any{"k": "v"}},
 			map[string]any{"kind": "ConfigMap", "data": map[string]any{"k": "v"}}},
 		{"a JSON patch of a ConfigMap stays", "configmaps", []any{map[string]any{"op": "add", "value": "v"}}, []any{map[string]any{"op": "add", "value": "v"}}},
+		{"a kubeconfig in a ConfigMap's data", "configmaps",
+			map[string]any{"kind": "ConfigMap", "data": map[string]any{"config": testKubeconfig, "other": "kept"}},
+			map[string]any{"kind": "ConfigMap", "data": map[string]any{"config": testKubeconfigRedacted, "other": "kept"}}},
+		{"a merge patch of a ConfigMap (no kind) with a kubeconfig", "configmaps",
+			map[string]any{"data": map[string]any{"config": testKubeconfig}},
+			map[string]any{"data": map[string]any{"config": testKubeconfigRedacted}}},
+		{"a JSON patch of a ConfigMap with a kubeconfig", "configmaps",
+			[]any{map[string]any{"op": "replace", "path": "/data/config", "value": testKubeconfig}, map[string]any{"op": "add", "path": "/data/x", "value": "v"}},
+			[]any{map[string]any{"op": "replace", "path": "/data/config", "value": testKubeconfigRedacted}, map[string]any{"op": "add", "path": "/data/x", "value": "v"}}},
+		{"a ConfigMap's binaryData kubeconfig and kubectl apply's copy", "configmaps",
+			map[string]any{"kind": "ConfigMap", "binaryData": map[string]any{"kc": base64.StdEncoding.EncodeToString([]byte(testKubeconfig))},
+				"metadata": map[string]any{"annotations": map[string]any{lastApplied: `{"apiVersion":"v1","data":{"config":` + strconv.Quote(testKubeconfig) + `},"kind":"ConfigMap"}`}}},
+			map[string]any{"kind": "ConfigMap", "binaryData": map[string]any{"kc": base64.StdEncoding.EncodeToString([]byte(testKubeconfigRedacted))},
+				"metadata": map[string]any{"annotations": map[string]any{lastApplied: `{"apiVersion":"v1","data":{"config":` + strconv.Quote(testKubeconfigRedacted) + `},"kind":"ConfigMap"}`}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := RedactBody(tc.resource, tc.in); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// testKubeconfig is a kubeconfig with every kind of credential; its
+// redacted form keeps everything else.
+const testKubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: prod
+  cluster:
+    server: https://prod.example:6443
+    certificate-authority-data: Q0EtREFUQQ==
+users:
+- name: admin
+  user:
+    token: tok-1234
+    client-certificate: /etc/admin.crt
+    client-key: /etc/admin.key
+    client-key-data: S0VZLURBVEE=
+- name: basic
+  user:
+    username: bob
+    password: pass-1234
+- name: oidc
+  user:
+    auth-provider:
+      name: oidc
+      config:
+        client-id: kubectl
+        client-secret: cs-1234
+        id-token: idt-1234
+        refresh-token: rt-1234
+- name: exec
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: get-token
+      env:
+      - name: REGION
+        value: eu-1
+      - name: API_TOKEN
+        value: env-1234
+contexts:
+- name: prod
+  context: {cluster: prod, user: admin}
+current-context: prod
+`
+
+const testKubeconfigRedacted = `apiVersion: v1
+clusters:
+- cluster:
+    certificate-authority-data: Q0EtREFUQQ==
+    server: https://prod.example:6443
+  name: prod
+contexts:
+- context:
+    cluster: prod
+    user: admin
+  name: prod
+current-context: prod
+kind: Config
+users:
+- name: admin
+  user:
+    client-certificate: /etc/admin.crt
+    client-key: /etc/admin.key
+    client-key-data: REDACTED
+    token: REDACTED
+- name: basic
+  user:
+    password: REDACTED
+    username: bob
+- name: oidc
+  user:
+    auth-provider:
+      config:
+        client-id: kubectl
+        client-secret: REDACTED
+        id-token: REDACTED
+        refresh-token: REDACTED
+      name: oidc
+- name: exec
+  user:
+    exec:
+      apiVersion: client.authentication.k8s.io/v1
+      command: get-token
+      env:
+      - name: REGION
+        value: eu-1
+      - name: API_TOKEN
+        value: REDACTED
+`
+
+func TestRedactKubeconfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+		redacted       bool
+	}{
+		{"every credential, the rest kept", testKubeconfig, testKubeconfigRedacted, true},
+		{"JSON stays JSON", `{"apiVersion":"v1","kind":"Config","users":[{"name":"u","user":{"token":"t-1"}}]}`,
+			`{"apiVersion":"v1","kind":"Config","users":[{"name":"u","user":{"token":"REDACTED"}}]}`, true},
+		{"no kind, a users list: client-go loads it", "users:\n- name: u\n  user:\n    password: p-1\n",
+			"users:\n- name: u\n  user:\n    password: REDACTED\n", true},
+		{"a kubeconfig without credentials is left as it is", "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    tokenFile: /t\n",
+			"apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    tokenFile: /t\n", false},
+		{"another kind is not a kubeconfig", "kind: Other\nusers:\n- user: {token: t}\n", "kind: Other\nusers:\n- user: {token: t}\n", false},
+		{"another apiVersion is not a kubeconfig", "apiVersion: x/v2\nkind: Config\nusers:\n- user: {token: t}\n",
+			"apiVersion: x/v2\nkind: Config\nusers:\n- user: {token: t}\n", false},
+		{"plain text", "the users of this token", "the users of this token", false},
+		{"a broken kubeconfig with a credential goes whole", "clusters: [\nusers:\n- user: {token: t-1}\n", Redacted, true},
+		{"not text about users", "token: t", "token: t", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, redacted := RedactKubeconfig(tc.in)
+			if got != tc.want || redacted != tc.redacted {
+				t.Errorf("got %t\n%s\nwant %t\n%s", redacted, got, tc.redacted, tc.want)
+			}
+			for _, secret := range []string{"tok-1234", "S0VZLURBVEE=", "pass-1234", "cs-1234", "idt-1234", "rt-1234", "env-1234", "t-1", "p-1"} {
+				if tc.redacted && strings.Contains(got, secret) {
+					t.Errorf("%q survived", secret)
+				}
+			}
+		})
+	}
+}
+
+func TestRedactConfigMapObject(t *testing.T) {
+	cm := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "kc"},
+		"data": map[string]any{"config": testKubeconfig, "plain": "users: none"}}
+	got := RedactConfigMapObject(cm)
+	if d := got["data"].(map[string]any); d["config"] != testKubeconfigRedacted || d["plain"] != "users: none" {
+		t.Errorf("a ConfigMap's data: %v", d)
+	}
+	other := map[string]any{"kind": "Pod", "data": map[string]any{"config": testKubeconfig}}
+	if got := RedactConfigMapObject(other); got["data"].(map[string]any)["config"] != testKubeconfig {
+		t.Errorf("another kind must stay: %v", got)
+	}
+	if RedactConfigMapObject(nil) != nil {
+		t.Error("nil")
 	}
 }

@@ -24,6 +24,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // ObjectRef names one object a case reads or writes.
@@ -59,7 +61,10 @@ type DocRef struct{ Path, Accept string }
 // aggregatedDiscovery is the Accept of aggregated discovery.
 const aggregatedDiscovery = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
 
-var secrets = schema.GroupResource{Resource: "secrets"}
+var (
+	secrets    = schema.GroupResource{Resource: "secrets"}
+	configMaps = schema.GroupResource{Resource: "configmaps"}
+)
 
 // Take writes a snapshot of the cluster to dir.
 func Take(ctx context.Context, dir string, o Options) (*Manifest, error) {
@@ -180,6 +185,13 @@ func Take(ctx context.Context, dir string, o Options) (*Manifest, error) {
 		}
 	}
 	for gvr, items := range collected {
+		if gvr.GroupResource() == configMaps {
+			// Whole collections and named objects alike: the credentials
+			// of kubeconfigs a ConfigMap holds are never written.
+			for _, it := range items {
+				record.RedactConfigMapObject(it)
+			}
+		}
 		i := index[gvr]
 		r := &m.Resources[i]
 		r.File = filepath.Join("objects", fileName(gvr))
@@ -213,6 +225,7 @@ func Take(ctx context.Context, dir string, o Options) (*Manifest, error) {
 		"bearer tokens: the local engine cannot authenticate a token offline; cases with a token say unknown there (give user and groups, or use --engine cluster)",
 		"resources the replay does not list and the cases do not name: reads of them are unknown",
 		"etcd: the local engine reads the snapshot, never etcd; resourceVersion semantics are the snapshot's",
+		"kubeconfigs in ConfigMaps: their credentials (token, password, client-key-data, auth-provider tokens, secret-looking exec env values) are written as REDACTED, in data, binaryData and kubectl apply's last-applied annotation",
 	}, o.LeftOut...)
 	mb, err := yaml.Marshal(m)
 	if err != nil {
