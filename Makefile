@@ -53,12 +53,23 @@ build: ## Build bin/kproxy.
 test: tools ## Run every test against a real etcd, kube-apiserver and Jaeger.
 	$(GO) vet ./...
 	$(GO) test $(TEST_FLAGS) ./...
+	$(MAKE) fuzz-brief
 
 FUZZTIME    ?= 60s
 
 .PHONY: fuzz
-fuzz: ## Run the fuzz targets for FUZZTIME each (default 60s; the seeds run in make test).
-	$(GO) test -run='^$$' -fuzz=FuzzForwardingDecision -fuzztime=$(FUZZTIME) ./internal/proxy/
+fuzz: ## Run every fuzz target for FUZZTIME each (default 60s); a crasher stays under the package's testdata/fuzz/.
+	GO=$(GO) FUZZTIME=$(FUZZTIME) tools/fuzz.sh
+
+.PHONY: fuzz-brief
+fuzz-brief: ## Run every fuzz target for 5s (make test does, after the seeds ran as tests).
+	GO=$(GO) FUZZTIME=5s tools/fuzz.sh
+
+SOAK        ?= 10m
+
+.PHONY: soak
+soak: tools ## A bounded soak: kproxy under mixed HTTP/2 load for SOAK (default 10m); resources back to baseline, one record per request (make test runs 20s).
+	KPROXY_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -timeout=24h -run '^TestSoak$$' -v ./internal/e2e/
 
 .PHONY: bench
 bench: tools ## Benchmarks: direct vs kproxy vs kubectl proxy against the real apiserver (KPROXY_BENCH_SCALE=0.2 for a quick run).

@@ -143,7 +143,8 @@ func Payload(b []byte) (*Decoded, error) {
 // short before it ends (the one parser of the prefix, in kproxy).
 func EncryptionPrefix(v []byte) string {
 	n := 0
-	for i, c := range v[:min(len(v), 256)] {
+	// As far as parseEncryption reads: a long key name is still a prefix.
+	for i, c := range v[:min(len(v), 512)] {
 		if c == ':' {
 			if n++; n == 5 {
 				return string(v[:i+1])

@@ -1,6 +1,8 @@
 package decode
 
 import (
+	"sigs.k8s.io/yaml"
+
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
@@ -121,7 +123,13 @@ func (e Event) YAML() ([]byte, error) {
 		return nil, err
 	}
 	var out bytes.Buffer
-	fmt.Fprintf(&out, "type: %s\nobject:\n", e.Type)
+	// The type is data from the stream: quoted when it needs to be, so it
+	// cannot add keys of its own.
+	typ, err := yaml.Marshal(string(e.Type))
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(&out, "type: %sobject:\n", typ)
 	for _, line := range bytes.SplitAfter(bytes.TrimSuffix(obj, []byte("\n")), []byte("\n")) {
 		out.WriteString("  ")
 		out.Write(line)
