@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,6 +10,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	certutil "k8s.io/client-go/util/cert"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -226,7 +227,7 @@ func (o *explainOptions) request(method string, u *url.URL, kubeHeader http.Head
 				return nil, fmt.Errorf("--client-certificate and --client-key do not match: %w", err)
 			}
 		}
-		certs, err := parseCerts(certPEM)
+		certs, err := certutil.ParseCertsPEM(certPEM)
 		if err != nil {
 			return nil, fmt.Errorf("--client-certificate %s: %w", o.clientCert, err)
 		}
@@ -245,29 +246,6 @@ func (o *explainOptions) request(method string, u *url.URL, kubeHeader http.Head
 		req.Header.Set("Impersonate-Uid", o.asUID)
 	}
 	return req, nil
-}
-
-func parseCerts(pemBytes []byte) ([]*x509.Certificate, error) {
-	var certs []*x509.Certificate
-	for {
-		var blk *pem.Block
-		blk, pemBytes = pem.Decode(pemBytes)
-		if blk == nil {
-			break
-		}
-		if blk.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			return nil, err
-		}
-		certs = append(certs, c)
-	}
-	if len(certs) == 0 {
-		return nil, fmt.Errorf("no PEM certificate found")
-	}
-	return certs, nil
 }
 
 // explanation is explain's -o json|yaml document.

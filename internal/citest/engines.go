@@ -6,8 +6,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +14,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	certutil "k8s.io/client-go/util/cert"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
@@ -295,7 +295,7 @@ func NewRequest(c *testfile.Case, base string) (*http.Request, []byte, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("case %q: clientCertificate: %w", c.Name, err)
 		}
-		certs, err := parseCerts(pemBytes)
+		certs, err := certutil.ParseCertsPEM(pemBytes)
 		if err != nil {
 			return nil, nil, fmt.Errorf("case %q: clientCertificate %s: %w", c.Name, c.ClientCertificate, err)
 		}
@@ -349,27 +349,4 @@ func peerState(cert *tls.Certificate) *tls.ConnectionState {
 		}
 	}
 	return &tls.ConnectionState{HandshakeComplete: true, PeerCertificates: certs}
-}
-
-func parseCerts(b []byte) ([]*x509.Certificate, error) {
-	var certs []*x509.Certificate
-	for {
-		var blk *pem.Block
-		blk, b = pem.Decode(b)
-		if blk == nil {
-			break
-		}
-		if blk.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			return nil, err
-		}
-		certs = append(certs, c)
-	}
-	if len(certs) == 0 {
-		return nil, errors.New("no PEM certificate in it")
-	}
-	return certs, nil
 }
