@@ -107,8 +107,27 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.Replica, "replica", "", "this kproxy's name in its records (record field replica), when several run behind one load balancer, e.g. --replica=$(POD_NAME)")
 	f.IntVar(&o.ReplayWorkers, "replay-workers", 0, "how many replays run at once (0: one per CPU, GOMAXPROCS); past them and --replay-queue a request is still forwarded and recorded, its prediction unknown (replay shed)")
 	f.IntVar(&o.ReplayQueue, "replay-queue", 0, "how many replays may wait for a free replay worker (0: 16 per worker); each holds a copy of its request, body included")
+	f.Var(inverted{&o.NoReplay}, "replay", "replay each request through the apiserver's stages to predict its outcome; --replay=false only forwards and records (every prediction unknown) and reads nothing of the cluster for the replay")
+	f.Lookup("replay").NoOptDefVal = "true"
 	o.Telemetry.Version = version
 }
+
+// inverted is a boolean flag held negated, so that the zero value of the
+// option it sets (NoReplay) is the flag's default (true).
+type inverted struct{ b *bool }
+
+func (v inverted) String() string { return strconv.FormatBool(v.b == nil || !*v.b) }
+
+func (v inverted) Set(s string) error {
+	on, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("want true or false")
+	}
+	*v.b = !on
+	return nil
+}
+
+func (inverted) Type() string { return "bool" }
 
 // mebibytes is a size flag given in MiB, held in bytes.
 type mebibytes struct{ bytes *int64 }

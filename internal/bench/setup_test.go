@@ -38,6 +38,8 @@ type target struct {
 	token  bool // send the admin token (kubectl proxy adds its own)
 	client *http.Client
 	pid    int // the proxy's process, 0 for direct
+	// metrics is a kproxy's --metrics-listen address ("" for the others).
+	metrics string
 }
 
 var e *env
@@ -131,17 +133,18 @@ func (e *env) buildKproxy() error {
 }
 
 // startKproxy runs the kproxy binary as its own process, as a user would,
-// tracing to Jaeger.
-func (e *env) startKproxy(name string, trace bool) (*target, error) {
+// tracing to Jaeger, serving its metrics; extra flags come last.
+func (e *env) startKproxy(name string, trace bool, extra ...string) (*target, error) {
 	kc := filepath.Join(e.dir, name+"-upstream.kubeconfig")
 	if err := localcluster.WriteKubeconfig(kc, e.cluster.URL, pki.CertPEM(e.cluster.CA.Cert), "kproxy-token"); err != nil {
 		return nil, err
 	}
-	ports, err := localcluster.FreePorts(1)
+	ports, err := localcluster.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	metricsAddr := "127.0.0.1:" + strconv.Itoa(ports[1])
 	pkiDir := filepath.Join(e.dir, name+"-pki")
 	var envv []string
 	if trace {
@@ -159,7 +162,8 @@ func (e *env) startKproxy(name string, trace bool) (*target, error) {
 		"--apiserver-manifest=" + manifest, "--pki-dir=" + pkiDir, "--log-level=warn", "--replay-etcd-qps=1000000",
 		// The flow API stays on, as by default, on a port of its own: the
 		// bench runs several kproxies at once.
-		"--api-listen=127.0.0.1:0"}
+		"--api-listen=127.0.0.1:0", "--metrics-listen=" + metricsAddr}
+	args = append(args, extra...)
 	want := os.Getenv("KPROXY_BENCH_DEBUG_TARGET") // which kproxy process to expose
 	if want == "" {
 		want = "kproxy"
@@ -181,7 +185,7 @@ func (e *env) startKproxy(name string, trace bool) (*target, error) {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	t := &target{name: name, base: "https://" + addr, token: true, client: httpClient(&tls.Config{RootCAs: pool}, false), pid: pid}
+	t := &target{name: name, base: "https://" + addr, token: true, client: httpClient(&tls.Config{RootCAs: pool}, false), pid: pid, metrics: metricsAddr}
 	return t, waitReady(t)
 }
 

@@ -114,6 +114,11 @@ type Options struct {
 	MetricsListen string
 	ReplayWorkers int
 	ReplayQueue   int
+	// NoReplay turns the replay off (--replay=false): requests are
+	// forwarded and recorded, every prediction unknown ("the replay is
+	// disabled"), and kproxy reads nothing of the cluster for it (no
+	// informers, no discovery). The zero value keeps the replay on.
+	NoReplay bool
 	// Replica names this kproxy in its records, when several run behind
 	// one load balancer ("": not named).
 	Replica string
@@ -376,22 +381,10 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 			return nil, err
 		}
 	}
-	if up.Impersonating != nil {
-		d := Discover(ctx, cfg, log)
-		ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
-	}
-	replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))
-	s.shutdown = append(s.shutdown, func(context.Context) error { stopReplay(); return nil })
-	pipeline, err := NewReplay(replayCtx, cfg, up.Impersonating != nil, o.APIServer, tp, o.SyncTimeout, log)
-	if err != nil {
-		return nil, err
-	}
-	s.pipeline = pipeline
 	pcfg := proxy.Config{
 		Upstream:          up.URL,
 		Passthrough:       up.Passthrough,
 		CertAuthenticator: certAuth,
-		Replayer:          pipeline,
 		Sink:              sink,
 		TracerProvider:    tp,
 		Mode:              o.Mode,
@@ -403,6 +396,24 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		Metrics:           m,
 		Replica:           o.Replica,
 		Log:               log,
+	}
+	if o.NoReplay {
+		// Replayer stays nil (a nil *stages.Pipeline would not be a nil
+		// Replayer): every prediction is unknown.
+		log.Info("the replay is off (--replay=false): requests are forwarded and recorded, their predictions unknown")
+	} else {
+		if up.Impersonating != nil {
+			d := Discover(ctx, cfg, log)
+			ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
+		}
+		replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))
+		s.shutdown = append(s.shutdown, func(context.Context) error { stopReplay(); return nil })
+		pipeline, err := NewReplay(replayCtx, cfg, up.Impersonating != nil, o.APIServer, tp, o.SyncTimeout, log)
+		if err != nil {
+			return nil, err
+		}
+		s.pipeline = pipeline
+		pcfg.Replayer = pipeline
 	}
 	if up.Impersonating != nil {
 		pcfg.Impersonating = up.Impersonating

@@ -1,13 +1,25 @@
 package serve
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
-
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/telemetry"
 
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
@@ -92,6 +104,8 @@ func TestValidate(t *testing.T) {
 		{"replay pool: sized by hand", func(o *Options) { o.ReplayWorkers, o.ReplayQueue = 1, 1 }, ""},
 		{"replay pool: negative workers", func(o *Options) { o.ReplayWorkers = -1 }, "--replay-workers=-1"},
 		{"replay pool: negative queue", func(o *Options) { o.ReplayQueue = -2 }, "--replay-queue=-2"},
+		{"replay: off", func(o *Options) { o.NoReplay = true }, ""},
+		{"replay: off, with a pool sized by hand", func(o *Options) { o.NoReplay, o.ReplayWorkers, o.ReplayQueue = true, 4, 8 }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := good()
@@ -131,5 +145,98 @@ func TestCertAuthenticatorErrorsNameTheFlag(t *testing.T) {
 		if _, _, err := certAuthenticator(o); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
 		}
+	}
+}
+
+// TestNoReplay: with the replay off (--replay=false), kproxy forwards
+// and records, every prediction unknown, and makes no request of its own
+// to the apiserver (no informers, no discovery), even with credentials
+// to read the cluster with.
+func TestNoReplay(t *testing.T) {
+	const path = "/api/v1/namespaces/default/configmaps/x"
+	var mu sync.Mutex
+	var seen []string
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		if r.URL.Path != path {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x","namespace":"default"}}`)
+	}))
+	defer upstream.Close()
+	dir := t.TempDir()
+	kc := filepath.Join(dir, "upstream.kubeconfig")
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["up"] = &clientcmdapi.Cluster{Server: upstream.URL,
+		CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})}
+	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{Token: "kproxy-own-token"}
+	cfg.Contexts["up"] = &clientcmdapi.Context{Cluster: "up", AuthInfo: "kproxy"}
+	cfg.CurrentContext = "up"
+	if err := clientcmd.WriteToFile(*cfg, kc); err != nil {
+		t.Fatal(err)
+	}
+
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(8)
+	defer cancel()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	s, err := New(ctx, &Options{UpstreamKubeconfig: kc, Listen: "127.0.0.1:0", Mode: "reverse", PKIDir: filepath.Join(dir, "pki"),
+		APIListen: "off", MetricsListen: "127.0.0.1:0", NoReplay: true, Stream: stream,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.pipeline != nil {
+		t.Error("the replay pipeline was built with the replay off")
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { stop(); <-done }()
+
+	// Ready at once: there is no cluster state to wait for.
+	resp, err := http.Get("http://" + s.MetricsAddr + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz with the replay off: %d, want 200", resp.StatusCode)
+	}
+
+	pool := x509.NewCertPool()
+	pool.AddCert(s.CA.Cert)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	defer client.CloseIdleConnections()
+	req, _ := http.NewRequest(http.MethodGet, "https://"+s.Addr+path, nil)
+	req.Header.Set("Authorization", "Bearer caller-token")
+	resp, err = client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("forwarded GET: %d, want 200", resp.StatusCode)
+	}
+	select {
+	case rec := <-recs:
+		if p := rec.Predicted; p.Stage != record.StageUnknown || p.Message != "cannot predict: the replay is disabled" {
+			t.Errorf("predicted %+v, want unknown: the replay is disabled", p)
+		}
+		if rec.Actual.Status != http.StatusOK {
+			t.Errorf("actual %d, want the apiserver's 200", rec.Actual.Status)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no record of the forwarded request")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := "GET " + path + " Bearer caller-token"; len(seen) != 1 || seen[0] != want {
+		t.Errorf("the apiserver saw %q, want only the forwarded request %q", seen, want)
 	}
 }
