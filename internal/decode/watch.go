@@ -125,7 +125,7 @@ func (e Event) YAML() ([]byte, error) {
 	var out bytes.Buffer
 	// The type is data from the stream: quoted when it needs to be, so it
 	// cannot add keys of its own.
-	typ, err := yaml.Marshal(string(e.Type))
+	typ, err := yaml.Marshal(e.Type)
 	if err != nil {
 		return nil, err
 	}

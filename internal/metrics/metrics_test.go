@@ -144,7 +144,7 @@ func TestListen(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := New(reg)
 	m.Record(rec("get", 200, 200, ""))
-	var notReady error = errors.New("the replay's cluster state has not synced")
+	notReady := errors.New("the replay's cluster state has not synced")
 	s, err := Listen("127.0.0.1:0", reg, nil, func() error { return notReady })
 	if err != nil {
 		t.Fatal(err)
