@@ -486,16 +486,6 @@ func (w serviceDialWatcher) ClientConfigForService(name, namespace string, port 
 	return watchDial(cfg, "served by Service "+namespace+"/"+name), nil
 }
 
-// ClientConfigFor is a webhook given by URL: kproxy (or kproxy test's
-// local engine, far from the cluster) may not reach it either.
-func (w serviceDialWatcher) ClientConfigFor(hostPort string) (*rest.Config, error) {
-	cfg, err := w.AuthenticationInfoResolver.ClientConfigFor(hostPort)
-	if err != nil || cfg == nil {
-		return cfg, err
-	}
-	return watchDial(cfg, "at "+hostPort), nil
-}
-
 // watchDial makes a failed dial of a webhook the run's unknown.
 func watchDial(cfg *rest.Config, where string) *rest.Config {
 	dial := cfg.Dial
