@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
@@ -150,11 +151,14 @@ func (m mebibytes) Set(s string) error {
 
 func (mebibytes) Type() string { return "MiB" }
 
-func newLogger(level string) *slog.Logger {
+func newLogger(level string) *slog.Logger { return newLoggerTo(os.Stderr, level) }
+
+// newLoggerTo is newLogger writing to w.
+func newLoggerTo(w io.Writer, level string) *slog.Logger {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
-		fmt.Fprintf(os.Stderr, "kproxy: --log-level=%q is not a level (debug, info, warn, error); using info\n", level)
+		fmt.Fprintf(w, "kproxy: --log-level=%q is not a level (debug, info, warn, error); using info\n", level)
 		l = slog.LevelInfo
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
 }

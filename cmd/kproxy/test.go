@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -492,14 +491,6 @@ func listenLoopback() (net.Listener, error) {
 		return nil, fmt.Errorf("serving the snapshot on loopback: %w", err)
 	}
 	return ln, nil
-}
-
-func newLoggerTo(w io.Writer, level string) *slog.Logger {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		l = slog.LevelWarn
-	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
 }
 
 // apiserverOptionsFromArgs parses and completes a kube-apiserver command

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -162,7 +163,7 @@ func (s *Snapshot) applyObject(obj map[string]any) (string, error) {
 		for _, i := range targets {
 			r := s.Manifest.Resources[i]
 			delete(s.collection(r), objKey(ns, name))
-			if r.Collected == CollectedNamed && !contains(r.Absent, objKey(ns, name)) {
+			if r.Collected == CollectedNamed && !slices.Contains(r.Absent, objKey(ns, name)) {
 				s.Manifest.Resources[i].Absent = append(s.Manifest.Resources[i].Absent, objKey(ns, name))
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -26,8 +27,12 @@ type Server struct {
 
 // NewServer serves s.
 func NewServer(s *Snapshot) *Server {
-	return &Server{s: s, Idle: 5 * time.Minute, info: &apirequest.RequestInfoFactory{
-		APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")}}
+	return &Server{s: s, Idle: 5 * time.Minute, info: newRequestInfoFactory()}
+}
+
+// newRequestInfoFactory resolves paths as the apiserver does (/api, /apis).
+func newRequestInfoFactory() *apirequest.RequestInfoFactory {
+	return &apirequest.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")}
 }
 
 func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -68,7 +73,7 @@ func (h *Server) get(w http.ResponseWriter, res Resource, info *apirequest.Reque
 		return
 	}
 	switch {
-	case res.Collected == CollectedAll, res.Collected == CollectedNamed && contains(res.Absent, objKey(info.Namespace, info.Name)):
+	case res.Collected == CollectedAll, res.Collected == CollectedNamed && slices.Contains(res.Absent, objKey(info.Namespace, info.Name)):
 		status(w, http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("%s %q not found", res.Resource, info.Name))
 	case res.Collected == CollectedWithheld:
 		unavailable(w, fmt.Sprintf("%s are never written to a snapshot, so %s/%s cannot be read", res.Resource, info.Namespace, info.Name))
@@ -220,15 +225,6 @@ func (h *Server) serveDoc(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(found.Status)
 	_, _ = w.Write([]byte(found.Body))
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func unavailable(w http.ResponseWriter, msg string) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,7 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/util/sets"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
@@ -165,7 +165,7 @@ func Take(ctx context.Context, dir string, o Options) (*Manifest, error) {
 			continue
 		}
 		key := objKey(ref.Namespace, ref.Name)
-		if m.Resources[i].Collected == CollectedNamed && (contains(m.Resources[i].Absent, key) || hasObject(collected[ref.GVR], ref)) {
+		if m.Resources[i].Collected == CollectedNamed && (slices.Contains(m.Resources[i].Absent, key) || hasObject(collected[ref.GVR], ref)) {
 			continue
 		}
 		m.Resources[i].Collected = CollectedNamed
@@ -361,7 +361,7 @@ type Recorder struct {
 // NewRecorder is an empty recorder.
 func NewRecorder() *Recorder {
 	return &Recorder{colls: map[schema.GroupVersionResource]bool{}, docs: map[DocRef]bool{},
-		info: &apirequest.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")}}
+		info: newRequestInfoFactory()}
 }
 
 // Wrap records every request of rt.
