@@ -107,6 +107,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.MetricsListen, "metrics-listen", "", "serve kproxy's own Prometheus metrics (/metrics: requests, replays run and shed, stage durations, prediction agreement, records, the replay pool) on this address, e.g. 127.0.0.1:9090; plain HTTP, counts only; off by default")
 	f.StringVar(&o.Replica, "replica", "", "this kproxy's name in its records (record field replica), when several run behind one load balancer, e.g. --replica=$(POD_NAME)")
 	f.IntVar(&o.ReplayWorkers, "replay-workers", 0, "how many replays run at once (0: one per CPU, GOMAXPROCS); past them and --replay-queue a request is still forwarded and recorded, its prediction unknown (replay shed)")
+	f.Var(mebibytes{&o.ReplayBodyBudget}, "replay-body-budget-mib", fmt.Sprintf("bound, in MiB, on the request bodies held for replays at once (default %d); past it a write is still forwarded and recorded, its prediction unknown (replay shed)", serve.DefaultReplayBodyBudget>>20))
 	f.IntVar(&o.ReplayQueue, "replay-queue", 0, "how many replays may wait for a free replay worker (0: 16 per worker); each holds a copy of its request, body included")
 	f.Var(inverted{&o.NoReplay}, "replay", "replay each request through the apiserver's stages to predict its outcome; --replay=false only forwards and records (every prediction unknown) and reads nothing of the cluster for the replay")
 	f.Lookup("replay").NoOptDefVal = "true"

@@ -145,3 +145,20 @@ func (c *serverTraceCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(serverHeldDesc, prometheus.GaugeValue, float64(s.Held))
 	}
 }
+
+// ReplayBodies exposes the request body bytes held for replays now and
+// their bound (--replay-body-budget-mib; 0: none).
+func (m *Metrics) ReplayBodies(held func() int64, budget int64) {
+	if m == nil || held == nil {
+		return
+	}
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kproxy_replay_body_bytes",
+			Help: "Request body bytes held for replays now (being received, queued or replayed).",
+		}, func() float64 { return float64(held()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kproxy_replay_body_budget_bytes",
+			Help: "Bound on kproxy_replay_body_bytes (--replay-body-budget-mib); past it, a write's replay is shed.",
+		}, func() float64 { return float64(budget) }))
+}

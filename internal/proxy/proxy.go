@@ -88,6 +88,10 @@ type Config struct {
 	// (replaypool.go).
 	ReplayWorkers int
 	ReplayQueue   int
+	// ReplayBodyBudget bounds the request body bytes held for replays at
+	// once (0: DefaultReplayBodyBudget, negative: no bound). Past it, a
+	// write is forwarded and recorded, its replay shed (body.go).
+	ReplayBodyBudget int64
 	// Metrics receives kproxy's measurements; nil: none.
 	Metrics *metrics.Metrics
 	// Replica names this kproxy in its records ("": not named).
@@ -118,6 +122,7 @@ type Proxy struct {
 	bodyIdle            time.Duration
 	perRequestLog       *slog.Logger // p.log, rate-limited
 	pool                *replayPool
+	bodies              *bodyBudget
 	replica             string
 	metrics             *metrics.Metrics // nil: none
 }
@@ -179,6 +184,11 @@ func New(cfg Config) (*Proxy, error) {
 		p.mode = "reverse"
 	}
 	p.pool = newReplayPool(cfg.ReplayWorkers, cfg.ReplayQueue, p.clock, p.metrics)
+	p.bodies = &bodyBudget{limit: cfg.ReplayBodyBudget}
+	if cfg.ReplayBodyBudget == 0 {
+		p.bodies.limit = DefaultReplayBodyBudget
+	}
+	p.metrics.ReplayBodies(p.bodies.held, max(0, p.bodies.limit))
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:   p.rewrite,
 		Transport: upstreamTransport{p},
@@ -309,8 +319,12 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 	}
 	ex.replayReq, ex.replayCtx = replayReq, context.WithoutCancel(ctx)
 	p.pending.Add(1)
-	startReplay := func(body []byte, truncated bool) {
-		replayReq.Body, replayReq.BodyTruncated = body, truncated
+	startReplay := func(r teeResult) {
+		if r.overBudget {
+			p.shedOverBudget(ex)
+			return
+		}
+		replayReq.Body, replayReq.BodyTruncated = r.body, r.truncated
 		// A read changes nothing, so its replay can wait until the
 		// response is relayed (finish submits it): off the client's
 		// path, on a 2-core box that is latency saved. Writes replay at
@@ -331,10 +345,10 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		if p.bodyIdle > 0 {
 			r.Body = &idleBody{ReadCloser: r.Body, ctl: http.NewResponseController(w), idle: p.bodyIdle, now: p.clock.Now}
 		}
-		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, startReplay)
+		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, r.ContentLength, p.bodies, startReplay)
 		r.Body = ex.body
 	} else {
-		startReplay(nil, false)
+		startReplay(teeResult{})
 	}
 	return ex, r.WithContext(context.WithValue(ctx, exchangeKey{}, ex)), rw
 }
@@ -531,7 +545,7 @@ func (p *Proxy) submitReplay(ex *exchange) {
 	p.perRequestLog.Warn("replay shed: the replay workers and their queue are full; the request is forwarded and recorded, its prediction unknown (raise --replay-workers or --replay-queue, or give kproxy more CPU)",
 		"id", ex.rec.ID, "workers", p.pool.workers, "queue", p.pool.capacity)
 	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
-	p.replayDone(ex, shedOutcome())
+	p.replayDone(ex, shedOutcome(ShedMessage))
 }
 
 // replayAndRecord runs the replay, on a worker of the pool; the record
@@ -547,9 +561,22 @@ func (p *Proxy) replayAndRecord(ex *exchange) {
 	p.replayDone(ex, o)
 }
 
+// shedOverBudget records a request whose body the body budget could not
+// hold: forwarded all the same, its prediction unknown.
+func (p *Proxy) shedOverBudget(ex *exchange) {
+	p.metrics.ReplayShed()
+	p.perRequestLog.Warn("replay shed: the request bodies held for replay are over --replay-body-budget; the request is forwarded and recorded, its prediction unknown (raise --replay-body-budget, or give kproxy more memory)",
+		"id", ex.rec.ID, "budget", p.bodies.limit)
+	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
+	p.replayDone(ex, shedOutcome(ShedBodyMessage))
+}
+
 // replayDone files the replay's outcome, and writes the record when the
-// response has been relayed already.
+// response has been relayed already. The replay is over with the body.
 func (p *Proxy) replayDone(ex *exchange, o stages.Outcome) {
+	if ex.body != nil {
+		ex.body.release()
+	}
 	ex.outcome = o
 	if ex.parts.Add(-1) == 0 {
 		p.complete(ex)

@@ -30,6 +30,11 @@ import (
 // whose replay was shed.
 const ShedMessage = "replay shed: kproxy is over its replay budget"
 
+// ShedBodyMessage is the prediction's message on the record of a write
+// whose body was not kept for its replay: the bodies held for replays were
+// at their bound (Config.ReplayBodyBudget).
+const ShedBodyMessage = "replay shed: kproxy is over its replay budget (the request bodies held for replay are at --replay-body-budget)"
+
 // replayQueuePerWorker sizes the default queue: a short burst waits
 // rather than being shed (32 clients with one request each on a 2-core
 // machine), while what waits (a copy of each request, its body up to
@@ -41,6 +46,12 @@ const replayQueuePerWorker = 16
 // own code and is mostly CPU: more workers than CPUs only share them, and
 // every replay then takes longer.
 func DefaultReplayWorkers() int { return max(1, runtime.GOMAXPROCS(0)) }
+
+// DefaultReplayBodyBudget is the default bound on the request body bytes
+// held for replays at once: about ten writes at the apiserver's 3 MiB
+// body limit, while a small write (a few KiB) is never refused for it.
+// What a replay's decoding adds on top is bounded by the workers.
+const DefaultReplayBodyBudget = 32 << 20
 
 // DefaultReplayQueue is the default bound on the replays waiting for a
 // worker, for that many workers.
@@ -144,11 +155,11 @@ func (q *replayPool) stats() replayPoolStats {
 
 // shedOutcome is the replay's outcome when it was shed: unknown, every
 // stage skipped (not replayed), as the contract wants all nine.
-func shedOutcome() stages.Outcome {
-	o := stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: ShedMessage}}
+func shedOutcome(msg string) stages.Outcome {
+	o := stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: msg}}
 	o.Stages = make([]record.StageResult, 0, len(record.StageOrder))
 	for _, name := range record.StageOrder {
-		o.Stages = append(o.Stages, record.StageResult{Name: name, Outcome: record.Skip, Explanation: "not replayed: " + ShedMessage})
+		o.Stages = append(o.Stages, record.StageResult{Name: name, Outcome: record.Skip, Explanation: "not replayed: " + msg})
 	}
 	return o
 }

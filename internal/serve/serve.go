@@ -42,6 +42,9 @@ import (
 )
 
 // Options are `kproxy serve`'s flags.
+// DefaultReplayBodyBudget is --replay-body-budget-mib's default, in bytes.
+const DefaultReplayBodyBudget = proxy.DefaultReplayBodyBudget
+
 type Options struct {
 	Upstream           string // apiserver URL; overrides the kubeconfig's server
 	UpstreamKubeconfig string // kproxy's own credentials; empty: $KUBECONFIG / ~/.kube/config
@@ -114,6 +117,9 @@ type Options struct {
 	MetricsListen string
 	ReplayWorkers int
 	ReplayQueue   int
+	// ReplayBodyBudget bounds the request body bytes held for replays at
+	// once (0: DefaultReplayBodyBudget).
+	ReplayBodyBudget int64
 	// NoReplay turns the replay off (--replay=false): requests are
 	// forwarded and recorded, every prediction unknown ("the replay is
 	// disabled"), and kproxy reads nothing of the cluster for it (no
@@ -393,6 +399,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		BodyIdleTimeout:   o.BodyIdleTimeout,
 		ReplayWorkers:     o.ReplayWorkers,
 		ReplayQueue:       o.ReplayQueue,
+		ReplayBodyBudget:  o.ReplayBodyBudget,
 		Metrics:           m,
 		Replica:           o.Replica,
 		Log:               log,

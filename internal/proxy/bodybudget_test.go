@@ -1,0 +1,134 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/pem"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+
+	"github.com/kproxy/kproxy/internal/metrics"
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestBodyBudget holds replays of writes while more arrive: bodies that
+// fit the budget are replayed whole; past it, a write still goes upstream
+// byte for byte and its record says unknown, naming the budget; once the
+// replays end the budget is whole again. Each body is sent both with its
+// length declared (reserved at once) and streamed without one (reserved
+// as it arrives).
+func TestBodyBudget(t *testing.T) {
+	const budget = 1 << 20
+	const size = 400 << 10 // two fit, the third does not
+	var mu sync.Mutex
+	got := map[[32]byte]int{}
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got[sha256.Sum256(b)]++
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x","resourceVersion":"5"}}`)
+	}))
+	defer upstream.Close()
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
+	up, err := NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Passthrough.CloseIdleConnections()
+
+	for _, declared := range []bool{true, false} {
+		name := map[bool]string{true: "length declared", false: "streamed"}[declared]
+		t.Run(name, func(t *testing.T) {
+			replayer := &gatedReplayer{}
+			gate := replayer.hold()
+			sink := &records{}
+			p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, Replayer: replayer, Sink: sink,
+				ReplayWorkers: 4, ReplayQueue: 4, ReplayBodyBudget: budget, Metrics: metrics.New(prometheus.NewRegistry())})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := httptest.NewTLSServer(p)
+			defer front.Close()
+			client := front.Client()
+			client.Timeout = 10 * time.Second
+
+			bodies := make([][]byte, 3)
+			for i := range bodies {
+				bodies[i] = []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"b` + string(rune('0'+i)) + `"},"data":{"v":"` +
+					strings.Repeat(string(rune('a'+i)), size) + `"}}`)
+				var r io.Reader = bytes.NewReader(bodies[i])
+				if !declared {
+					r = io.MultiReader(r) // no length: sent chunked
+				}
+				req, _ := http.NewRequest(http.MethodPost, front.URL+"/api/v1/namespaces/default/configmaps", r)
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := client.Do(req)
+				if err != nil {
+					t.Fatalf("write %d: %v (forwarding waited?)", i, err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusCreated {
+					t.Fatalf("write %d: status %d", i, resp.StatusCode)
+				}
+				mu.Lock()
+				n := got[sha256.Sum256(bodies[i])]
+				mu.Unlock()
+				if n == 0 {
+					t.Fatalf("write %d did not reach the upstream byte for byte", i)
+				}
+			}
+			// The third was over the budget: recorded at once, unknown.
+			poll(t, "the shed write's record", func() bool { return len(sink.list()) == 1 })
+			rec := sink.list()[0]
+			if rec.Predicted.Stage != record.StageUnknown || rec.Predicted.Message != ShedBodyMessage {
+				t.Errorf("over the budget: predicted %+v, want unknown: %q", rec.Predicted, ShedBodyMessage)
+			}
+			if held := p.bodies.held(); held < 2*size || held > budget {
+				t.Errorf("held %d bytes while two replays wait, want the two bodies (%d..%d)", held, 2*size, budget)
+			}
+			close(gate)
+			poll(t, "every record", func() bool { return len(sink.list()) == 3 })
+			for _, rec := range sink.list()[1:] {
+				if rec.Predicted.Status != http.StatusCreated {
+					t.Errorf("a write within the budget: predicted %+v, want its replay", rec.Predicted)
+				}
+			}
+			poll(t, "the budget whole again", func() bool { return p.bodies.held() == 0 })
+		})
+	}
+}
+
+// TestTeeBodyStopsAfterFinish: once the replay has the copy, a late read
+// (the transport still sending the body after the exchange ended) does
+// not write into it.
+func TestTeeBodyStopsAfterFinish(t *testing.T) {
+	var got teeResult
+	tb := newTeeBody(io.NopCloser(strings.NewReader("abcdef")), 100, 0, &bodyBudget{limit: 1 << 10}, func(r teeResult) { got = r })
+	buf := make([]byte, 3)
+	if _, err := tb.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	tb.finish()
+	if _, err := tb.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	if string(got.body) != "abc" || !got.truncated {
+		t.Errorf("copy %q truncated=%v, want %q truncated (not read to the end)", got.body, got.truncated, "abc")
+	}
+	tb.release()
+	if held := tb.budget.held(); held != 0 {
+		t.Errorf("held %d after release", held)
+	}
+}
