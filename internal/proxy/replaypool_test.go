@@ -327,10 +327,11 @@ func TestReplayPoolRunsEachAcceptedReplayOnce(t *testing.T) {
 	goroutinesAtMost(t, "after the replays", before)
 }
 
-// TestReplayPoolDefaults sizes the pool from GOMAXPROCS.
+// TestReplayPoolDefaults sizes the pool from GOMAXPROCS: half the CPUs
+// replay (at least one), the rest stay for forwarding.
 func TestReplayPoolDefaults(t *testing.T) {
 	q := newReplayPool(0, 0, clock.RealClock{}, nil)
-	if w := runtime.GOMAXPROCS(0); q.workers != w || q.capacity != replayQueuePerWorker*w {
+	if w := max(1, runtime.GOMAXPROCS(0)/2); q.workers != w || q.capacity != replayQueuePerWorker*w {
 		t.Errorf("defaults: %d workers, queue %d; want %d and %d", q.workers, q.capacity, w, replayQueuePerWorker*w)
 	}
 	if got := fmt.Sprint(DefaultReplayQueue(DefaultReplayWorkers())); got != fmt.Sprint(q.capacity) {

@@ -58,7 +58,9 @@ func NewUpstream(cfg *rest.Config) (*Upstream, error) {
 //   - HTTP/1.1 only: upgrades (exec, attach, port-forward) cannot ride
 //     HTTP/2, and a pool of HTTP/1.1 connections streams big responses
 //     faster than one multiplexed connection.
-//   - A large idle pool per host, or bursts reconnect over TLS each time.
+//   - A large idle pool per host, or bursts reconnect over TLS each time;
+//     closed after 30s idle, so a burst's connections (and their
+//     goroutines) are not held for 90s after it.
 //   - Modest per-connection buffers: a watch holds its connection.
 //   - No HTTPS_PROXY: kproxy is often the proxy itself.
 func newTransport(tlsCfg *tls.Config) *http.Transport {
@@ -76,7 +78,7 @@ func newTransport(tlsCfg *tls.Config) *http.Transport {
 		ForceAttemptHTTP2:     false,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   512,
-		IdleConnTimeout:       90 * time.Second,
+		IdleConnTimeout:       30 * time.Second,
 		ExpectContinueTimeout: time.Second,
 		// Each connection keeps its buffers for as long as it lives, and a
 		// watch holds one connection: modest buffers keep idle watches
