@@ -87,6 +87,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.BoolVar(&o.CaptureBodies, "capture-bodies", false, "also record each write's body (as JSON; Secret data, tokens and keys redacted) and its Impersonate-* headers")
 	f.StringVar(&o.Mode, "mode", "reverse", "reverse (clients connect to kproxy) or forward (clients use kproxy as HTTPS proxy)")
 	f.StringVar(&o.Telemetry.Endpoint, "otlp-endpoint", "", "OTLP endpoint for traces (overrides OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4318 or 127.0.0.1:4317 with --otlp-protocol grpc")
+	f.BoolVar(&o.OTLPLogs, "otlp-logs", false, "also export every record as an OpenTelemetry log record over OTLP/HTTP (as OTEL_LOGS_EXPORTER=otlp does), to --otlp-endpoint or OTEL_EXPORTER_OTLP_LOGS_ENDPOINT: a collector fans in the records of several replicas beside their traces")
 	f.StringVar(&o.Telemetry.Protocol, "otlp-protocol", "", "grpc or http/protobuf (overrides OTEL_EXPORTER_OTLP_PROTOCOL; default http/protobuf)")
 	f.StringVar(&o.APIListen, "api-listen", serve.DefaultAPIListen, "address of the flow API (list, stream and re-run recorded flows; see the README), or off; off loopback it needs --api-tls-* and --api-client-ca-file or --api-token-file")
 	f.IntVar(&o.APIBuffer, "api-buffer", serve.DefaultAPIBuffer, "how many of the newest flows the flow API keeps in memory")

@@ -2,21 +2,29 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
+	"github.com/kproxy/kproxy/internal/telemetry"
 )
 
 // TestReplicas runs two kproxy replicas behind a loopback TCP balancer,
@@ -24,8 +32,19 @@ import (
 // identity (a shared PKI directory), /readyz on each after its caches
 // synced, each record naming the replica that wrote it. Every request
 // through the balancer is answered and recorded exactly once, by one of
-// them, and both get traffic.
+// them, and both get traffic. Both also export their records as OTLP
+// logs to one collector (Jaeger, an OpenTelemetry Collector build, taking
+// their traces too), which forwards them to a log store: every record
+// arrives there once, naming its replica.
 func TestReplicas(t *testing.T) {
+	store := &otlpLogStore{}
+	storeSrv := httptest.NewServer(store)
+	defer storeSrv.Close()
+	collector, err := localcluster.StartJaegerForwardingLogs(context.Background(), "", t.TempDir(), io.Discard, storeSrv.URL+"/v1/logs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer collector.Stop()
 	shared := filepath.Join(t.TempDir(), "pki")
 	var replicas []*kproxy
 	var captures []string
@@ -33,6 +52,7 @@ func TestReplicas(t *testing.T) {
 		capture := filepath.Join(t.TempDir(), name+".jsonl")
 		k := startKproxy(t, kproxyOptions{capture: capture, set: func(o *serve.Options) {
 			o.PKIDir, o.Replica, o.MetricsListen = shared, name, "127.0.0.1:0"
+			o.Telemetry.Endpoint, o.OTLPLogs = collector.OTLPHTTP, true
 		}})
 		replicas = append(replicas, k)
 		captures = append(captures, capture)
@@ -105,6 +125,76 @@ func TestReplicas(t *testing.T) {
 	if len(seen) != n || per["kproxy-a"] == 0 || per["kproxy-b"] == 0 {
 		t.Errorf("%d records for %d requests, by replica %v: want every request once, and both replicas used", len(seen), n, per)
 	}
+
+	// The same records, as logs, through the collector to the store (the
+	// replicas flushed them when they stopped; the collector batches).
+	var logs map[string]string
+	err = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		logs = store.byAuditID()
+		return len(logs) >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("the log store got %d records as logs, want %d", len(logs), n)
+	}
+	for id, replica := range logs {
+		if seen[id] != replica {
+			t.Errorf("log of %s names replica %q, the capture %q", id, replica, seen[id])
+		}
+	}
+	if len(logs) != len(seen) {
+		t.Errorf("%d records as logs, %d in the captures", len(logs), len(seen))
+	}
+}
+
+// otlpLogStore is a log store's OTLP/HTTP logs endpoint: it keeps the
+// records kproxy exported as logs, decoded with the OTLP protos.
+type otlpLogStore struct {
+	mu      sync.Mutex
+	records []record.Record
+	replica []string
+}
+
+func (s *otlpLogStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	var msg collogs.ExportLogsServiceRequest
+	if err := proto.Unmarshal(b, &msg); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, rl := range msg.ResourceLogs {
+		for _, sl := range rl.ScopeLogs {
+			for _, lr := range sl.LogRecords {
+				var rec record.Record
+				if lr.EventName != telemetry.RecordLogEventName || json.Unmarshal([]byte(lr.GetBody().GetStringValue()), &rec) != nil {
+					continue
+				}
+				replica := ""
+				for _, a := range lr.Attributes {
+					if a.Key == "kproxy.replica" {
+						replica = a.GetValue().GetStringValue()
+					}
+				}
+				s.records = append(s.records, rec)
+				s.replica = append(s.replica, replica)
+			}
+		}
+	}
+	out, _ := proto.Marshal(&collogs.ExportLogsServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	_, _ = w.Write(out)
+}
+
+// byAuditID maps each record's audit ID to the replica its log names.
+func (s *otlpLogStore) byAuditID() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := map[string]string{}
+	for i, r := range s.records {
+		m[r.Actual.AuditID] = s.replica[i]
+	}
+	return m
 }
 
 // startTCPBalancer is a round-robin TCP load balancer on loopback, as a

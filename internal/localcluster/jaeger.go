@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -68,6 +69,18 @@ exporters:
 // StartJaeger starts Jaeger and waits until its query API answers. dir
 // holds its config and log; empty means a temp dir.
 func StartJaeger(ctx context.Context, binDir, dir string, log io.Writer) (*Jaeger, error) {
+	return startJaeger(ctx, binDir, dir, log, "")
+}
+
+// StartJaegerForwardingLogs starts Jaeger as the OpenTelemetry Collector
+// it is built on, also taking OTLP logs on its OTLP endpoints and
+// forwarding them, batched, to the OTLP/HTTP logs endpoint logsTo (a log
+// store's): one collector fans in traces and logs, as a platform's does.
+func StartJaegerForwardingLogs(ctx context.Context, binDir, dir string, log io.Writer, logsTo string) (*Jaeger, error) {
+	return startJaeger(ctx, binDir, dir, log, logsTo)
+}
+
+func startJaeger(ctx context.Context, binDir, dir string, log io.Writer, logsTo string) (*Jaeger, error) {
 	var err error
 	if binDir == "" {
 		if binDir, err = FindBinDir(); err != nil {
@@ -93,7 +106,12 @@ func StartJaeger(ctx context.Context, binDir, dir string, log io.Writer) (*Jaege
 		return nil, err
 	}
 	cfg := filepath.Join(c.Dir, "jaeger.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf(jaegerConfig, ports[0], ports[1], ports[2], ports[3], ports[4])), 0o644); err != nil {
+	config := fmt.Sprintf(jaegerConfig, ports[0], ports[1], ports[2], ports[3], ports[4])
+	if logsTo != "" {
+		config = strings.Replace(config, "  pipelines:\n", "  pipelines:\n    logs:\n      receivers: [otlp]\n      processors: [batch]\n      exporters: [otlphttp/logs]\n", 1)
+		config += fmt.Sprintf("  otlphttp/logs:\n    logs_endpoint: %s\n    compression: none\n", logsTo)
+	}
+	if err := os.WriteFile(cfg, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
 	j := &Jaeger{

@@ -66,6 +66,10 @@ type Options struct {
 	SyncTimeout time.Duration
 
 	Telemetry telemetry.Options
+	// OTLPLogs exports every record as an OpenTelemetry log record (as
+	// OTEL_LOGS_EXPORTER=otlp does), to the OTLP/HTTP endpoint of the
+	// traces or OTEL_EXPORTER_OTLP_LOGS_ENDPOINT.
+	OTLPLogs bool
 
 	// The flow API (flowapi.go): APIListen is its address, "" or "off"
 	// for none. Off loopback it needs TLS and client authentication.
@@ -343,6 +347,14 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	s.shutdown = append(s.shutdown, shutdownTP)
 
 	var sinks record.Sinks
+	logs, err := telemetry.SetupRecordLogs(ctx, o.Telemetry, telemetry.LogsOptions{On: o.OTLPLogs}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if logs != nil {
+		s.shutdown = append(s.shutdown, logs.Shutdown)
+		sinks = append(sinks, logs)
+	}
 	if o.Capture != "" {
 		fs, err := record.OpenFile(o.Capture, log)
 		if err != nil {
@@ -463,7 +475,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		"capture", o.Capture, "clientCA", o.APIServer.ClientCAFile() != "", "impersonation", up.Impersonating != nil)
 	// Where traces go, or why nowhere: the first thing to check when a
 	// trace is missing from the collector.
-	log.Info("kproxy tracing", "traces", telemetry.Describe(o.Telemetry, nil))
+	log.Info("kproxy tracing", "traces", telemetry.Describe(o.Telemetry, nil), "records as logs", telemetry.DescribeLogs(o.Telemetry, telemetry.LogsOptions{On: o.OTLPLogs}, nil))
 	ok = true
 	return s, nil
 }
