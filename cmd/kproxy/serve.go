@@ -96,7 +96,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.APIClientCAFile, "api-client-ca-file", "", "flow API clients must present a certificate signed by this CA (or the --api-token-file token)")
 	f.StringVar(&o.APITokenFile, "api-token-file", "", "flow API clients must send this file's content as a bearer token (or a certificate for --api-client-ca-file)")
 	f.IntVar(&o.APIRerunKeep, "api-rerun-keep", serve.DefaultAPIRerunKeep, "how many of the newest flows the flow API can re-run; their requests, credentials included, are kept in memory only (never written), and only while the API is on; 0 turns re-runs off")
-	f.Var(mebibytes{&o.APIRerunKeepBytes}, "api-rerun-keep-mib", "bound, in MiB, on the request bodies kept for re-runs (default 64)")
+	f.Var(mebibytes{&o.APIRerunKeepBytes}, "api-rerun-keep-mib", "bound, in MiB, on the request bodies kept for re-runs (default 16)")
 	f.BoolVar(&o.LogFlows, "log-flows", false, "log one line per finished flow: method, path, user, predicted status@stage, actual status, agreement, latency")
 	f.StringVar(&o.OTLPReceiverListen, "otlp-receiver-listen", "", "receive the apiserver's own spans (OTLP/gRPC) on this address, e.g. 127.0.0.1:4317, and record where each request spent its time in the apiserver (server.layers); point the endpoint of the apiserver's --tracing-config-file here (see the README); the spans are passed on to kproxy's own OTLP endpoint; off by default")
 	f.DurationVar(&o.ServerTraceWait, "server-trace-wait", serve.DefaultServerTraceWait, "with --otlp-receiver-listen, --audit-webhook-listen or --audit-log-follow: how long a record waits for the apiserver's own account of its request (spans or audit annotations) before it is written without it")

@@ -18,12 +18,14 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 )
 
-// Defaults of the flow API's flags.
+// Defaults of the flow API's flags. The re-run bodies are held in memory
+// beside the replay's own (--replay-body-budget-mib): 16 MiB keeps a
+// thousand ordinary writes re-runnable, and only a handful of large ones.
 const (
 	DefaultAPIListen         = "127.0.0.1:7070"
 	DefaultAPIBuffer         = 10000
 	DefaultAPIRerunKeep      = 1000
-	DefaultAPIRerunKeepBytes = 64 << 20
+	DefaultAPIRerunKeepBytes = 16 << 20
 )
 
 // apiOn reports whether the flow API is configured.
