@@ -60,6 +60,14 @@ const DefaultReplayBodyBudget = 32 << 20
 // worker, for that many workers.
 func DefaultReplayQueue(workers int) int { return replayQueuePerWorker * max(1, workers) }
 
+// overloadWindow is how long after a shed the pool counts as overloaded;
+// maxRest bounds one rest (a replay held up by a slow webhook is not
+// CPU).
+const (
+	overloadWindow = time.Second
+	maxRest        = 50 * time.Millisecond
+)
+
 // replayPool runs replays on at most workers goroutines, with a queue of
 // at most capacity replays waiting.
 type replayPool struct {
@@ -68,12 +76,16 @@ type replayPool struct {
 	clock    clock.PassiveClock
 	m        *metrics.Metrics
 
-	mu      sync.Mutex
-	running int            // worker goroutines alive (each busy)
-	queue   []queuedReplay // a ring of len capacity
-	head, n int
-	shed    uint64
-	ran     uint64
+	// rest pauses a worker (time.Sleep; tests inject their own).
+	rest func(time.Duration)
+
+	mu       sync.Mutex
+	lastShed time.Time      // when a replay was last shed: the pool is overloaded
+	running  int            // worker goroutines alive (each busy)
+	queue    []queuedReplay // a ring of len capacity
+	head, n  int
+	shed     uint64
+	ran      uint64
 }
 
 type queuedReplay struct {
@@ -96,7 +108,7 @@ func newReplayPool(workers, capacity int, clk clock.PassiveClock, m *metrics.Met
 		capacity = DefaultReplayQueue(workers)
 	}
 	m.ReplayPool(workers, capacity)
-	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m,
+	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m, rest: time.Sleep,
 		queue: make([]queuedReplay, capacity)}
 }
 
@@ -114,6 +126,7 @@ func (q *replayPool) submit(run func()) bool {
 		return true
 	case q.n == q.capacity:
 		q.shed++
+		q.lastShed = job.at
 		q.mu.Unlock()
 		q.m.ReplayShed()
 		return false
@@ -129,13 +142,27 @@ func (q *replayPool) submit(run func()) bool {
 // Taking the next replay and ending are decided under the lock that
 // submit queues under, so a replay is never queued just as the last
 // worker leaves.
+//
+// While the pool is overloaded (it shed a replay within overloadWindow),
+// a worker rests as long as its replay ran before it takes the next: the
+// replays then use at most half of their workers' CPU time, and the rest
+// goes to forwarding (and to the apiserver, on a shared machine), which
+// is short of CPU exactly then. More replays are shed, and said unknown.
 func (q *replayPool) work(job queuedReplay) {
 	for {
 		q.m.ReplayStarted(q.clock.Since(job.at))
+		began := q.clock.Now()
 		job.run()
+		ran := q.clock.Since(began)
 		q.m.ReplayFinished()
 		q.mu.Lock()
 		q.ran++
+		overloaded := q.n > 0 && !q.lastShed.IsZero() && q.clock.Since(q.lastShed) < overloadWindow
+		q.mu.Unlock()
+		if overloaded {
+			q.rest(min(ran, maxRest))
+		}
+		q.mu.Lock()
 		if q.n == 0 {
 			q.running--
 			q.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -336,5 +337,46 @@ func TestReplayPoolDefaults(t *testing.T) {
 	}
 	if got := fmt.Sprint(DefaultReplayQueue(DefaultReplayWorkers())); got != fmt.Sprint(q.capacity) {
 		t.Errorf("DefaultReplayQueue %s, pool %d", got, q.capacity)
+	}
+}
+
+// TestReplayPoolRestsWhenOverloaded: a worker takes queued replays back
+// to back while nothing is shed, and rests between them (as long as the
+// replay ran, bounded) once the pool has shed one.
+func TestReplayPoolRestsWhenOverloaded(t *testing.T) {
+	for _, overload := range []bool{false, true} {
+		q := newReplayPool(1, 2, clock.RealClock{}, nil)
+		var mu sync.Mutex
+		var rests []time.Duration
+		q.rest = func(d time.Duration) { mu.Lock(); rests = append(rests, d); mu.Unlock() }
+		gate := make(chan struct{})
+		var done sync.WaitGroup
+		job := func() { defer done.Done(); <-gate; time.Sleep(2 * time.Millisecond) }
+		done.Add(3)
+		for range 3 { // one runs, two wait
+			if !q.submit(job) {
+				t.Fatal("shed within the pool's bounds")
+			}
+		}
+		if overload && q.submit(func() {}) {
+			t.Fatal("a fourth replay was not shed")
+		}
+		close(gate)
+		done.Wait()
+		poll(t, "the worker ends", func() bool { return q.stats().Busy == 0 })
+		mu.Lock()
+		got := slices.Clone(rests)
+		mu.Unlock()
+		switch {
+		case !overload && len(got) != 0:
+			t.Errorf("rested %v with nothing shed", got)
+		case overload && len(got) != 2:
+			t.Errorf("rested %v after a shed, want a rest before each of the two queued replays", got)
+		}
+		for _, d := range got {
+			if d < 2*time.Millisecond || d > maxRest {
+				t.Errorf("rested %v, want the replay's own time (>= 2ms), at most %v", d, maxRest)
+			}
+		}
 	}
 }
