@@ -15,6 +15,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/serve"
 )
 
 // TestAPFRejection loads a tiny priority level until the real apiserver
@@ -70,7 +71,10 @@ func TestAPFRejection(t *testing.T) {
 	stream := record.NewStream()
 	recs, _, cancel := stream.Subscribe(4096)
 	defer cancel()
-	k := startKproxy(t, kproxyOptions{stream: stream})
+	// Bursts of 40 LISTs overload the apiserver on purpose: a replay pool
+	// that holds a burst keeps the rejected request's replay from being
+	// shed (shedding has tests of its own).
+	k := startKproxy(t, kproxyOptions{stream: stream, set: func(o *serve.Options) { o.ReplayWorkers, o.ReplayQueue = 2, 128 }})
 	r := reverseRoute(k)
 	// The replay's APF controller must have digested the new objects.
 	time.Sleep(2 * time.Second)

@@ -192,7 +192,9 @@ func TestMetrics(t *testing.T) {
 		{"kproxy_capture_records_total", nil, n},
 		{"kproxy_capture_records_dropped_total", nil, 0},
 		{"kproxy_replay_workers", nil, float64(runtime.GOMAXPROCS(0))},
-		{"kproxy_replay_queue_capacity", nil, float64(proxy.DefaultReplayQueue(runtime.GOMAXPROCS(0)))},
+		{"kproxy_replay_queue_capacity", nil, float64(proxy.DefaultReplayQueue(proxy.DefaultReplayWorkers()))},
+		{"kproxy_replay_body_budget_bytes", nil, float64(proxy.DefaultReplayBodyBudget)},
+		{"kproxy_replay_body_bytes", nil, 0},
 	} {
 		if got := sample(fams, tc.name, tc.labels...); got != tc.want {
 			t.Errorf("%s%v = %v, want %v", tc.name, tc.labels, got, tc.want)

@@ -84,6 +84,19 @@ func (s *tmuxSession) waitFor(what string, want ...string) string {
 	return screen
 }
 
+// waitGone polls the screen until gone is off it.
+func (s *tmuxSession) waitGone(what, gone string) {
+	s.t.Helper()
+	var screen string
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		screen = s.screen()
+		return !strings.Contains(screen, gone), nil
+	})
+	if err != nil {
+		s.t.Fatalf("%s: the screen still shows %q:\n%s", what, gone, screen)
+	}
+}
+
 // TestTUI runs the real binaries as a person would: kproxy serve in front
 // of the real apiserver with its flow API, and kproxy tui in a terminal
 // (tmux). A request RBAC refuses appears in the list; the filter ~c 403
@@ -161,7 +174,10 @@ func TestTUI(t *testing.T) {
 		`User "alice" cannot list resource "secrets"`)
 	term.keys("2")
 	term.waitFor("the waterfall", "kproxy's replay (its own cost, not the apiserver's time)", "authorization", "upstream (apiserver)")
+	// The next key waits until Escape has been taken alone: typed at
+	// once, a terminal's Escape and ":" read as one Alt+":".
 	term.keys("Escape")
+	term.waitGone("back at the list", "kproxy's replay (its own cost")
 
 	harFile := filepath.Join(dir, "flows.har")
 	term.keys(":", "export har "+harFile, "Enter")

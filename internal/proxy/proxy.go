@@ -539,7 +539,7 @@ func (p *Proxy) submitReplay(ex *exchange) {
 		p.replayDone(ex, p.replay(ex.replayCtx, ex.replayReq))
 		return
 	}
-	if p.pool.submit(func() { p.replayAndRecord(ex) }) {
+	if p.pool.submit(func() { p.replayAndRecord(ex) }, stages.IsWrite(ex.info)) {
 		return
 	}
 	p.perRequestLog.Warn("replay shed: the replay workers and their queue are full; the request is forwarded and recorded, its prediction unknown (raise --replay-workers or --replay-queue, or give kproxy more CPU)",

@@ -42,13 +42,14 @@ const ShedBodyMessage = "replay shed: kproxy is over its replay budget (the requ
 const replayQueuePerWorker = 16
 
 // DefaultReplayWorkers is the default bound on the replays run at once:
-// half the CPUs Go schedules on (GOMAXPROCS), at least one. A replay runs
-// the apiserver's own code and is mostly CPU, and kproxy usually shares
-// its machine with the control plane: under overload, replays on every
-// CPU took a quarter of the forwarded throughput (0.72-0.75x of kproxy
-// --replay=false on 2 cores; 0.83x with one worker), while one worker
-// still replays about a thousand requests a second.
-func DefaultReplayWorkers() int { return max(1, runtime.GOMAXPROCS(0)/2) }
+// one per CPU Go schedules on (GOMAXPROCS). A replay runs the apiserver's
+// own code and is mostly CPU: more workers than CPUs only share them.
+// Fewer starve fidelity instead: with one worker on 2 CPUs, a write's
+// replay waited behind a large read's (an OpenAPI document) until the
+// next kubectl command had changed the object. Under overload the
+// workers rest between replays (see work), which leaves forwarding the
+// CPU it needs then.
+func DefaultReplayWorkers() int { return max(1, runtime.GOMAXPROCS(0)) }
 
 // DefaultReplayBodyBudget is the default bound on the request body bytes
 // held for replays at once: about ten writes at the apiserver's 3 MiB
@@ -80,12 +81,16 @@ type replayPool struct {
 	rest func(time.Duration)
 
 	mu       sync.Mutex
-	lastShed time.Time      // when a replay was last shed: the pool is overloaded
-	running  int            // worker goroutines alive (each busy)
-	queue    []queuedReplay // a ring of len capacity
-	head, n  int
-	shed     uint64
-	ran      uint64
+	lastShed time.Time // when a replay was last shed: the pool is overloaded
+	running  int       // worker goroutines alive (each busy)
+	// Two queues, at most capacity replays in both: writes, whose replay
+	// reads the state the write met, go first; a write replayed behind
+	// reads may find the object changed by a later write, and can then
+	// only say unknown.
+	urgent, queue []queuedReplay
+	n             int // len(urgent) + len(queue)
+	shed          uint64
+	ran           uint64
 }
 
 type queuedReplay struct {
@@ -108,14 +113,14 @@ func newReplayPool(workers, capacity int, clk clock.PassiveClock, m *metrics.Met
 		capacity = DefaultReplayQueue(workers)
 	}
 	m.ReplayPool(workers, capacity)
-	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m, rest: time.Sleep,
-		queue: make([]queuedReplay, capacity)}
+	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m, rest: time.Sleep}
 }
 
-// submit runs run on a worker, now or once one is free, and reports
-// true; or, when every worker is busy and the queue is full, sheds it and
-// reports false. It never blocks.
-func (q *replayPool) submit(run func()) bool {
+// submit runs run on a worker, now or once one is free (before the
+// queued replays that are not urgent, when it is), and reports true; or,
+// when every worker is busy and the queue is full, sheds it and reports
+// false. It never blocks.
+func (q *replayPool) submit(run func(), urgent bool) bool {
 	job := queuedReplay{run: run, at: q.clock.Now()}
 	q.mu.Lock()
 	switch {
@@ -131,7 +136,11 @@ func (q *replayPool) submit(run func()) bool {
 		q.m.ReplayShed()
 		return false
 	}
-	q.queue[(q.head+q.n)%q.capacity] = job
+	if urgent {
+		q.urgent = append(q.urgent, job)
+	} else {
+		q.queue = append(q.queue, job)
+	}
 	q.n++
 	q.mu.Unlock()
 	q.m.ReplayQueued(1)
@@ -168,9 +177,16 @@ func (q *replayPool) work(job queuedReplay) {
 			q.mu.Unlock()
 			return
 		}
-		job = q.queue[q.head]
-		q.queue[q.head] = queuedReplay{} // the replay's request can go
-		q.head = (q.head + 1) % q.capacity
+		from := &q.queue
+		if len(q.urgent) > 0 {
+			from = &q.urgent
+		}
+		job = (*from)[0]
+		(*from)[0] = queuedReplay{} // the replay's request can go
+		*from = (*from)[1:]
+		if len(*from) == 0 {
+			*from = nil // and so can the array under it
+		}
 		q.n--
 		q.mu.Unlock()
 		q.m.ReplayQueued(-1)

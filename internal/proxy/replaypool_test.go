@@ -8,8 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
-	"strings"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -306,7 +306,7 @@ func TestReplayPoolRunsEachAcceptedReplayOnce(t *testing.T) {
 					runtime.Gosched()
 					running.Add(-1)
 					ran.Add(1)
-				})
+				}, false)
 				if ok {
 					accepted.Add(1)
 				}
@@ -328,11 +328,10 @@ func TestReplayPoolRunsEachAcceptedReplayOnce(t *testing.T) {
 	goroutinesAtMost(t, "after the replays", before)
 }
 
-// TestReplayPoolDefaults sizes the pool from GOMAXPROCS: half the CPUs
-// replay (at least one), the rest stay for forwarding.
+// TestReplayPoolDefaults sizes the pool from GOMAXPROCS.
 func TestReplayPoolDefaults(t *testing.T) {
 	q := newReplayPool(0, 0, clock.RealClock{}, nil)
-	if w := max(1, runtime.GOMAXPROCS(0)/2); q.workers != w || q.capacity != replayQueuePerWorker*w {
+	if w := runtime.GOMAXPROCS(0); q.workers != w || q.capacity != replayQueuePerWorker*w {
 		t.Errorf("defaults: %d workers, queue %d; want %d and %d", q.workers, q.capacity, w, replayQueuePerWorker*w)
 	}
 	if got := fmt.Sprint(DefaultReplayQueue(DefaultReplayWorkers())); got != fmt.Sprint(q.capacity) {
@@ -354,11 +353,11 @@ func TestReplayPoolRestsWhenOverloaded(t *testing.T) {
 		job := func() { defer done.Done(); <-gate; time.Sleep(2 * time.Millisecond) }
 		done.Add(3)
 		for range 3 { // one runs, two wait
-			if !q.submit(job) {
+			if !q.submit(job, false) {
 				t.Fatal("shed within the pool's bounds")
 			}
 		}
-		if overload && q.submit(func() {}) {
+		if overload && q.submit(func() {}, false) {
 			t.Fatal("a fourth replay was not shed")
 		}
 		close(gate)
@@ -378,5 +377,37 @@ func TestReplayPoolRestsWhenOverloaded(t *testing.T) {
 				t.Errorf("rested %v, want the replay's own time (>= 2ms), at most %v", d, maxRest)
 			}
 		}
+	}
+}
+
+// TestReplayPoolWritesFirst: a queued write's replay runs before the reads
+// queued ahead of it (it reads the state the write met; late, it may find
+// a later write's).
+func TestReplayPoolWritesFirst(t *testing.T) {
+	q := newReplayPool(1, 8, clock.RealClock{}, nil)
+	gate := make(chan struct{})
+	var mu sync.Mutex
+	var order []string
+	var done sync.WaitGroup
+	job := func(name string) func() {
+		done.Add(1)
+		return func() {
+			defer done.Done()
+			<-gate
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+		}
+	}
+	q.submit(job("running"), false)
+	q.submit(job("read 1"), false)
+	q.submit(job("read 2"), false)
+	q.submit(job("write 1"), true)
+	q.submit(job("read 3"), false)
+	q.submit(job("write 2"), true)
+	close(gate)
+	done.Wait()
+	if got, want := strings.Join(order, ", "), "running, write 1, write 2, read 1, read 2, read 3"; got != want {
+		t.Errorf("ran %s; want %s", got, want)
 	}
 }

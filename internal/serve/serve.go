@@ -189,7 +189,7 @@ func (o *Options) metricsOn() bool { return o.MetricsListen != "" && o.MetricsLi
 // validateMetrics checks --metrics-listen and the replay pool's bounds.
 func (o *Options) validateMetrics() error {
 	if o.ReplayWorkers < 0 {
-		return fmt.Errorf("--replay-workers=%d: want how many replays run at once, e.g. %d, or 0 for half the CPUs", o.ReplayWorkers, proxy.DefaultReplayWorkers())
+		return fmt.Errorf("--replay-workers=%d: want how many replays run at once, e.g. %d, or 0 for one per CPU", o.ReplayWorkers, proxy.DefaultReplayWorkers())
 	}
 	if o.ReplayQueue < 0 {
 		return fmt.Errorf("--replay-queue=%d: want how many replays may wait for a worker, e.g. %d, or 0 for %d per worker", o.ReplayQueue, proxy.DefaultReplayQueue(proxy.DefaultReplayWorkers()), proxy.DefaultReplayQueue(1))

@@ -113,12 +113,30 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 	switch {
 	case found && rv == aw.ResourceVersion && r.BodyRV != aw.ResourceVersion:
 		return strconv.FormatUint(n-1, 10), ""
+	case found && r.Verb == "create" && aw.Status == 201 && newerThan(rv, n):
+		// Created by this request, changed since: a create is never a
+		// no-op, so just before it the object did not exist.
+		return strconv.FormatUint(n-1, 10), ""
+	case found && newerThan(rv, n):
+		// Another write changed the object after this one (the replay
+		// ran late, behind a queue): whether this request was a no-op
+		// or not, the state it met cannot be told apart any more.
+		return "", fmt.Sprintf("the object changed after this request (resourceVersion %s, after the %s the apiserver answered with) before the replay read it, so the state on arrival is not known", rv, aw.ResourceVersion)
+	case !found && (r.Verb == "update" || r.Verb == "patch"):
+		// It was deleted after this request updated it.
+		return "", fmt.Sprintf("the object was deleted after this request (which the apiserver answered with resourceVersion %s) before the replay read it, so the state on arrival is not known", aw.ResourceVersion)
 	case !found && r.Verb == "delete":
 		// The store answers a delete with the object as it last was, at
 		// the revision of the delete itself: it last existed just before.
 		return strconv.FormatUint(n-1, 10), ""
 	}
 	return "", ""
+}
+
+// newerThan reports a resourceVersion later than revision n.
+func newerThan(rv string, n uint64) bool {
+	m, err := strconv.ParseUint(rv, 10, 64)
+	return err == nil && m > n
 }
 
 // updatedExisting reports an update or patch the apiserver answered 200:

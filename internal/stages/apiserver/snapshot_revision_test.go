@@ -1,0 +1,43 @@
+package apiserver
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// TestSnapshotRevision: which state of the object a write's replay reads,
+// given the apiserver's answer and what the store holds when the replay
+// reads it (possibly late, behind a queue).
+func TestSnapshotRevision(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		verb     string
+		bodyRV   string
+		status   int
+		answerRV string
+		found    bool
+		rv       string // the object's resourceVersion when the replay reads it
+		at       string
+		why      string // contains
+	}{
+		{"update, its own write visible", "update", "", 200, "10", true, "10", "9", ""},
+		{"update that named the rv it left (no-op)", "update", "10", 200, "10", true, "10", "", ""},
+		{"update, changed again since", "patch", "", 200, "10", true, "12", "", "changed after this request"},
+		{"update, deleted since", "patch", "", 200, "10", false, "", "", "deleted after this request"},
+		{"create, its own write visible", "create", "", 201, "10", true, "10", "9", ""},
+		{"create, changed since (a controller)", "create", "", 201, "10", true, "15", "9", ""},
+		{"delete, gone", "delete", "", 200, "10", false, "", "9", ""},
+		{"refused: nothing written", "update", "", 409, "", true, "12", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: tc.verb, BodyRV: tc.bodyRV, actual: func(context.Context) (ActualWrite, bool) {
+				return ActualWrite{Status: tc.status, ResourceVersion: tc.answerRV}, true
+			}}
+			at, why := r.snapshotRevision(context.Background(), tc.found, tc.rv)
+			if at != tc.at || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
+				t.Errorf("snapshotRevision = %q, %q; want %q and a reason saying %q", at, why, tc.at, tc.why)
+			}
+		})
+	}
+}
