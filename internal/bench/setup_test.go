@@ -29,6 +29,8 @@ type env struct {
 	kproxy  string // built binary
 	admin   kubernetes.Interface
 	targets []*target
+	// capture is the "kproxy" target's capture file (records_test.go).
+	capture string
 }
 
 // target is one way to reach the apiserver.
@@ -98,7 +100,8 @@ func setup() (*env, error) {
 	}
 	direct := &target{name: "direct", base: e.cluster.URL, token: true,
 		client: httpClient(&tls.Config{RootCAs: e.cluster.CAPool()}, false)}
-	kp, err := e.startKproxy("kproxy", true)
+	e.capture = filepath.Join(e.dir, "kproxy-capture.jsonl")
+	kp, err := e.startKproxy("kproxy", true, "--capture="+e.capture)
 	if err != nil {
 		return e, err
 	}

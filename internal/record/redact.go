@@ -88,10 +88,26 @@ var credentialHeaders = map[string]bool{
 // token (the apiserver's authenticator reads it from there).
 const bearerProtocol = "base64url.bearer.authorization.k8s.io."
 
-// RedactHeaders copies h with credentials replaced: Authorization,
-// Proxy-Authorization and cookies wholly; in Sec-WebSocket-Protocol, the
-// token-carrying subprotocol only. The scheme of an Authorization value
-// (Bearer, Basic) is kept, since it says which authenticator reads it.
+// restatedHeaders are headers another field of the record already holds:
+// they are left out of Request.Headers and Actual.Headers. Content-Length
+// is Request.BodyBytes and Actual.ResponseBytes, Date is Start to the
+// second, and the APF headers are Actual.FlowSchemaUID and
+// Actual.PriorityLevelUID. Audit-Id stays, though Actual.AuditID holds
+// it: it is what ties the response, as the client (or a HAR export) has
+// it, to the apiserver's audit log.
+var restatedHeaders = map[string]bool{
+	"Content-Length":                    true,
+	"Date":                              true,
+	"X-Kubernetes-Pf-Flowschema-Uid":    true,
+	"X-Kubernetes-Pf-Prioritylevel-Uid": true,
+}
+
+// RedactHeaders copies h for a record, with credentials replaced:
+// Authorization, Proxy-Authorization and cookies wholly; in
+// Sec-WebSocket-Protocol, the token-carrying subprotocol only. The scheme
+// of an Authorization value (Bearer, Basic) is kept, since it says which
+// authenticator reads it. Headers the record restates elsewhere
+// (restatedHeaders) are left out.
 func RedactHeaders(h http.Header) map[string][]string {
 	if len(h) == 0 {
 		return nil
@@ -99,6 +115,9 @@ func RedactHeaders(h http.Header) map[string][]string {
 	out := make(map[string][]string, len(h))
 	for k, vs := range h {
 		ck := http.CanonicalHeaderKey(k)
+		if restatedHeaders[ck] {
+			continue
+		}
 		c := make([]string, len(vs))
 		for i, v := range vs {
 			switch {
@@ -114,6 +133,9 @@ func RedactHeaders(h http.Header) map[string][]string {
 			}
 		}
 		out[ck] = c
+	}
+	if len(out) == 0 {
+		return nil
 	}
 	return out
 }

@@ -56,6 +56,16 @@ func TestRedactHeaders(t *testing.T) {
 			map[string][]string{"Sec-Websocket-Protocol": {"v5.channel.k8s.io, base64url.bearer.authorization.k8s.io.REDACTED"}}},
 		{"other headers kept", http.Header{"Accept": {"application/json"}, "Impersonate-User": {"bob"}},
 			map[string][]string{"Accept": {"application/json"}, "Impersonate-User": {"bob"}}},
+		// What the record holds elsewhere is left out; what a HAR export,
+		// kproxy test generate and the TUI read is kept.
+		{"a response's restated headers left out", http.Header{"Audit-Id": {"a1"}, "Content-Type": {"application/json"},
+			"Content-Length": {"400"}, "Date": {"Tue, 01 Dec 2026 14:47:43 GMT"}, "Cache-Control": {"no-cache, private"},
+			"X-Kubernetes-Pf-Flowschema-Uid": {"u1"}, "X-Kubernetes-Pf-Prioritylevel-Uid": {"u2"}, "Warning": {`299 - "w"`}},
+			map[string][]string{"Audit-Id": {"a1"}, "Content-Type": {"application/json"}, "Cache-Control": {"no-cache, private"}, "Warning": {`299 - "w"`}}},
+		{"a request's restated headers left out", http.Header{"Content-Length": {"70"}, "Content-Type": {"application/json"},
+			"User-Agent": {"kubectl/v1.37.2"}, "Accept": {"application/json"}, "Kubectl-Command": {"kubectl create"}},
+			map[string][]string{"Content-Type": {"application/json"}, "User-Agent": {"kubectl/v1.37.2"}, "Accept": {"application/json"}, "Kubectl-Command": {"kubectl create"}}},
+		{"only restated headers: none", http.Header{"Date": {"x"}, "content-length": {"0"}}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := RedactHeaders(tc.in); !reflect.DeepEqual(got, tc.want) {

@@ -55,7 +55,11 @@
 // inside a storage update; the serialization's encoding and writing.
 // Client spans (a webhook's HTTP call) stay their parent's time; their URL
 // tells the webhook's timeout. The summary names the three biggest self
-// times.
+// times. A record keeps fewer layers than the spans give: a layer under 5%
+// of the request's time whose parent is of the same stage (a phase of the
+// handler, the serialization's encoding and writing) is folded into its
+// parent, unless the summary names it, so that each stage's time stays
+// what it was.
 //
 // # Joining
 //

@@ -57,7 +57,7 @@ func observe(root *tracepb.Span, spans []*tracepb.Span) Observation {
 			o.Links = append(o.Links, id)
 		}
 	}
-	o.Server = analyze(root, spans)
+	o.Server = analyzeFolding(root, spans, true)
 	return o
 }
 
@@ -77,7 +77,8 @@ type node struct {
 }
 
 // analyze computes the apiserver's own account of one request from its
-// root span and the spans under it (others are ignored).
+// root span and the spans under it (others are ignored), every layer
+// kept (see analyzeFolding).
 //
 // Every instant of the root's duration is attributed to exactly one
 // layer, so the self times add up to the root's duration: the deepest
@@ -90,6 +91,23 @@ type node struct {
 // parent's outgoing calls (a webhook's HTTP POST): their time stays the
 // parent's.
 func analyze(root *tracepb.Span, spans []*tracepb.Span) record.Server {
+	return analyzeFolding(root, spans, false)
+}
+
+// foldPercent is the share of the request's time, in percent, under which
+// a layer that only splits a layer of its own stage is folded into it.
+const foldPercent = 5
+
+// analyzeFolding is analyze; with fold, as a record keeps the account, a
+// layer whose self time is under foldPercent of the total and whose parent
+// is of the same stage (the handler's "read request body" and "decode and
+// convert", the serialization's "encode" and "write to the connection", a
+// watch cache's phases) is folded into that parent, which takes its self
+// time; the layers under it move up a level. Each stage's time, the self
+// times' sum and the layers of other stages stay as they were, and so
+// does the summary (worked out from every layer): a layer it names stays,
+// unless its parent goes by the same name in the summary.
+func analyzeFolding(root *tracepb.Span, spans []*tracepb.Span, fold bool) record.Server {
 	byParent := make(map[spanKey][]*tracepb.Span, len(spans))
 	for _, s := range spans {
 		if len(s.ParentSpanId) == 8 && s != root {
@@ -135,16 +153,17 @@ func analyze(root *tracepb.Span, spans []*tracepb.Span) record.Server {
 	build(top)
 	attributeTime(top, all)
 
+	summary, named := summarize(top.end-top.start, all)
 	srv := record.Server{Source: record.ServerFromTrace, TraceID: hex.EncodeToString(root.TraceId), TotalNs: top.end - top.start,
-		Layers: make([]record.ServerLayer, 0, len(all))}
-	var flatten func(n *node)
-	flatten = func(n *node) {
-		srv.Layers = append(srv.Layers, record.ServerLayer{Name: n.name, Stage: n.stage, DurationNs: n.end - n.start,
-			SelfNs: n.self, OffsetNs: n.start - top.start, Depth: n.depth})
-		kids := n.children
-		if len(n.phases) > 0 {
-			kids = append(slices.Clip(n.children), n.phases...)
+		Layers: make([]record.ServerLayer, 0, len(all)), Summary: summary}
+	var flatten func(n *node, depth int)
+	flatten = func(n *node, depth int) {
+		kids := n.kids()
+		if fold {
+			kids = n.unfolded(kids, srv.TotalNs, named)
 		}
+		srv.Layers = append(srv.Layers, record.ServerLayer{Name: n.name, Stage: n.stage, DurationNs: n.end - n.start,
+			SelfNs: n.self, OffsetNs: n.start - top.start, Depth: depth})
 		if len(kids) > 1 {
 			slices.SortStableFunc(kids, func(a, b *node) int {
 				if a.start != b.start {
@@ -154,12 +173,41 @@ func analyze(root *tracepb.Span, spans []*tracepb.Span) record.Server {
 			})
 		}
 		for _, k := range kids {
-			flatten(k)
+			flatten(k, depth+1)
 		}
 	}
-	flatten(top)
-	srv.Summary = summarize(srv.TotalNs, all)
+	flatten(top, 0)
 	return srv
+}
+
+// kids are a node's layers one level down: its children and its phases.
+func (n *node) kids() []*node {
+	if len(n.phases) == 0 {
+		return n.children
+	}
+	return append(slices.Clip(n.children), n.phases...)
+}
+
+// unfolded returns the kids of n a record keeps (see analyzeFolding): a
+// folded kid's self time goes to n, and its own kids take its place.
+// named are the summary's groups.
+func (n *node) unfolded(kids []*node, total int64, named map[string]bool) []*node {
+	var out []*node
+	var visit func(k *node)
+	visit = func(k *node) {
+		if k.stage == n.stage && k.self*100 < total*foldPercent && (k.group == n.group || !named[k.group]) {
+			n.self += k.self
+			for _, c := range k.kids() {
+				visit(c)
+			}
+			return
+		}
+		out = append(out, k)
+	}
+	for _, k := range kids {
+		visit(k)
+	}
+	return out
 }
 
 // attributeTime gives each elementary interval between two span or phase
@@ -375,8 +423,9 @@ func phasesOf(n *node, seq *int) []*node {
 }
 
 // summarize is one sentence: the total, then the three biggest self
-// times, grouped (every etcd call is "etcd").
-func summarize(total int64, all []*node) string {
+// times, grouped (every etcd call is "etcd"); named are the groups it
+// names.
+func summarize(total int64, all []*node) (summary string, named map[string]bool) {
 	type item struct {
 		group string
 		ns    int64
@@ -398,17 +447,19 @@ func summarize(total int64, all []*node) string {
 	}
 	sort.SliceStable(items, func(i, j int) bool { return items[i].ns > items[j].ns })
 	var parts []string
+	named = map[string]bool{}
 	for i, it := range items {
 		// The top three, and never one too small to matter (under 1%).
 		if i == 3 || (i > 0 && it.ns*100 < total) {
 			break
 		}
 		parts = append(parts, FormatDuration(it.ns)+" in "+it.group)
+		named[it.group] = true
 	}
 	if len(parts) == 0 {
-		return FormatDuration(total) + " in the apiserver"
+		return FormatDuration(total) + " in the apiserver", named
 	}
-	return FormatDuration(total) + ": " + strings.Join(parts, ", ")
+	return FormatDuration(total) + ": " + strings.Join(parts, ", "), named
 }
 
 // FormatDuration writes a duration with two or three significant digits

@@ -80,7 +80,7 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		req.User, req.Caller = u, u
 		// The front-proxy authenticator consumes its headers.
 		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
-		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy), credentialKind(req.HTTP), describeUser(u)))
+		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy, passedChild(children)), credentialKind(req.HTTP), describeUser(u)))
 		res.Children = children
 		return res
 	}
@@ -137,6 +137,21 @@ func describeUser(u user.Info) string {
 	return s
 }
 
+// notAskedChild explains the child of a member a chain did not ask: one
+// before it decided (its own child says so).
+const notAskedChild = "not asked"
+
+// passedChild names the first child that passed (the authenticator that
+// accepted the request, the authorizer that allowed it), or "".
+func passedChild(children []record.StageResult) string {
+	for _, c := range children {
+		if c.Outcome == record.Pass {
+			return c.Name
+		}
+	}
+	return ""
+}
+
 // notAsked completes the per-authenticator results with the members the
 // union did not ask, because an earlier one accepted the request.
 func (a *authentication) notAsked(results []record.StageResult) []record.StageResult {
@@ -146,7 +161,7 @@ func (a *authentication) notAsked(results []record.StageResult) []record.StageRe
 	}
 	for _, m := range a.m.authnMembers {
 		if !asked[m.name] {
-			results = append(results, record.StageResult{Name: m.name, Outcome: record.Skip, Explanation: "not asked: an earlier authenticator decided"})
+			results = append(results, record.StageResult{Name: m.name, Outcome: record.Skip, Explanation: notAskedChild})
 		}
 	}
 	return results

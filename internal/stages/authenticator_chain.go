@@ -111,6 +111,10 @@ type authnChildren struct {
 	results []record.StageResult
 }
 
+// authnAccepted is the child of the authenticator that accepted the
+// request: the stage's explanation names the identity.
+const authnAccepted = "accepted"
+
 // tracedAuthenticator runs one member in its own span and records what it
 // said.
 type tracedAuthenticator struct{ m authenticatorMember }
@@ -122,16 +126,25 @@ func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticato
 	}
 	ctx, span := ch.tracer.Start(r.Context(), "authenticator "+t.m.name)
 	resp, ok, err := t.m.authn.AuthenticateRequest(r.WithContext(ctx))
+	// The record's child is short where the stage says the rest: the
+	// stage names the identity an authenticator accepted. The span keeps
+	// the whole sentence.
 	res := record.StageResult{Name: t.m.name}
+	spanExplanation := ""
 	switch {
 	case ok && err == nil:
-		res.Outcome, res.Explanation = record.Pass, "accepted: "+describeUser(resp.User)
+		res.Outcome, res.Explanation = record.Pass, authnAccepted
+		spanExplanation = "accepted: " + describeUser(resp.User)
 	case err != nil:
 		res.Outcome, res.Explanation = record.Reject, "rejected: "+err.Error()
 	default:
-		res.Outcome, res.Explanation = record.Skip, "no opinion: the request carries no credential it reads"
+		res.Outcome, res.Explanation = record.Skip, "no credential it reads"
+		spanExplanation = "no opinion: the request carries no credential it reads"
 	}
-	span.SetAttributes(attribute.String("kproxy.authenticator.outcome", res.Outcome), attribute.String("kproxy.authenticator.explanation", res.Explanation))
+	if spanExplanation == "" {
+		spanExplanation = res.Explanation
+	}
+	span.SetAttributes(attribute.String("kproxy.authenticator.outcome", res.Outcome), attribute.String("kproxy.authenticator.explanation", spanExplanation))
 	span.End()
 	ch.results = append(ch.results, res)
 	return resp, ok, err

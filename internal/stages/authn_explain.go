@@ -21,8 +21,9 @@ import (
 // claims, a bootstrap token's id); a secret never enters an explanation.
 
 // acceptedBy names the authenticator that accepted u, from what the
-// authenticators leave in the identity.
-func acceptedBy(u user.Info, r *http.Request, requestHeader bool) string {
+// authenticators leave in the identity and, for opaque tokens, from the
+// member of the chain that accepted it ("" when not known).
+func acceptedBy(u user.Info, r *http.Request, requestHeader bool, member string) string {
 	if u == nil {
 		return "no authenticator"
 	}
@@ -49,6 +50,12 @@ func acceptedBy(u user.Info, r *http.Request, requestHeader bool) string {
 		return "a JWT authenticator (--authentication-config / --oidc-*)"
 	case certificateOnly(r):
 		return "the x509 client-certificate authenticator (--client-ca-file)"
+	}
+	switch member {
+	case "token-file":
+		return "a token authenticator (--token-auth-file)"
+	case "token-webhook":
+		return "a token authenticator (the token webhook)"
 	}
 	return "a token authenticator (--token-auth-file, or the token webhook)"
 }

@@ -3,7 +3,9 @@ package stages
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
@@ -64,8 +66,20 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	ctx = context.WithValue(ctx, childrenKey{}, &children)
 	out := a.f.run(readOnlyRequestFor(context.WithValue(ctx, authzTraceKey{}, tr), req, req.User))
 	if out.passed {
-		return withChildren(children, Pass(fmt.Sprintf("allowed for %s: %s%s", describeUser(req.User), firstNonEmpty(tr.reason, "an authorizer allowed it"),
-			rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs))))
+		// The identity is the record's request.user and groups, unless
+		// the request impersonates: then it is said here.
+		who := ""
+		if impersonates(req) {
+			who = " for " + describeUser(req.User)
+		}
+		why := ": " + tr.reason
+		if tr.reason == "" {
+			why = ": an authorizer allowed it"
+			if m := passedChild(children); m != "" {
+				why = " by " + m
+			}
+		}
+		return withChildren(children, Pass("allowed"+who+why+rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs)))
 	}
 	st := out.status()
 	why := firstNonEmpty(tr.reason, "no authorizer in the chain allowed it")
@@ -74,6 +88,16 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	}
 	return withChildren(children, Reject(st, fmt.Sprintf("denied for %s: %s%s", describeUser(req.User), why,
 		rbacExplainer{a.m.state}.explainDeny(req.User, tr.attrs))))
+}
+
+// impersonates reports a request that runs as another identity than its
+// authenticated caller's.
+func impersonates(req *Request) bool {
+	if req.Caller == nil || req.User == nil {
+		return false
+	}
+	return req.Caller.GetName() != req.User.GetName() || req.Caller.GetUID() != req.User.GetUID() ||
+		!slices.Equal(req.Caller.GetGroups(), req.User.GetGroups()) || !maps.EqualFunc(req.Caller.GetExtra(), req.User.GetExtra(), slices.Equal)
 }
 
 // withChildren attaches each authorizer's verdict to the stage's result.

@@ -46,6 +46,13 @@ func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes
 	var errs []error
 	var reasons []string
 	children, _ := ctx.Value(childrenKey{}).(*[]record.StageResult)
+	// verdicts are this call's children without their reasons: when no
+	// member decides, the stage's explanation gives every reason.
+	var verdicts []string
+	first := 0
+	if children != nil {
+		first = len(*children)
+	}
 	for i, m := range c.members {
 		mctx, span := c.tracer.Start(ctx, "authorizer "+m.name, trace.WithAttributes(attribute.String("kproxy.authorizer.type", m.kind)))
 		d, reason, err := m.authz.Authorize(mctx, a)
@@ -53,6 +60,11 @@ func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes
 		span.SetAttributes(attribute.String("kproxy.authorizer.decision", verdict), attribute.String("kproxy.authorizer.reason", reason))
 		span.End()
 		if children != nil {
+			// The deciding member's reason is the stage's explanation
+			// (and every member's reason is in its span): its child
+			// says the verdict. A member without an opinion keeps its
+			// reason, unless none decides (then the stage gives them
+			// all).
 			res := record.StageResult{Name: m.name, Outcome: record.Pass, Explanation: verdict}
 			switch d {
 			case authorizer.DecisionDeny:
@@ -60,16 +72,17 @@ func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes
 			case authorizer.DecisionNoOpinion:
 				res.Outcome = record.Skip
 			}
-			if reason != "" {
-				res.Explanation += ": " + reason
-			}
 			if err != nil {
 				res.Explanation += fmt.Sprintf(" (error: %v)", err)
+			}
+			verdicts = append(verdicts, res.Explanation)
+			if reason != "" && d == authorizer.DecisionNoOpinion {
+				res.Explanation = verdict + ": " + reason + strings.TrimPrefix(res.Explanation, verdict)
 			}
 			*children = append(*children, res)
 			if d != authorizer.DecisionNoOpinion {
 				for _, rest := range c.members[i+1:] {
-					*children = append(*children, record.StageResult{Name: rest.name, Outcome: record.Skip, Explanation: "not asked: " + m.name + " decided"})
+					*children = append(*children, record.StageResult{Name: rest.name, Outcome: record.Skip, Explanation: notAskedChild})
 				}
 			}
 		}
@@ -84,6 +97,11 @@ func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes
 		}
 		if d == authorizer.DecisionAllow || d == authorizer.DecisionDeny {
 			return d, reason, err
+		}
+	}
+	if children != nil {
+		for j, v := range verdicts {
+			(*children)[first+j].Explanation = v
 		}
 	}
 	return authorizer.DecisionNoOpinion, strings.Join(reasons, "\n"), utilerrors.Flatten(utilerrors.NewAggregate(errs))

@@ -83,18 +83,20 @@ func (f *flowControl) Run(ctx context.Context, req *Request) Result {
 		return Unknown("API Priority and Fairness did not classify the request")
 	}
 	req.FlowSchema, req.PriorityLevel = fs.Name, pl.Name
-	what := fmt.Sprintf("FlowSchema %q (matching precedence %d) is the first to match %s", fs.Name, fs.Spec.MatchingPrecedence, describeUser(req.User))
+	// The user is the record's (request.user, or actingAs when the
+	// request impersonates): the matched rule names the subject that fits.
+	what := fmt.Sprintf("FlowSchema %q (precedence %d) matches first", fs.Name, fs.Spec.MatchingPrecedence)
 	if rule := matchedRule(fs, req.User, req.Info); rule != "" {
 		what += " (" + rule + ")"
 	}
-	what += fmt.Sprintf("; it sends the request to PriorityLevel %q", pl.Name)
+	what += fmt.Sprintf(": PriorityLevel %q", pl.Name)
 	if distinguisher != "" {
-		what += fmt.Sprintf(" in flow %q", distinguisher)
+		what += fmt.Sprintf(", flow %q", distinguisher)
 	}
 	if pl.Spec.Type == flowcontrolv1.PriorityLevelEnablementExempt {
-		return Pass(what + ", which is exempt: never queued or rejected")
+		return Pass(what + ", exempt: never queued or rejected")
 	}
-	return Pass(what + "; whether it would queue or be rejected (429) depends on the apiserver's load at that instant, which kproxy does not predict")
+	return Pass(what + "; whether it queues or is rejected (429) depends on the apiserver's load at that instant, not predicted")
 }
 
 func describeVerb(req *Request) string {

@@ -49,7 +49,7 @@ func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool
 		}
 	}
 	plugins := len(children)
-	children = summarizeUnchanged(children)
+	children, folded := summarizeUnchanged(children)
 	start, end, reached := run.PhaseTimes(phase)
 	var res Result
 	switch {
@@ -66,14 +66,26 @@ func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool
 		}
 		res = Reject(run.Status, msg)
 	default:
-		msg := fmt.Sprintf("%d plugins admitted the request", plugins)
-		if len(changed) > 0 {
-			msg += "; changed by " + strings.Join(changed, ", ")
-		}
+		var msg string
+		msg, children = admitted(plugins, changed, children, folded)
 		res = Pass(msg)
 	}
 	res.Children, res.Spans, res.Began, res.Ended = children, spans, start, end
 	return res
+}
+
+// admitted explains a phase whose plugins all admitted the request, and
+// returns the children worth keeping: when every plugin was folded into
+// one child (summarizeUnchanged), the explanation says what it would.
+func admitted(plugins int, changed []string, children []record.StageResult, folded int) (string, []record.StageResult) {
+	if folded == plugins && plugins > 1 {
+		return fmt.Sprintf("%d plugins admitted the request without change, each in under %s", plugins, slowPlugin), nil
+	}
+	msg := fmt.Sprintf("%d plugins admitted the request", plugins)
+	if len(changed) > 0 {
+		msg += "; changed by " + strings.Join(changed, ", ")
+	}
+	return msg, children
 }
 
 // notReached explains a write-path stage the run never got to.
@@ -92,30 +104,32 @@ const slowPlugin = time.Millisecond
 
 // summarizeUnchanged keeps the plugins that explain the verdict or the
 // time (those that refused, changed the object, or took a millisecond or
-// more) and folds the rest into one child naming them: a record keeps
-// what explains it, and every plugin still has its own span in the trace.
-func summarizeUnchanged(children []record.StageResult) []record.StageResult {
+// more) and folds the rest into one child that counts them (it does not
+// name them: they are the apiserver's enabled plugins, the same in every
+// record, and each still has its own span in the trace). folded is how
+// many were folded; with fewer than two the children are kept as they are
+// (folded is 0).
+func summarizeUnchanged(children []record.StageResult) (_ []record.StageResult, folded int) {
 	var kept []record.StageResult
-	var names []string
-	var folded record.StageResult
+	var summary record.StageResult
 	for _, ch := range children {
 		if ch.Outcome != record.Pass || ch.Explanation != admittedUnchanged || ch.DurationNs >= slowPlugin.Nanoseconds() {
 			kept = append(kept, ch)
 			continue
 		}
-		if len(names) == 0 {
-			folded.OffsetNs = ch.OffsetNs
+		if folded == 0 {
+			summary.OffsetNs = ch.OffsetNs
 		}
-		names = append(names, ch.Name)
-		folded.DurationNs += ch.DurationNs
+		folded++
+		summary.DurationNs += ch.DurationNs
 	}
-	if len(names) < 2 {
-		return children
+	if folded < 2 {
+		return children, 0
 	}
-	folded.Name = fmt.Sprintf("%d more plugins", len(names))
-	folded.Outcome = record.Pass
-	folded.Explanation = "admitted without change, each in under " + slowPlugin.String() + ": " + strings.Join(names, ", ")
-	return append(kept, folded)
+	summary.Name = fmt.Sprintf("%d more plugins", folded)
+	summary.Outcome = record.Pass
+	summary.Explanation = "admitted without change, each in under " + slowPlugin.String()
+	return append(kept, summary), folded
 }
 
 // childFor is a plugin call as a stage child.

@@ -80,7 +80,7 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *apiserv
 	case w.EncryptionError() != nil:
 		what += "; encryption at rest not applied: " + w.EncryptionError().Error()
 	case st.m.opts.EncryptionProviderConfig == "":
-		what += "; not encrypted (kproxy was not given an --encryption-provider-config; an apiserver without one stores values as they are)"
+		what += "; not encrypted (no --encryption-provider-config: values are stored as they are)"
 	}
 	unsized := w.EncryptionError() != nil && txn > limit-encryptionSlack
 	if run.DryRun {

@@ -1,0 +1,142 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/otel/trace/noop"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestAuthorizerChainChildren checks what each authorizer's child says: the
+// verdict, with a member's reason only where the stage's explanation does
+// not give it (the stage gives the deciding member's reason, or every
+// reason when none decides).
+func TestAuthorizerChainChildren(t *testing.T) {
+	member := func(name string, d authorizer.Decision, reason string, err error) chainMember {
+		return chainMember{name: name, kind: "Test", authz: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+			return d, reason, err
+		})}
+	}
+	type child struct{ Name, Outcome, Explanation string }
+	for _, tc := range []struct {
+		name       string
+		members    []chainMember
+		decision   authorizer.Decision
+		reason     string
+		want       []child
+		wantErrors bool
+	}{
+		{"the first allows", []chainMember{member("masters", authorizer.DecisionAllow, "", nil), member("node", authorizer.DecisionNoOpinion, "", nil), member("rbac", authorizer.DecisionAllow, "", nil)},
+			authorizer.DecisionAllow, "", []child{{"masters", record.Pass, "allow"}, {"node", record.Skip, "not asked"}, {"rbac", record.Skip, "not asked"}}, false},
+		{"a later one allows, with a reason", []chainMember{member("node", authorizer.DecisionNoOpinion, "node: not a node", nil), member("rbac", authorizer.DecisionAllow, `RBAC: allowed by RoleBinding "x/ns"`, nil), member("webhook", authorizer.DecisionAllow, "", nil)},
+			authorizer.DecisionAllow, `RBAC: allowed by RoleBinding "x/ns"`,
+			[]child{{"node", record.Skip, "no opinion: node: not a node"}, {"rbac", record.Pass, "allow"}, {"webhook", record.Skip, "not asked"}}, false},
+		{"a deny with an error", []chainMember{member("webhook", authorizer.DecisionDeny, "webhook: no", errors.New("boom"))},
+			authorizer.DecisionDeny, "webhook: no", []child{{"webhook", record.Reject, "deny (error: boom)"}}, true},
+		{"no opinion from any: the stage gives every reason", []chainMember{member("node", authorizer.DecisionNoOpinion, "node: not a node", nil), member("rbac", authorizer.DecisionNoOpinion, "RBAC: no rule", errors.New("lister down"))},
+			authorizer.DecisionNoOpinion, "node: not a node\nRBAC: no rule",
+			[]child{{"node", record.Skip, "no opinion"}, {"rbac", record.Skip, "no opinion (error: lister down)"}}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &authorizerChain{members: tc.members, tracer: noop.NewTracerProvider().Tracer("test")}
+			// A child of an earlier call (the impersonation check) stays.
+			children := []record.StageResult{{Name: "earlier", Explanation: "no opinion: kept"}}
+			ctx := context.WithValue(context.Background(), childrenKey{}, &children)
+			d, reason, err := c.Authorize(ctx, authorizer.AttributesRecord{User: &user.DefaultInfo{Name: "u"}, Verb: "get"})
+			if d != tc.decision || reason != tc.reason || (err != nil) != tc.wantErrors {
+				t.Errorf("decision %v %q %v, want %v %q (error: %v)", d, reason, err, tc.decision, tc.reason, tc.wantErrors)
+			}
+			if children[0].Explanation != "no opinion: kept" {
+				t.Errorf("an earlier child changed: %+v", children[0])
+			}
+			var got []child
+			for _, ch := range children[1:] {
+				got = append(got, child{ch.Name, ch.Outcome, ch.Explanation})
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("children (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestAuthenticatorChildren checks each authenticator's child: the one
+// that accepted says so (the stage names the identity), the others why
+// they had nothing to say; a rejection keeps its error.
+func TestAuthenticatorChildren(t *testing.T) {
+	authn := func(ok bool, err error) authenticator.Request {
+		return authenticator.RequestFunc(func(*http.Request) (*authenticator.Response, bool, error) {
+			if !ok {
+				return nil, false, err
+			}
+			return &authenticator.Response{User: &user.DefaultInfo{Name: "alice", Groups: []string{"devs"}}}, true, nil
+		})
+	}
+	ch := &authnChildren{tracer: noop.NewTracerProvider().Tracer("test")}
+	r := httptest.NewRequest("GET", "/api", nil)
+	r = r.WithContext(context.WithValue(r.Context(), authnChildrenKey{}, ch))
+	for _, m := range []authenticatorMember{{"x509", authn(false, nil)}, {"token-webhook", authn(false, errors.New("unknown token"))}, {"token-file", authn(true, nil)}} {
+		_, _, _ = tracedAuthenticator{m}.AuthenticateRequest(r)
+	}
+	want := []record.StageResult{
+		{Name: "x509", Outcome: record.Skip, Explanation: "no credential it reads"},
+		{Name: "token-webhook", Outcome: record.Reject, Explanation: "rejected: unknown token"},
+		{Name: "token-file", Outcome: record.Pass, Explanation: "accepted"},
+	}
+	if d := cmp.Diff(want, ch.results); d != "" {
+		t.Errorf("children (-want +got):\n%s", d)
+	}
+	if got := passedChild(ch.results); got != "token-file" {
+		t.Errorf("passedChild: %q", got)
+	}
+}
+
+// TestAcceptedBy checks that the stage names the token authenticator that
+// accepted an opaque token when the chain says which.
+func TestAcceptedBy(t *testing.T) {
+	r := httptest.NewRequest("GET", "/api", nil)
+	r.Header.Set("Authorization", "Bearer opaque")
+	u := &user.DefaultInfo{Name: "alice"}
+	for member, want := range map[string]string{
+		"token-file":    "a token authenticator (--token-auth-file)",
+		"token-webhook": "a token authenticator (the token webhook)",
+		"":              "a token authenticator (--token-auth-file, or the token webhook)",
+	} {
+		if got := acceptedBy(u, r, false, member); got != want {
+			t.Errorf("member %q: %q, want %q", member, got, want)
+		}
+	}
+	if got := acceptedBy(&user.DefaultInfo{Name: user.Anonymous}, r, false, "anonymous"); !strings.HasPrefix(got, "the anonymous authenticator") {
+		t.Errorf("anonymous: %q", got)
+	}
+}
+
+func TestImpersonates(t *testing.T) {
+	alice := &user.DefaultInfo{Name: "alice", Groups: []string{"devs", "system:authenticated"}}
+	for _, tc := range []struct {
+		name         string
+		caller, user user.Info
+		want         bool
+	}{
+		{"the caller itself", alice, alice, false},
+		{"an equal copy", alice, &user.DefaultInfo{Name: "alice", Groups: []string{"devs", "system:authenticated"}}, false},
+		{"another user", alice, &user.DefaultInfo{Name: "bob"}, true},
+		{"other groups", alice, &user.DefaultInfo{Name: "alice", Groups: []string{"admins"}}, true},
+		{"extras", alice, &user.DefaultInfo{Name: "alice", Groups: alice.Groups, Extra: map[string][]string{"scope": {"x"}}}, true},
+		{"no caller (a test case's identity)", nil, alice, false},
+	} {
+		if got := impersonates(&Request{Caller: tc.caller, User: tc.user}); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
