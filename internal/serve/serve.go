@@ -243,6 +243,9 @@ func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, opts 
 		if state, err = apiserver.NewClusterState(cfg); err != nil {
 			return nil, err
 		}
+		if opts != nil {
+			state.SetReplayReadQPS(opts.ReplayAPIServerQPS)
+		}
 	}
 	pipeline := stages.New(ctx, stages.Config{TracerProvider: tp, APIServer: opts, State: state, Log: log})
 	if state == nil {

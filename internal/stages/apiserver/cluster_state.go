@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
 )
 
 // ClusterState is the replay's read-only view of the cluster: shared
@@ -22,6 +23,10 @@ type ClusterState struct {
 	Config    *rest.Config
 	Client    kubernetes.Interface
 	Informers informers.SharedInformerFactory
+	// reads sheds a write replay's reads through the apiserver past
+	// readQPS (SetReplayReadQPS).
+	reads   flowcontrol.RateLimiter
+	readQPS float64
 	// extra are narrower factories (bootstrap-token secrets in
 	// kube-system), started and synced with Informers.
 	extra  []informers.SharedInformerFactory
@@ -39,7 +44,30 @@ func NewClusterState(cfg *rest.Config) (*ClusterState, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replay client: %w", err)
 	}
-	return &ClusterState{Config: cfg, Client: cs, Informers: informers.NewSharedInformerFactory(cs, 0)}, nil
+	st := &ClusterState{Config: cfg, Client: cs, Informers: informers.NewSharedInformerFactory(cs, 0)}
+	st.SetReplayReadQPS(DefaultReplayAPIServerQPS)
+	return st, nil
+}
+
+// SetReplayReadQPS bounds the reads a write's replay makes through the
+// apiserver (the object before the write, an older revision of it): past
+// qps (bursts of twice that), a read is shed and the prediction says
+// unknown, rather than multiply the load on a struggling apiserver. The
+// informers are not counted: they list once and then watch.
+func (s *ClusterState) SetReplayReadQPS(qps float64) {
+	if qps <= 0 {
+		qps = DefaultReplayAPIServerQPS
+	}
+	s.readQPS = qps
+	s.reads = flowcontrol.NewTokenBucketRateLimiter(float32(qps), int(2*qps))
+}
+
+// admitRead takes a token for one replay read, or says why it is shed.
+func (s *ClusterState) admitRead() error {
+	if s.reads == nil || s.reads.TryAccept() {
+		return nil
+	}
+	return fmt.Errorf("kproxy sheds its own apiserver reads past --replay-apiserver-qps=%v, so as not to load the apiserver", s.readQPS)
 }
 
 // Start runs the informers and waits, at most timeout, for their caches.

@@ -61,6 +61,9 @@ type Options struct {
 	// ReplayEtcdQPS (kproxy's own) bounds the replay's reads of etcd: past
 	// it, reads are shed (predictions unknown) rather than load etcd.
 	ReplayEtcdQPS float64
+	// ReplayAPIServerQPS (kproxy's own) bounds a write replay's reads
+	// through the apiserver alike.
+	ReplayAPIServerQPS float64
 
 	authnFlags, authzFlags, writeFlags, replayFlags *pflag.FlagSet
 	fs                                              *pflag.FlagSet
@@ -71,6 +74,11 @@ const DefaultEtcdMaxRequestBytes = 1572864
 
 // DefaultReplayEtcdQPS bounds the replay's etcd reads by default.
 const DefaultReplayEtcdQPS = 200
+
+// DefaultReplayAPIServerQPS bounds a write replay's reads through the
+// apiserver by default (client-go's own default rate is 5; a kubectl
+// session writes a few a second).
+const DefaultReplayAPIServerQPS = 50
 
 // NewOptions returns the options with kube-apiserver's defaults.
 func NewOptions() *Options {
@@ -86,6 +94,7 @@ func NewOptions() *Options {
 		EtcdPrefix:                  "/registry",
 		EtcdMaxRequestBytes:         DefaultEtcdMaxRequestBytes,
 		ReplayEtcdQPS:               DefaultReplayEtcdQPS,
+		ReplayAPIServerQPS:          DefaultReplayAPIServerQPS,
 		Kubelet:                     defaultKubeletConfig(),
 	}
 }
@@ -130,6 +139,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 func (o *Options) AddReplayFlags(fs *pflag.FlagSet) {
 	o.replayFlags = pflag.NewFlagSet("replay", pflag.ContinueOnError)
 	o.replayFlags.Float64Var(&o.ReplayEtcdQPS, "replay-etcd-qps", o.ReplayEtcdQPS, "the most etcd reads per second the replay makes (bursts of twice that); past it, the storage stage sheds reads and says unknown rather than load etcd")
+	o.replayFlags.Float64Var(&o.ReplayAPIServerQPS, "replay-apiserver-qps", o.ReplayAPIServerQPS, "the most reads per second a write's replay makes through the apiserver (bursts of twice that); past it, the replay sheds the read and says unknown rather than load the apiserver")
 	o.replayFlags.IntVar(&o.EtcdMaxRequestBytes, "etcd-max-request-bytes", o.EtcdMaxRequestBytes, "etcd's own --max-request-bytes (not a kube-apiserver flag): the largest value etcd stores, for the size check")
 	fs.AddFlagSet(o.replayFlags)
 }
@@ -165,6 +175,9 @@ func (o *Options) Complete() error {
 	errs = append(errs, o.Admission.Validate()...)
 	if o.ReplayEtcdQPS <= 0 {
 		errs = append(errs, fmt.Errorf("--replay-etcd-qps=%v: give a positive rate (default %d)", o.ReplayEtcdQPS, DefaultReplayEtcdQPS))
+	}
+	if o.ReplayAPIServerQPS <= 0 {
+		errs = append(errs, fmt.Errorf("--replay-apiserver-qps=%v: give a positive rate (default %d)", o.ReplayAPIServerQPS, DefaultReplayAPIServerQPS))
 	}
 	if o.EtcdMaxRequestBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--etcd-max-request-bytes=%d: etcd's limit is a positive number of bytes (etcd's default is %d)", o.EtcdMaxRequestBytes, DefaultEtcdMaxRequestBytes))

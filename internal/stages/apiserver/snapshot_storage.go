@@ -210,6 +210,10 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 			run.addRead(read)
 		}
 	}()
+	if err := s.state.admitRead(); err != nil {
+		read.Err = err
+		return err
+	}
 	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).SetHeader("Accept", "application/json").Do(ctx).Raw()
 	found := err == nil
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -273,6 +277,9 @@ func (s *snapshotStorage) getAt(ctx context.Context, ns, name, rv string) ([]byt
 	if err != nil {
 		return nil, false, err
 	}
+	if err := s.state.admitRead(); err != nil {
+		return nil, false, err
+	}
 	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).
 		Param("fieldSelector", "metadata.name="+name).Param("resourceVersion", rv).Param("resourceVersionMatch", "Exact").
 		SetHeader("Accept", "application/json").Do(ctx).Raw()
@@ -310,6 +317,9 @@ func (s *snapshotStorage) getAt(ctx context.Context, ns, name, rv string) ([]byt
 func (s *snapshotStorage) findLastExisting(ctx context.Context, ns, name string) ([]byte, string, error) {
 	p, _, _, err := s.apiPath(strings.TrimSuffix(s.prefix+"/"+ns, "/"), true)
 	if err != nil {
+		return nil, "", err
+	}
+	if err := s.state.admitRead(); err != nil {
 		return nil, "", err
 	}
 	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).Param("limit", "1").
