@@ -28,14 +28,19 @@ func (s Sinks) Write(r *Record) {
 // reader tailing the file (or a crash) never sees half a record. A write
 // that fails (a full disk) is taken back: the partial line is truncated
 // away, the record is dropped and counted, the failure is logged once,
-// and the next write that succeeds logs how many were lost. The sink
-// never gives up: it writes again as soon as the disk does.
+// and the next write that succeeds logs how many were lost. Should the
+// truncation fail too (a full copy-on-write filesystem can refuse even
+// that), records are dropped until it succeeds: none is ever appended to
+// a partial line. The sink never gives up: it writes again as soon as the
+// disk does.
 type FileSink struct {
 	mu      sync.Mutex
 	f       captureFile
 	path    string
 	log     *slog.Logger
 	failing bool
+	partial int    // bytes of a partial line still to take back
+	stuck   bool   // a partial line could not be taken back (logged once)
 	lost    uint64 // records dropped since the failure began
 	total   uint64 // records dropped since the sink opened
 }
@@ -76,18 +81,23 @@ func (s *FileSink) Write(r *Record) {
 	b = append(b, '\n')
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.partial > 0 && s.takeBack() != nil {
+		// Appended now, the record would continue the partial line.
+		s.drop(nil)
+		return
+	}
 	n, err := s.f.Write(b)
 	if err != nil {
-		s.takeBack(n)
-		s.lost++
-		s.total++
-		if !s.failing {
-			s.failing = true
-			s.log.Error("capture write failed: records are dropped (and counted) until a write succeeds again",
-				"file", s.path, "error", err)
+		s.partial = n
+		s.drop(err)
+		if err := s.takeBack(); err != nil && !s.stuck {
+			s.stuck = true
+			s.log.Error("capture: cannot remove a partial line yet; records are dropped until it is removed",
+				"file", s.path, "bytes", s.partial, "error", err)
 		}
 		return
 	}
+	s.stuck = false
 	if s.failing {
 		s.failing = false
 		s.log.Warn("capture writing again", "file", s.path, "recordsLost", s.lost)
@@ -95,18 +105,37 @@ func (s *FileSink) Write(r *Record) {
 	}
 }
 
-// takeBack removes the n bytes a failed write left at the end of the
-// file, so no partial line remains (the file is in append mode: they are
-// its last n bytes).
-func (s *FileSink) takeBack(n int) {
-	if n <= 0 {
-		return
+// drop counts a record not written; the first of a failure is logged.
+func (s *FileSink) drop(err error) {
+	s.lost++
+	s.total++
+	if !s.failing {
+		s.failing = true
+		s.log.Error("capture write failed: records are dropped (and counted) until a write succeeds again",
+			"file", s.path, "error", err)
 	}
-	if fi, err := s.f.Stat(); err == nil && fi.Size() >= int64(n) {
-		if err := s.f.Truncate(fi.Size() - int64(n)); err != nil {
-			s.log.Error("capture: cannot remove a partial line", "file", s.path, "error", err)
+}
+
+// takeBack removes the s.partial bytes a failed write left at the end
+// of the file (in append mode: they are its last bytes); nil: none
+// remain.
+func (s *FileSink) takeBack() error {
+	if s.partial <= 0 {
+		return nil
+	}
+	fi, err := s.f.Stat()
+	if err != nil {
+		return err
+	}
+	// Shorter than the partial line: it was cut away already (the file
+	// was truncated, or rotated by copy and truncate).
+	if size := fi.Size() - int64(s.partial); size >= 0 {
+		if err := s.f.Truncate(size); err != nil {
+			return err
 		}
 	}
+	s.partial = 0
+	return nil
 }
 
 // Lost reports how many records were dropped since the sink opened.
@@ -116,10 +145,13 @@ func (s *FileSink) Lost() uint64 {
 	return s.total
 }
 
-// Close closes the file.
+// Close closes the file, with a last try at removing a partial line.
 func (s *FileSink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.takeBack(); err != nil {
+		s.log.Error("capture: a partial line remains at the end of the file", "file", s.path, "bytes", s.partial, "error", err)
+	}
 	return s.f.Close()
 }
 

@@ -79,7 +79,8 @@ func TestStreamDropsForSlowSubscriber(t *testing.T) {
 // write what fits and fail, as a real ENOSPC does.
 type fullDisk struct {
 	bytes.Buffer
-	room int
+	room     int
+	truncErr error // Truncate fails with it, when set
 }
 
 func (d *fullDisk) Write(b []byte) (int, error) {
@@ -91,8 +92,14 @@ func (d *fullDisk) Write(b []byte) (int, error) {
 	return n, syscall.ENOSPC
 }
 func (d *fullDisk) Stat() (os.FileInfo, error) { return sizeInfo(d.Len()), nil }
-func (d *fullDisk) Truncate(n int64) error     { d.Buffer.Truncate(int(n)); return nil }
-func (d *fullDisk) Close() error               { return nil }
+func (d *fullDisk) Truncate(n int64) error {
+	if d.truncErr != nil {
+		return d.truncErr
+	}
+	d.Buffer.Truncate(int(n))
+	return nil
+}
+func (d *fullDisk) Close() error { return nil }
 
 type sizeInfo int
 
@@ -135,5 +142,73 @@ func TestFileSinkFullDisk(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "capture writing again") || !strings.Contains(logs.String(), fmt.Sprintf("recordsLost=%d", 10-written)) {
 		t.Errorf("the recovery is not logged with the count:\n%s", logs.String())
+	}
+}
+
+// wholeLines fails unless every line of the disk is a whole record, and
+// returns their IDs.
+func wholeLines(t *testing.T, d *fullDisk) []string {
+	t.Helper()
+	if d.Len() > 0 && !strings.HasSuffix(d.String(), "\n") {
+		t.Fatalf("the file ends in a partial line:\n%s", d.String())
+	}
+	var ids []string
+	for _, l := range strings.Split(strings.TrimSuffix(d.String(), "\n"), "\n") {
+		if l == "" {
+			continue
+		}
+		var r Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("not a whole record: %q (%v)", l, err)
+		}
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+// TestFileSinkTruncateFails: when even the take-back fails (a full
+// copy-on-write filesystem), no record is appended to the partial line:
+// they are dropped (and counted) until it is removed, which is said once.
+func TestFileSinkTruncateFails(t *testing.T) {
+	var logs bytes.Buffer
+	one, _ := json.Marshal(&Record{ID: "r0"})
+	disk := &fullDisk{room: 2*(len(one)+1) + len(one)/2, truncErr: syscall.ENOSPC}
+	s := newFileSink(disk, "c.jsonl", slog.New(slog.NewTextHandler(&logs, nil)))
+	for i := 0; i < 6; i++ {
+		s.Write(&Record{ID: fmt.Sprint("r", i)})
+	}
+	if s.Lost() != 4 {
+		t.Errorf("%d lost, want 4", s.Lost())
+	}
+	disk.room = 1 << 20 // space returns, but the filesystem still refuses to shrink the file
+	s.Write(&Record{ID: "stuck"})
+	if strings.Contains(disk.String(), `"stuck"`) {
+		t.Fatalf("a record was appended to a partial line:\n%s", disk.String())
+	}
+	disk.truncErr = nil // and now it does not
+	s.Write(&Record{ID: "after"})
+	if ids := wholeLines(t, disk); strings.Join(ids, ",") != "r0,r1,after" {
+		t.Errorf("records %v, want r0, r1, after", ids)
+	}
+	for msg, n := range map[string]int{"capture write failed": 1, "cannot remove a partial line": 1, "capture writing again": 1, "recordsLost=5": 1} {
+		if got := strings.Count(logs.String(), msg); got != n {
+			t.Errorf("%q logged %d times, want %d:\n%s", msg, got, n, logs.String())
+		}
+	}
+}
+
+// TestFileSinkPartialCutAway: a partial line that something else cut
+// away (the file truncated or rotated meanwhile) does not stop the sink.
+func TestFileSinkPartialCutAway(t *testing.T) {
+	one, _ := json.Marshal(&Record{ID: "r0"})
+	disk := &fullDisk{room: len(one) + 1 + len(one)/2, truncErr: syscall.EIO}
+	s := newFileSink(disk, "c.jsonl", nil)
+	s.Write(&Record{ID: "r0"})
+	s.Write(&Record{ID: "r1"}) // partial, not taken back
+	disk.Reset()               // rotated by copy and truncate
+	disk.room, disk.truncErr = 1<<20, nil
+	s.Write(&Record{ID: "after"})
+	if ids := wholeLines(t, disk); strings.Join(ids, ",") != "after" {
+		t.Errorf("records %v, want after", ids)
 	}
 }
