@@ -1,9 +1,12 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"net/http"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -203,6 +206,9 @@ type idleBody struct {
 	ctl  *http.ResponseController
 	idle time.Duration
 	now  func() time.Time
+	// stalled is set when a read failed on the deadline: the request
+	// ends because of the client, which errorHandler must say.
+	stalled atomic.Bool
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
@@ -210,6 +216,9 @@ func (b *idleBody) Read(p []byte) (int, error) {
 	_ = b.ctl.SetReadDeadline(b.now().Add(b.idle))
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			b.stalled.Store(true)
+		}
 		_ = b.ctl.SetReadDeadline(time.Time{})
 	}
 	return n, err

@@ -215,6 +215,8 @@ func New(cfg Config) (*Proxy, error) {
 // hooks and the finisher.
 type exchange struct {
 	rec *record.Record
+	// idle ends a request body that stops arriving (nil: no limit).
+	idle *idleBody
 	// span is the server span. It ends once the record is complete, so
 	// that it carries what only the replay knows (the prediction, a
 	// token caller's user), at the time the response ended.
@@ -343,7 +345,8 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		if p.bodyIdle > 0 {
-			r.Body = &idleBody{ReadCloser: r.Body, ctl: http.NewResponseController(w), idle: p.bodyIdle, now: p.clock.Now}
+			ex.idle = &idleBody{ReadCloser: r.Body, ctl: http.NewResponseController(w), idle: p.bodyIdle, now: p.clock.Now}
+			r.Body = ex.idle
 		}
 		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, r.ContentLength, p.bodies, startReplay)
 		r.Body = ex.body
@@ -515,6 +518,15 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 // errorHandler answers when the upstream gave no answer at all.
 func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	ex := exchangeFrom(r.Context())
+	if ex != nil && ex.idle != nil && ex.idle.stalled.Load() {
+		// The client's body stopped arriving: the client's doing, not
+		// the apiserver's (net/http may also have canceled the context).
+		msg := fmt.Sprintf("the request body stopped arriving for %v (--request-body-idle-timeout); kproxy ended the request", p.bodyIdle)
+		ex.rec.Actual.Error = msg
+		p.perRequestLog.Warn("request body stalled: kproxy ended the request (--request-body-idle-timeout)", "path", r.URL.Path, "timeout", p.bodyIdle)
+		http.Error(w, msg, http.StatusRequestTimeout)
+		return
+	}
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		// The client went away before the upstream answered.
 		if ex != nil {
@@ -527,7 +539,8 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	if ex != nil {
 		ex.rec.Actual.Error = msg
 	}
-	p.log.Warn("upstream request failed", "error", err, "path", r.URL.Path)
+	// Once per window with a count: during an outage every request fails.
+	p.perRequestLog.Warn("upstream request failed", "error", err, "path", r.URL.Path)
 	http.Error(w, msg, http.StatusBadGateway)
 }
 
