@@ -1,6 +1,7 @@
 package record
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -61,7 +62,49 @@ func OpenFile(path string, log *slog.Logger) (*FileSink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open capture file %s: %w (check the directory exists and is writable)", path, err)
 	}
-	return newFileSink(f, path, log), nil
+	s := newFileSink(f, path, log)
+	// A previous kproxy may have stopped between a short write and its
+	// take-back (killed, or the machine lost power): the next record must
+	// not continue that partial line.
+	if n, err := cutPartialLine(f, path); err != nil {
+		s.log.Warn("capture file may end in a partial line; kproxy could not remove it", "file", path, "error", err)
+	} else if n > 0 {
+		s.log.Warn("capture file ended in a partial line (a previous writer stopped mid-record); removed it", "file", path, "bytes", n)
+	}
+	return s, nil
+}
+
+// cutPartialLine truncates a regular file back to just after its last
+// newline and reports how many bytes it removed. Pipes and devices are
+// left alone.
+func cutPartialLine(f *os.File, path string) (int64, error) {
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
+		return 0, nil
+	}
+	r, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer r.Close()
+	size := st.Size()
+	buf := make([]byte, 64<<10)
+	for end := size; end > 0; {
+		start := max(0, end-int64(len(buf)))
+		chunk := buf[:end-start]
+		if _, err := r.ReadAt(chunk, start); err != nil {
+			return 0, err
+		}
+		if i := bytes.LastIndexByte(chunk, '\n'); i >= 0 {
+			keep := start + int64(i) + 1
+			if keep == size {
+				return 0, nil
+			}
+			return size - keep, f.Truncate(keep)
+		}
+		end = start
+	}
+	return size, f.Truncate(0) // one partial line and nothing else
 }
 
 func newFileSink(f captureFile, path string, log *slog.Logger) *FileSink {
