@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -152,10 +153,14 @@ type otlpLogStore struct {
 	mu      sync.Mutex
 	records []record.Record
 	replica []string
+	raw     []byte // every export as received (the secret sweep reads it)
 }
 
 func (s *otlpLogStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
+	s.mu.Lock()
+	s.raw = append(s.raw, b...)
+	s.mu.Unlock()
 	var msg collogs.ExportLogsServiceRequest
 	if err := proto.Unmarshal(b, &msg); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -184,6 +189,13 @@ func (s *otlpLogStore) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	out, _ := proto.Marshal(&collogs.ExportLogsServiceResponse{})
 	w.Header().Set("Content-Type", "application/x-protobuf")
 	_, _ = w.Write(out)
+}
+
+// received is how many records arrived, and every export's bytes.
+func (s *otlpLogStore) received() (int, []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.records), slices.Clone(s.raw)
 }
 
 // byAuditID maps each record's audit ID to the replica its log names.

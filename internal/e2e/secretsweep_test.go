@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -21,6 +22,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kproxy/kproxy/internal/flowapi"
 	"github.com/kproxy/kproxy/internal/localcluster"
@@ -48,7 +50,12 @@ func TestSecretSweep(t *testing.T) {
 	sw := &sweep{t: t, forms: map[string][]sweepForm{}}
 	bin, manifest := kproxyBinary(t, dir)
 
-	j, err := localcluster.StartJaeger(ctx, "", "", os.Stderr)
+	// Jaeger takes the traces and, as the collector it is built on,
+	// forwards the records kproxy exports as logs to a log store.
+	logStore := &otlpLogStore{}
+	logSrv := httptest.NewServer(logStore)
+	t.Cleanup(logSrv.Close)
+	j, err := localcluster.StartJaegerForwardingLogs(ctx, "", "", os.Stderr, logSrv.URL+"/v1/logs")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +73,7 @@ func TestSecretSweep(t *testing.T) {
 	const service = "kproxy-e2e"
 	k := startKproxy(t, kproxyOptions{capture: capture, captureBodies: true, flowAPI: true, log: &kproxyLog,
 		telemetry: telemetry.Options{Endpoint: j.OTLPHTTP, Protocol: "http/protobuf", ServiceName: service},
-		set:       func(o *serve.Options) { o.Log = debugLog }})
+		set:       func(o *serve.Options) { o.Log, o.OTLPLogs = debugLog, true }})
 
 	t.Cleanup(func() { cleanupSweep(t) })
 
@@ -311,6 +318,19 @@ func TestSecretSweep(t *testing.T) {
 		t.Error("kproxy logged nothing: the log sweep would be vacuous")
 	}
 	checkSweepRecords(t, recs, sent)
+
+	// The records as OTLP logs, as the log store got them through the
+	// collector (protobuf on the wire, as it stays in a store).
+	var logBytes []byte
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		var n int
+		n, logBytes = logStore.received()
+		return n >= len(recs), nil
+	})
+	if err != nil {
+		t.Errorf("the log store got fewer records as logs than the %d captured", len(recs))
+	}
+	sw.check("records as OTLP logs (through the collector)", logBytes)
 
 	// Jaeger: every trace of the run, with all its spans.
 	traces, spans, traceIDs := jaegerServiceTraces(t, j.QueryURL, service, began, recs)
