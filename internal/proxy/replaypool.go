@@ -124,7 +124,7 @@ func (q *replayPool) submit(run func(), urgent bool) bool {
 	job := queuedReplay{run: run, at: q.clock.Now()}
 	q.mu.Lock()
 	switch {
-	case q.running < q.workers:
+	case q.running < q.limit(job.at):
 		q.running++
 		q.mu.Unlock()
 		go q.work(job)
@@ -153,8 +153,8 @@ func (q *replayPool) submit(run func(), urgent bool) bool {
 // worker leaves.
 //
 // While the pool is overloaded (it shed a replay within overloadWindow),
-// a worker rests as long as its replay ran before it takes the next: the
-// replays then use at most half of their workers' CPU time, and the rest
+// one worker replays, and it rests as long as its replay ran before it
+// takes the next: the replays then use at most half a CPU, and the rest
 // goes to forwarding (and to the apiserver, on a shared machine), which
 // is short of CPU exactly then. More replays are shed, and said unknown.
 func (q *replayPool) work(job queuedReplay) {
@@ -166,7 +166,14 @@ func (q *replayPool) work(job queuedReplay) {
 		q.m.ReplayFinished()
 		q.mu.Lock()
 		q.ran++
-		overloaded := q.n > 0 && !q.lastShed.IsZero() && q.clock.Since(q.lastShed) < overloadWindow
+		now := q.clock.Now()
+		overloaded := q.n > 0 && q.overloaded(now)
+		if q.running > q.limit(now) {
+			// Overloaded: one worker goes on, the others end.
+			q.running--
+			q.mu.Unlock()
+			return
+		}
 		q.mu.Unlock()
 		if overloaded {
 			q.rest(min(ran, maxRest))
@@ -191,6 +198,20 @@ func (q *replayPool) work(job queuedReplay) {
 		q.mu.Unlock()
 		q.m.ReplayQueued(-1)
 	}
+}
+
+// overloaded reports a shed within overloadWindow of now; q.mu is held.
+func (q *replayPool) overloaded(now time.Time) bool {
+	return !q.lastShed.IsZero() && now.Sub(q.lastShed) < overloadWindow
+}
+
+// limit is how many workers may run now: all of them, or one while the
+// pool is overloaded; q.mu is held.
+func (q *replayPool) limit(now time.Time) int {
+	if q.overloaded(now) {
+		return 1
+	}
+	return q.workers
 }
 
 func (q *replayPool) stats() replayPoolStats {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/record"
@@ -409,5 +410,46 @@ func TestReplayPoolWritesFirst(t *testing.T) {
 	done.Wait()
 	if got, want := strings.Join(order, ", "), "running, write 1, write 2, read 1, read 2, read 3"; got != want {
 		t.Errorf("ran %s; want %s", got, want)
+	}
+}
+
+// TestReplayPoolOneWorkerWhenOverloaded: after a shed, the pool starts no
+// worker beyond one until the overload window has passed, and of the
+// workers it had, one goes on.
+func TestReplayPoolOneWorkerWhenOverloaded(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	q := newReplayPool(2, 1, clk, nil)
+	q.rest = func(time.Duration) {}
+	gate := make(chan struct{})
+	var done sync.WaitGroup
+	job := func() { defer done.Done(); <-gate }
+	done.Add(3)
+	for range 3 { // two run, one waits
+		q.submit(job, false)
+	}
+	if q.submit(func() {}, false) {
+		t.Fatal("a fourth replay was not shed")
+	}
+	if got := q.limit(clk.Now()); got != 1 {
+		t.Errorf("limit right after a shed: %d workers, want 1", got)
+	}
+	close(gate)
+	done.Wait()
+	poll(t, "the workers end", func() bool { return q.stats().Busy == 0 })
+	// Still overloaded: a new replay gets one worker, then a queue.
+	gate2 := make(chan struct{})
+	done.Add(2)
+	job2 := func() { defer done.Done(); <-gate2 }
+	q.submit(job2, false)
+	q.submit(job2, false)
+	if st := q.stats(); st.Busy != 1 || st.Queued != 1 {
+		t.Errorf("while overloaded: %d busy, %d queued; want 1 and 1", st.Busy, st.Queued)
+	}
+	close(gate2)
+	done.Wait()
+	poll(t, "the worker ends", func() bool { return q.stats().Busy == 0 })
+	clk.SetTime(clk.Now().Add(2 * overloadWindow))
+	if got := q.limit(clk.Now()); got != 2 {
+		t.Errorf("limit once the overload passed: %d, want 2", got)
 	}
 }
