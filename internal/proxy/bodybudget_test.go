@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/pem"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/rest"
 
 	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/record"
@@ -30,7 +28,7 @@ func TestBodyBudget(t *testing.T) {
 	const size = 400 << 10 // two fit, the third does not
 	var mu sync.Mutex
 	got := map[[32]byte]int{}
-	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	up := tlsUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		mu.Lock()
 		got[sha256.Sum256(b)]++
@@ -38,14 +36,7 @@ func TestBodyBudget(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x","resourceVersion":"5"}}`)
-	}))
-	defer upstream.Close()
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
-	up, err := NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.Passthrough.CloseIdleConnections()
+	})
 
 	for _, declared := range []bool{true, false} {
 		name := map[bool]string{true: "length declared", false: "streamed"}[declared]

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"encoding/pem"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/client-go/rest"
 
 	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/record"
@@ -21,20 +19,13 @@ import (
 // unknown ("the replay is disabled") and its headers redacted, and runs
 // no replay at all: nothing is run, queued or shed.
 func TestNoReplayer(t *testing.T) {
-	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	up := tlsUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		if r.Method == http.MethodPost {
 			w.WriteHeader(http.StatusCreated)
 		}
 		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}`)
-	}))
-	defer upstream.Close()
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
-	up, err := NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.Passthrough.CloseIdleConnections()
+	})
 	sink := &records{}
 	reg := prometheus.NewRegistry()
 	p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, Sink: sink, Metrics: metrics.New(reg)})

@@ -136,21 +136,14 @@ func TestReplayPoolSheds(t *testing.T) {
 	const workers, queue = 2, 3
 	const gets, posts = 40, 5
 
-	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	up := tlsUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "application/json")
 		if r.Method == http.MethodPost {
 			w.WriteHeader(http.StatusCreated)
 		}
 		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x","resourceVersion":"5"}}`)
-	}))
-	defer upstream.Close()
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
-	up, err := NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.Passthrough.CloseIdleConnections()
+	})
 
 	closed := make(chan struct{})
 	close(closed)
@@ -452,4 +445,19 @@ func TestReplayPoolOneWorkerWhenOverloaded(t *testing.T) {
 	if got := q.limit(clk.Now()); got != 2 {
 		t.Errorf("limit once the overload passed: %d, want 2", got)
 	}
+}
+
+// tlsUpstream is an upstream over TLS serving h, and kproxy's transports
+// to it (trusting its certificate); both closed when the test ends.
+func tlsUpstream(t *testing.T, h http.HandlerFunc) *Upstream {
+	t.Helper()
+	upstream := httptest.NewTLSServer(h)
+	t.Cleanup(upstream.Close)
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
+	up, err := NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(up.Passthrough.CloseIdleConnections)
+	return up
 }
