@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -110,18 +109,7 @@ func TestFoldKeepsEveryStage(t *testing.T) {
 		"About to Encode", "initial value restored", "About to write a response", "About to start writing response", "Ready", "Listed items from cache"}
 	folded := 0
 	for i := range 2000 {
-		tr := newTrace(uint64(5000 + i))
-		root := tr.root("a", 0, float64(1+rng.IntN(1000)))
-		spans := []*tracepb.Span{root}
-		for range rng.IntN(30) {
-			p := spans[rng.IntN(len(spans))]
-			a, b := rng.Float64()*1200-100, rng.Float64()*1200-100
-			s := tr.child(p, names[rng.IntN(len(names))], min(a, b), max(a, b))
-			for range rng.IntN(4) {
-				event(s, evs[rng.IntN(len(evs))], rng.Float64()*1200-100)
-			}
-			spans = append(spans, s)
-		}
+		tr, root := randomTrace(rng, uint64(5000+i), names, evs)
 		full := analyze(root, tr.spans)
 		s := analyzeFolding(root, tr.spans, true)
 		folded += len(full.Layers) - len(s.Layers)

@@ -144,18 +144,7 @@ func TestSelfTimesAlwaysAddUp(t *testing.T) {
 	names := []string{"audit", "authorization", "Create", "Get etcd3", "Call validating webhook", "SerializeObject", "GuaranteedUpdate etcd3", "other"}
 	evs := []string{"Conversion done", "About to store object in database", "About to Encode", "initial value restored", "About to write a response"}
 	for i := range 2000 {
-		tr := newTrace(uint64(100 + i))
-		root := tr.root("a", 0, float64(1+rng.IntN(1000)))
-		spans := []*tracepb.Span{root}
-		for range rng.IntN(30) {
-			p := spans[rng.IntN(len(spans))]
-			a, b := rng.Float64()*1200-100, rng.Float64()*1200-100
-			s := tr.child(p, names[rng.IntN(len(names))], min(a, b), max(a, b))
-			for range rng.IntN(4) {
-				event(s, evs[rng.IntN(len(evs))], rng.Float64()*1200-100)
-			}
-			spans = append(spans, s)
-		}
+		tr, root := randomTrace(rng, uint64(100+i), names, evs)
 		s := analyze(root, tr.spans)
 		if got := selfSum(s); got != s.TotalNs {
 			t.Fatalf("trace %d: self times add up to %d, total %d: %+v", i, got, s.TotalNs, s.Layers)
@@ -199,4 +188,22 @@ func TestSummaryOfAQuickRequest(t *testing.T) {
 	if !strings.HasPrefix(s.Summary, "2.0 ms: ") {
 		t.Errorf("summary %q", s.Summary)
 	}
+}
+
+// randomTrace builds a random span tree under one root, overlapping and
+// straying, with span names and events drawn from names and evs.
+func randomTrace(rng *rand.Rand, id uint64, names, evs []string) (*synthTrace, *tracepb.Span) {
+	tr := newTrace(id)
+	root := tr.root("a", 0, float64(1+rng.IntN(1000)))
+	spans := []*tracepb.Span{root}
+	for range rng.IntN(30) {
+		p := spans[rng.IntN(len(spans))]
+		a, b := rng.Float64()*1200-100, rng.Float64()*1200-100
+		s := tr.child(p, names[rng.IntN(len(names))], min(a, b), max(a, b))
+		for range rng.IntN(4) {
+			event(s, evs[rng.IntN(len(evs))], rng.Float64()*1200-100)
+		}
+		spans = append(spans, s)
+	}
+	return tr, root
 }
