@@ -392,7 +392,9 @@ func profileDuring(b *testing.B, t *target, d time.Duration) (wait func()) {
 func BenchmarkOverload(b *testing.B) {
 	ensureBenchPod(b)
 	if noReplay == nil {
-		t, err := e.startKproxy("kproxy-noreplay", true, "--replay=false")
+		// It writes a capture as the "kproxy" target does: the replay is
+		// the only difference between the two.
+		t, err := e.startKproxy("kproxy-noreplay", true, "--replay=false", "--capture="+filepath.Join(e.dir, "kproxy-noreplay-capture.jsonl"))
 		if err != nil {
 			b.Fatal(err)
 		}
