@@ -578,7 +578,7 @@ func (p *Proxy) replayAndRecord(ex *exchange) {
 // hold: forwarded all the same, its prediction unknown.
 func (p *Proxy) shedOverBudget(ex *exchange) {
 	p.metrics.ReplayShed()
-	p.perRequestLog.Warn("replay shed: the request bodies held for replay are over --replay-body-budget; the request is forwarded and recorded, its prediction unknown (raise --replay-body-budget, or give kproxy more memory)",
+	p.perRequestLog.Warn("replay shed: the request bodies held for replay are over --replay-body-budget-mib; the request is forwarded and recorded, its prediction unknown (raise --replay-body-budget-mib, or give kproxy more memory)",
 		"id", ex.rec.ID, "budget", p.bodies.limit)
 	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
 	p.replayDone(ex, shedOutcome(ShedBodyMessage))

@@ -33,7 +33,7 @@ const ShedMessage = "replay shed: kproxy is over its replay budget"
 // ShedBodyMessage is the prediction's message on the record of a write
 // whose body was not kept for its replay: the bodies held for replays were
 // at their bound (Config.ReplayBodyBudget).
-const ShedBodyMessage = "replay shed: kproxy is over its replay budget (the request bodies held for replay are at --replay-body-budget)"
+const ShedBodyMessage = "replay shed: kproxy is over its replay budget (the request bodies held for replay are at --replay-body-budget-mib)"
 
 // replayQueuePerWorker sizes the default queue: a short burst waits
 // rather than being shed (32 clients with one request each on a 2-core
