@@ -557,8 +557,7 @@ func (p *Proxy) submitReplay(ex *exchange) {
 	}
 	p.perRequestLog.Warn("replay shed: the replay workers and their queue are full; the request is forwarded and recorded, its prediction unknown (raise --replay-workers or --replay-queue, or give kproxy more CPU)",
 		"id", ex.rec.ID, "workers", p.pool.workers, "queue", p.pool.capacity)
-	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
-	p.replayDone(ex, shedOutcome(ShedMessage))
+	p.recordShed(ex, ShedMessage)
 }
 
 // replayAndRecord runs the replay, on a worker of the pool; the record
@@ -580,8 +579,14 @@ func (p *Proxy) shedOverBudget(ex *exchange) {
 	p.metrics.ReplayShed()
 	p.perRequestLog.Warn("replay shed: the request bodies held for replay are over --replay-body-budget-mib; the request is forwarded and recorded, its prediction unknown (raise --replay-body-budget-mib, or give kproxy more memory)",
 		"id", ex.rec.ID, "budget", p.bodies.limit)
+	p.recordShed(ex, ShedBodyMessage)
+}
+
+// recordShed files the outcome of a replay that was shed (msg says why):
+// the record is written with the prediction unknown.
+func (p *Proxy) recordShed(ex *exchange, msg string) {
 	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
-	p.replayDone(ex, shedOutcome(ShedBodyMessage))
+	p.replayDone(ex, shedOutcome(msg))
 }
 
 // replayDone files the replay's outcome, and writes the record when the

@@ -46,9 +46,9 @@ const replayQueuePerWorker = 16
 // own code and is mostly CPU: more workers than CPUs only share them.
 // Fewer starve fidelity instead: with one worker on 2 CPUs, a write's
 // replay waited behind a large read's (an OpenAPI document) until the
-// next kubectl command had changed the object. Under overload the
-// workers rest between replays (see work), which leaves forwarding the
-// CPU it needs then.
+// next kubectl command had changed the object. Under overload one worker
+// replays, resting between replays (see work), which leaves forwarding
+// the CPU it needs then.
 func DefaultReplayWorkers() int { return max(1, runtime.GOMAXPROCS(0)) }
 
 // DefaultReplayBodyBudget is the default bound on the request body bytes
@@ -167,18 +167,17 @@ func (q *replayPool) work(job queuedReplay) {
 		q.mu.Lock()
 		q.ran++
 		now := q.clock.Now()
-		overloaded := q.n > 0 && q.overloaded(now)
 		if q.running > q.limit(now) {
 			// Overloaded: one worker goes on, the others end.
 			q.running--
 			q.mu.Unlock()
 			return
 		}
-		q.mu.Unlock()
-		if overloaded {
+		if q.n > 0 && q.overloaded(now) {
+			q.mu.Unlock()
 			q.rest(min(ran, maxRest))
+			q.mu.Lock()
 		}
-		q.mu.Lock()
 		if q.n == 0 {
 			q.running--
 			q.mu.Unlock()
@@ -225,8 +224,9 @@ func (q *replayPool) stats() replayPoolStats {
 func shedOutcome(msg string) stages.Outcome {
 	o := stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: msg}}
 	o.Stages = make([]record.StageResult, 0, len(record.StageOrder))
+	why := "not replayed: " + msg
 	for _, name := range record.StageOrder {
-		o.Stages = append(o.Stages, record.StageResult{Name: name, Outcome: record.Skip, Explanation: "not replayed: " + msg})
+		o.Stages = append(o.Stages, record.StageResult{Name: name, Outcome: record.Skip, Explanation: why})
 	}
 	return o
 }

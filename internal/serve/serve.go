@@ -41,10 +41,10 @@ import (
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
-// Options are `kproxy serve`'s flags.
 // DefaultReplayBodyBudget is --replay-body-budget-mib's default, in bytes.
 const DefaultReplayBodyBudget = proxy.DefaultReplayBodyBudget
 
+// Options are `kproxy serve`'s flags.
 type Options struct {
 	Upstream           string // apiserver URL; overrides the kubeconfig's server
 	UpstreamKubeconfig string // kproxy's own credentials; empty: $KUBECONFIG / ~/.kube/config

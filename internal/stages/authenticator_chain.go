@@ -128,23 +128,26 @@ func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticato
 	resp, ok, err := t.m.authn.AuthenticateRequest(r.WithContext(ctx))
 	// The record's child is short where the stage says the rest: the
 	// stage names the identity an authenticator accepted. The span keeps
-	// the whole sentence.
+	// the whole sentence (made only when the span is recorded).
 	res := record.StageResult{Name: t.m.name}
-	spanExplanation := ""
 	switch {
 	case ok && err == nil:
 		res.Outcome, res.Explanation = record.Pass, authnAccepted
-		spanExplanation = "accepted: " + describeUser(resp.User)
 	case err != nil:
 		res.Outcome, res.Explanation = record.Reject, "rejected: "+err.Error()
 	default:
 		res.Outcome, res.Explanation = record.Skip, "no credential it reads"
-		spanExplanation = "no opinion: the request carries no credential it reads"
 	}
-	if spanExplanation == "" {
-		spanExplanation = res.Explanation
+	if span.IsRecording() {
+		detail := res.Explanation
+		switch res.Outcome {
+		case record.Pass:
+			detail = "accepted: " + describeUser(resp.User)
+		case record.Skip:
+			detail = "no opinion: the request carries no credential it reads"
+		}
+		span.SetAttributes(attribute.String("kproxy.authenticator.outcome", res.Outcome), attribute.String("kproxy.authenticator.explanation", detail))
 	}
-	span.SetAttributes(attribute.String("kproxy.authenticator.outcome", res.Outcome), attribute.String("kproxy.authenticator.explanation", spanExplanation))
 	span.End()
 	ch.results = append(ch.results, res)
 	return resp, ok, err

@@ -42,29 +42,30 @@ func privilegedGroup() chainMember {
 // childrenKey carries a *[]record.StageResult for the members' verdicts.
 type childrenKey struct{}
 
+// verdicts name the decisions in spans and children.
+var verdicts = map[authorizer.Decision]string{authorizer.DecisionAllow: "allow", authorizer.DecisionDeny: "deny", authorizer.DecisionNoOpinion: "no opinion"}
+
 func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
 	var errs []error
 	var reasons []string
 	children, _ := ctx.Value(childrenKey{}).(*[]record.StageResult)
-	// verdicts are this call's children without their reasons: when no
-	// member decides, the stage's explanation gives every reason.
-	var verdicts []string
-	first := 0
-	if children != nil {
-		first = len(*children)
+	// The children of the members with no opinion but a reason, and the
+	// reason: it is added to them once a later member decides (the
+	// deciding member's reason is the stage's explanation, so its child
+	// says only the verdict). When none decides, the stage's explanation
+	// gives every reason, and the children stay verdicts.
+	type noOpinion struct {
+		at     int
+		reason string
 	}
+	var why []noOpinion
 	for i, m := range c.members {
 		mctx, span := c.tracer.Start(ctx, "authorizer "+m.name, trace.WithAttributes(attribute.String("kproxy.authorizer.type", m.kind)))
 		d, reason, err := m.authz.Authorize(mctx, a)
-		verdict := map[authorizer.Decision]string{authorizer.DecisionAllow: "allow", authorizer.DecisionDeny: "deny", authorizer.DecisionNoOpinion: "no opinion"}[d]
+		verdict := verdicts[d]
 		span.SetAttributes(attribute.String("kproxy.authorizer.decision", verdict), attribute.String("kproxy.authorizer.reason", reason))
 		span.End()
 		if children != nil {
-			// The deciding member's reason is the stage's explanation
-			// (and every member's reason is in its span): its child
-			// says the verdict. A member without an opinion keeps its
-			// reason, unless none decides (then the stage gives them
-			// all).
 			res := record.StageResult{Name: m.name, Outcome: record.Pass, Explanation: verdict}
 			switch d {
 			case authorizer.DecisionDeny:
@@ -75,12 +76,15 @@ func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes
 			if err != nil {
 				res.Explanation += fmt.Sprintf(" (error: %v)", err)
 			}
-			verdicts = append(verdicts, res.Explanation)
 			if reason != "" && d == authorizer.DecisionNoOpinion {
-				res.Explanation = verdict + ": " + reason + strings.TrimPrefix(res.Explanation, verdict)
+				why = append(why, noOpinion{len(*children), reason})
 			}
 			*children = append(*children, res)
 			if d != authorizer.DecisionNoOpinion {
+				for _, w := range why {
+					ch := &(*children)[w.at]
+					ch.Explanation = verdicts[authorizer.DecisionNoOpinion] + ": " + w.reason + strings.TrimPrefix(ch.Explanation, verdicts[authorizer.DecisionNoOpinion])
+				}
 				for _, rest := range c.members[i+1:] {
 					*children = append(*children, record.StageResult{Name: rest.name, Outcome: record.Skip, Explanation: notAskedChild})
 				}
@@ -97,11 +101,6 @@ func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes
 		}
 		if d == authorizer.DecisionAllow || d == authorizer.DecisionDeny {
 			return d, reason, err
-		}
-	}
-	if children != nil {
-		for j, v := range verdicts {
-			(*children)[first+j].Explanation = v
 		}
 	}
 	return authorizer.DecisionNoOpinion, strings.Join(reasons, "\n"), utilerrors.Flatten(utilerrors.NewAggregate(errs))

@@ -29,12 +29,13 @@ func (decode) Name() string { return record.StageDecode }
 // group discovery, aggregated APIs) or not at all. ok means run the
 // handler.
 func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) {
+	w := d.m.writer() // once: it is read on every request
 	switch {
-	case req.Info != nil && !req.Info.IsResourceRequest && d.m.writer() != nil && d.m.writer().ServesDiscovery(req.HTTP.Method, req.Info):
+	case req.Info != nil && !req.Info.IsResourceRequest && w != nil && w.ServesDiscovery(req.HTTP.Method, req.Info):
 		return Result{}, true // discovery and /version: the replay server's own handlers
 	case req.Info == nil:
 		return Unknown("the request could not be resolved as the apiserver resolves it"), false
-	case !req.Info.IsResourceRequest && d.m.writer() == nil:
+	case !req.Info.IsResourceRequest && w == nil:
 		return Unknown("the write path cannot be replayed: " + d.m.writeError().Error()), false
 	case !req.Info.IsResourceRequest && !strings.HasPrefix(req.Info.Path, "/apis/"):
 		return d.nonResource(ctx, req), false
@@ -46,16 +47,16 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 	if why := notReplayable(req); why != "" {
 		return Unknown(why), false
 	}
-	if d.m.writer() == nil {
+	if w == nil {
 		return Unknown("the write path cannot be replayed: " + d.m.writeError().Error()), false
 	}
-	if i := req.Info; !builtIn(i.APIGroup) && !d.m.writer().ServesCustom(i.APIGroup, i.Resource) {
-		if s, ok, why := aggregatedFor(d.m.writer(), i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
+	if i := req.Info; !builtIn(i.APIGroup) && !w.ServesCustom(i.APIGroup, i.Resource) {
+		if s, ok, why := aggregatedFor(w, i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
 			return aggregatedAPI(s, req.Info.Path), false
 		} else if why != "" {
 			return Unknown(why), false
 		}
-		if groupUnknown(d.m.writer(), i.APIGroup) {
+		if groupUnknown(w, i.APIGroup) {
 			st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
 			return Reject(st, fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup)), false
 		}

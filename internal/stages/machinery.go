@@ -2,12 +2,13 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
+
 	"sync/atomic"
 	"time"
 
@@ -62,12 +63,11 @@ type machinery struct {
 	apfName  func(flowSchemaUID, priorityLevelUID string) (string, string)
 
 	// write is kube-apiserver's resource handler over read-only storage,
-	// with its admission chain (decode through storage); writeErr why it
-	// is not built. Built in the background again when the apiserver was
-	// unreachable (writer, writeError).
-	writeMu  sync.RWMutex
-	write    *apiserver.Server
-	writeErr error
+	// with its admission chain (decode through storage), or why it is not
+	// built. Built in the background again when the apiserver was
+	// unreachable; read on every request without a lock (writer,
+	// writeError).
+	write atomic.Pointer[writePath]
 
 	state *apiserver.ClusterState
 	opts  *apiserver.Options
@@ -105,16 +105,18 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	}
 	switch {
 	case m.authzErr != nil:
-		m.writeErr = fmt.Errorf("it needs the authorizer (RBAC's escalation check, admission): %w", m.authzErr)
+		m.write.Store(&writePath{err: fmt.Errorf("it needs the authorizer (RBAC's escalation check, admission): %w", m.authzErr)})
 	case m.authnErr != nil:
-		m.writeErr = fmt.Errorf("it needs the authenticator: %w", m.authnErr)
+		m.write.Store(&writePath{err: fmt.Errorf("it needs the authenticator: %w", m.authnErr)})
 	default:
 		build := func(ctx context.Context) (*apiserver.Server, error) {
 			return apiserver.New(ctx, apiserver.Config{Options: o, State: cfg.State, Authenticator: m.authn, Authorizer: m.authz,
 				RuleResolver: m.rules, Clock: m.clock, Explainer: newAdmissionExplainer(cfg.State)})
 		}
 		bctx, cancel := context.WithCancel(ctx)
-		if m.write, m.writeErr = build(bctx); m.writeErr != nil {
+		w, err := build(bctx)
+		m.write.Store(&writePath{s: w, err: err})
+		if err != nil {
 			cancel()
 			go m.rebuildWrite(ctx, build, cfg.Log)
 		} else {
@@ -141,35 +143,38 @@ func (m *machinery) rebuildWrite(ctx context.Context, build func(context.Context
 		}
 		bctx, cancel := context.WithCancel(ctx)
 		w, err := build(bctx)
+		m.write.Store(&writePath{s: w, err: err})
 		if err == nil {
 			context.AfterFunc(ctx, cancel)
-			m.writeMu.Lock()
-			m.write, m.writeErr = w, nil
-			m.writeMu.Unlock()
 			if log != nil {
 				log.Info("the replay's write path is built: predictions of writes and reads resume")
 			}
 			return
 		}
 		cancel()
-		m.writeMu.Lock()
-		m.writeErr = err
-		m.writeMu.Unlock()
 		delay = min(2*delay, 2*time.Minute)
 	}
 }
 
+// writePath is the write path, or why it is not built.
+type writePath struct {
+	s   *apiserver.Server
+	err error
+}
+
 // writer is the write path (nil until built); writeError why it is not.
 func (m *machinery) writer() *apiserver.Server {
-	m.writeMu.RLock()
-	defer m.writeMu.RUnlock()
-	return m.write
+	if w := m.write.Load(); w != nil {
+		return w.s
+	}
+	return nil
 }
 
 func (m *machinery) writeError() error {
-	m.writeMu.RLock()
-	defer m.writeMu.RUnlock()
-	return m.writeErr
+	if w := m.write.Load(); w != nil && w.err != nil {
+		return w.err
+	}
+	return errors.New("the write path is not built")
 }
 
 // buildFlowControl runs the APF controller as kube-apiserver does, with a

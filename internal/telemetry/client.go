@@ -35,17 +35,7 @@ func Client(o Options, getenv func(string) string) (otlptrace.Client, error) {
 		}
 		return otlptracegrpc.NewClient(opts...), nil
 	case "http/protobuf", "http":
-		var opts []otlptracehttp.Option
-		if o.Endpoint != "" {
-			if strings.Contains(o.Endpoint, "://") {
-				opts = append(opts, otlptracehttp.WithEndpointURL(strings.TrimSuffix(o.Endpoint, "/")+"/v1/traces"))
-			} else {
-				opts = append(opts, otlptracehttp.WithEndpoint(o.Endpoint))
-				if o.Insecure || isLoopback(o.Endpoint) {
-					opts = append(opts, otlptracehttp.WithInsecure())
-				}
-			}
-		}
+		opts := httpEndpoint(o.Endpoint, "/v1/traces", o.Insecure, otlptracehttp.WithEndpointURL, otlptracehttp.WithEndpoint, otlptracehttp.WithInsecure)
 		return otlptracehttp.NewClient(opts...), nil
 	}
 	return nil, fmt.Errorf("OTLP protocol %q is not supported: use grpc or http/protobuf", c.protocol)
@@ -67,4 +57,20 @@ func EndpointHostPort(o Options, getenv func(string) string) string {
 		hp = hp[:i]
 	}
 	return hp
+}
+
+// httpEndpoint is the OTLP/HTTP exporter options (of either signal's
+// exporter) for an endpoint kproxy was given: a URL gets the signal's
+// path; host:port is plain HTTP when insecure or on loopback. "" leaves
+// the exporter to its own OTEL_* variables and defaults.
+func httpEndpoint[O any](endpoint, path string, insecure bool, withURL, withHostPort func(string) O, withInsecure func() O) []O {
+	switch {
+	case endpoint == "":
+		return nil
+	case strings.Contains(endpoint, "://"):
+		return []O{withURL(strings.TrimSuffix(endpoint, "/") + path)}
+	case insecure || isLoopback(endpoint):
+		return []O{withHostPort(endpoint), withInsecure()}
+	}
+	return []O{withHostPort(endpoint)}
 }

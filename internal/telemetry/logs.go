@@ -93,19 +93,12 @@ func SetupRecordLogs(ctx context.Context, o Options, l LogsOptions, getenv func(
 	if err != nil || c.off != "" {
 		return nil, err
 	}
-	var opts []otlploghttp.Option
 	// Only an endpoint kproxy chose (a flag, or the generic variable it
 	// reads for traces too) is passed on; the exporter reads
 	// OTEL_EXPORTER_OTLP_LOGS_* itself.
-	if c.endpoint != "" && getenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT") == "" {
-		if strings.Contains(c.endpoint, "://") {
-			opts = append(opts, otlploghttp.WithEndpointURL(strings.TrimSuffix(c.endpoint, "/")+"/v1/logs"))
-		} else {
-			opts = append(opts, otlploghttp.WithEndpoint(c.endpoint))
-			if o.Insecure || isLoopback(c.endpoint) {
-				opts = append(opts, otlploghttp.WithInsecure())
-			}
-		}
+	var opts []otlploghttp.Option
+	if getenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT") == "" {
+		opts = httpEndpoint(c.endpoint, "/v1/logs", o.Insecure, otlploghttp.WithEndpointURL, otlploghttp.WithEndpoint, otlploghttp.WithInsecure)
 	}
 	exp, err := otlploghttp.New(ctx, opts...)
 	if err != nil {
