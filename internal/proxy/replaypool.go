@@ -23,8 +23,11 @@ import (
 //
 // Workers come and go with the work: a worker starts when a replay is
 // submitted and fewer than `workers` run, takes the queued replays one
-// after the other, and ends when the queue is empty. An idle proxy holds
-// no replay goroutine, and nothing is left running once Drain returns.
+// after the other, and once the queue is empty waits up to workerLinger
+// for the next before it ends. The wait keeps a busy proxy's workers (and
+// the stacks they have grown through the apiserver's handler: regrowing
+// one from scratch for every replay was 5% of a GET's CPU) while an idle
+// proxy holds no replay goroutine a moment later.
 
 // ShedMessage is the prediction's message on the record of a request
 // whose replay was shed.
@@ -67,6 +70,7 @@ func DefaultReplayQueue(workers int) int { return replayQueuePerWorker * max(1, 
 const (
 	overloadWindow = time.Second
 	maxRest        = 50 * time.Millisecond
+	workerLinger   = time.Second
 )
 
 // replayPool runs replays on at most workers goroutines, with a queue of
@@ -82,7 +86,11 @@ type replayPool struct {
 
 	mu       sync.Mutex
 	lastShed time.Time // when a replay was last shed: the pool is overloaded
-	running  int       // worker goroutines alive (each busy)
+	running  int       // worker goroutines alive, busy or idle
+	// idle workers wait on handoff for their next replay; submit hands
+	// one over (idle counts those not yet handed one).
+	idle    int
+	handoff chan queuedReplay
 	// Two queues, at most capacity replays in both: writes, whose replay
 	// reads the state the write met, go first; a write replayed behind
 	// reads may find the object changed by a later write, and can then
@@ -113,7 +121,8 @@ func newReplayPool(workers, capacity int, clk clock.PassiveClock, m *metrics.Met
 		capacity = DefaultReplayQueue(workers)
 	}
 	m.ReplayPool(workers, capacity)
-	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m, rest: time.Sleep}
+	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m, rest: time.Sleep,
+		handoff: make(chan queuedReplay, workers)}
 }
 
 // submit runs run on a worker, now or once one is free (before the
@@ -123,8 +132,14 @@ func newReplayPool(workers, capacity int, clk clock.PassiveClock, m *metrics.Met
 func (q *replayPool) submit(run func(), urgent bool) bool {
 	job := queuedReplay{run: run, at: q.clock.Now()}
 	q.mu.Lock()
+	free := q.running-q.idle < q.limit(job.at)
 	switch {
-	case q.running < q.limit(job.at):
+	case free && q.idle > 0:
+		q.idle--
+		q.handoff <- job // never blocks: it holds at most the idle workers' jobs
+		q.mu.Unlock()
+		return true
+	case free && q.running < q.workers:
 		q.running++
 		q.mu.Unlock()
 		go q.work(job)
@@ -167,8 +182,8 @@ func (q *replayPool) work(job queuedReplay) {
 		q.mu.Lock()
 		q.ran++
 		now := q.clock.Now()
-		if q.running > q.limit(now) {
-			// Overloaded: one worker goes on, the others end.
+		if q.running-q.idle > q.limit(now) {
+			// Overloaded: one busy worker goes on, the others end.
 			q.running--
 			q.mu.Unlock()
 			return
@@ -179,9 +194,11 @@ func (q *replayPool) work(job queuedReplay) {
 			q.mu.Lock()
 		}
 		if q.n == 0 {
-			q.running--
-			q.mu.Unlock()
-			return
+			var ok bool
+			if job, ok = q.linger(); !ok {
+				return
+			}
+			continue
 		}
 		from := &q.queue
 		if len(q.urgent) > 0 {
@@ -197,6 +214,32 @@ func (q *replayPool) work(job queuedReplay) {
 		q.mu.Unlock()
 		q.m.ReplayQueued(-1)
 	}
+}
+
+// linger waits, q.mu held on entry and released, up to workerLinger for
+// a replay submit hands over; false: none came, and the worker ends.
+func (q *replayPool) linger() (queuedReplay, bool) {
+	q.idle++
+	q.mu.Unlock()
+	t := time.NewTimer(workerLinger)
+	defer t.Stop()
+	select {
+	case job := <-q.handoff:
+		return job, true
+	case <-t.C:
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	// A replay handed over as the wait ended is taken all the same: submit
+	// counted it against this worker or another one still waiting.
+	select {
+	case job := <-q.handoff:
+		return job, true
+	default:
+	}
+	q.idle--
+	q.running--
+	return queuedReplay{}, false
 }
 
 // overloaded reports a shed within overloadWindow of now; q.mu is held.
@@ -216,7 +259,7 @@ func (q *replayPool) limit(now time.Time) int {
 func (q *replayPool) stats() replayPoolStats {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return replayPoolStats{Workers: q.workers, Capacity: q.capacity, Busy: q.running, Queued: q.n, Ran: q.ran, Shed: q.shed}
+	return replayPoolStats{Workers: q.workers, Capacity: q.capacity, Busy: q.running - q.idle, Queued: q.n, Ran: q.ran, Shed: q.shed}
 }
 
 // shedOutcome is the replay's outcome when it was shed: unknown, every

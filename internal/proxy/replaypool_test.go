@@ -461,3 +461,56 @@ func tlsUpstream(t *testing.T, h http.HandlerFunc) *Upstream {
 	t.Cleanup(up.Passthrough.CloseIdleConnections)
 	return up
 }
+
+// TestReplayPoolWorkerLingers: a worker whose queue ran out waits for
+// the next replay, which it runs on the same goroutine (no new one, no
+// stack grown again), and ends once none came for workerLinger; an idle
+// worker is not counted busy, and is not handed a replay while the pool
+// is overloaded and another works.
+func TestReplayPoolWorkerLingers(t *testing.T) {
+	q := newReplayPool(2, 4, clock.RealClock{}, nil)
+	ran := make(chan struct{}, 8)
+	job := func() { ran <- struct{}{} }
+	q.submit(job, false)
+	<-ran
+	poll(t, "the worker goes idle", func() bool { return q.stats().Busy == 0 })
+	q.mu.Lock()
+	running, idle := q.running, q.idle
+	q.mu.Unlock()
+	if running != 1 || idle != 1 {
+		t.Fatalf("after its replay: %d workers, %d idle; want the one worker idle", running, idle)
+	}
+	for range 3 { // one at a time: the idle worker takes each
+		q.submit(job, false)
+		<-ran
+		poll(t, "the worker goes idle", func() bool { return q.stats().Busy == 0 })
+		q.mu.Lock()
+		running = q.running
+		q.mu.Unlock()
+		if running != 1 {
+			t.Fatalf("%d workers for one replay at a time, want the lingering one", running)
+		}
+	}
+	// Overloaded (a shed a moment ago), one replay runs: the idle worker
+	// is not handed a second, which waits in the queue.
+	gate := make(chan struct{})
+	q.submit(func() { <-gate }, false) // the idle worker takes it
+	q.mu.Lock()
+	q.lastShed = time.Now()
+	q.mu.Unlock()
+	q.submit(job, false)
+	if st := q.stats(); st.Busy != 1 || st.Queued != 1 {
+		t.Errorf("overloaded: %d busy, %d queued; want 1 and 1", st.Busy, st.Queued)
+	}
+	close(gate)
+	<-ran
+	begin := time.Now()
+	poll(t, "the lingering worker ends", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.running == 0
+	})
+	if d := time.Since(begin); d < workerLinger/2 {
+		t.Errorf("the worker ended %v after its last replay, want about %v", d, workerLinger)
+	}
+}

@@ -47,6 +47,7 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *Run, key string, opt
 		if read.Err != nil {
 			return err
 		}
+		s.unencoded.hold(run, out)
 		return settleRead(&read, err, out)
 	}
 	if opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
@@ -98,6 +99,7 @@ func (s *snapshotStorage) readList(ctx context.Context, run *Run, key string, op
 			return read.Err
 		}
 		read.EtcdPrefix = strings.TrimSuffix(s.access.key(key), "/") + "/"
+		s.unencoded.hold(run, listObj)
 		return settleRead(&read, err, listObj)
 	}
 	if (opts.ResourceVersion != "" && opts.ResourceVersion != "0") || opts.ResourceVersionMatch != "" || opts.Predicate.Continue != "" {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/audit"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/warning"
@@ -48,6 +49,9 @@ type Run struct {
 	marks   [len(PhaseStage)]time.Time // when each phase began
 	Plugins []PluginCall
 	Reads   []StorageRead
+	// unencoded are the objects a read's storage returned, which its
+	// answer does not encode (unencoded.go).
+	unencoded []runtime.Object
 	// pluginErr is the last error an admission plugin returned, with the
 	// phase it returned it in.
 	pluginErr       error
@@ -320,6 +324,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	resp := recorder{httptest.NewRecorder()}
+	defer w.storage.unencoded.release(run)
 	w.handler.ServeHTTP(resp, r)
 	run.End = now()
 	run.Code = resp.Code

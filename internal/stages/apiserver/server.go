@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	restful "github.com/emicklei/go-restful/v3"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -261,6 +262,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 		inner: &genericoptions.StorageFactoryRestOptionsFactory{Options: *etcd, StorageFactory: sf},
 		state: s, resources: gc.MergedResourceConfig, scheme: legacyscheme.Scheme, decoder: legacyscheme.Codecs.UniversalDecoder(),
 		etcd: access, noEtcd: noEtcd, stores: &storeRegistry{}, transformers: transformers, encErr: encErr, clock: clk,
+		unencoded: &unencoded{},
 	}
 	gc.RESTOptionsGetter = snapshots
 
@@ -386,9 +388,12 @@ func New(ctx context.Context, c Config) (*Server, error) {
 		storage["services"], storage["services/status"], storage["services/proxy"] = allocatingREST{REST: sa.rest, a: sa}, status, px
 		return nil
 	}
-	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers, services); err != nil {
+	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers, services, snapshots.unencoded); err != nil {
 		return nil, err
 	}
+	// The apiserver's router (handler.go sets a CurlyRouter), remembering
+	// its choices (routes.go).
+	srv.Handler.GoRestfulContainer.Router(newRouteCache(restful.CurlyRouter{}))
 	served, err := newServedDocs(ctx, s, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Informer(), clk.Now)
 	if err != nil {
 		return nil, err
@@ -530,7 +535,7 @@ func (etcdVersionOnly) Status(context.Context, *etcdserverpb.StatusRequest) (*et
 
 // installAPIs is controlplaneapiserver.Server.InstallAPIs without the
 // post-start hooks (controllers that would write to the cluster).
-func installAPIs(srv *genericapiserver.GenericAPIServer, rc serverstorage.APIResourceConfigSource, getter generic.RESTOptionsGetter, providers []controlplaneapiserver.RESTStorageProvider, core func(map[string]registryrest.Storage) error) error {
+func installAPIs(srv *genericapiserver.GenericAPIServer, rc serverstorage.APIResourceConfigSource, getter generic.RESTOptionsGetter, providers []controlplaneapiserver.RESTStorageProvider, core func(map[string]registryrest.Storage) error, skip *unencoded) error {
 	eval, err := genericapiserver.NewResourceExpirationEvaluatorFromOptions(genericapiserver.ResourceExpirationEvaluatorOptions{
 		CurrentVersion:                          srv.EffectiveVersion.EmulationVersion(),
 		Prerelease:                              srv.EffectiveVersion.BinaryVersion().PreRelease(),
@@ -555,6 +560,7 @@ func installAPIs(srv *genericapiserver.GenericAPIServer, rc serverstorage.APIRes
 		if len(info.VersionedResourcesStorageMap) == 0 {
 			continue
 		}
+		info.NegotiatedSerializer = skip.wrap(info.NegotiatedSerializer)
 		if p.GroupName() == "" {
 			if err := core(info.VersionedResourcesStorageMap["v1"]); err != nil {
 				return err

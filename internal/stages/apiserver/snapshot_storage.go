@@ -52,6 +52,8 @@ type snapshotOptions struct {
 	encErr       error // why the encryption configuration is not loaded
 	// clock times the reads (the replay's injected clock).
 	clock clock.PassiveClock
+	// unencoded holds what read replays read, not to be encoded.
+	unencoded *unencoded
 }
 
 // storeRegistry holds the storage under each resource's registry store.
@@ -94,7 +96,7 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, _ func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, _ storage.AttrFunc, _ storage.IndexerFuncs, _ *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
 		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder,
-			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource], noEtcd: o.noEtcd, clock: o.clock}
+			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource], noEtcd: o.noEtcd, clock: o.clock, unencoded: o.unencoded}
 		if s.clock == nil {
 			s.clock = clock.RealClock{}
 		}
@@ -149,6 +151,7 @@ type snapshotStorage struct {
 	etcd        *lazyStore
 	noEtcd      string
 	clock       clock.PassiveClock
+	unencoded   *unencoded
 }
 
 var errReplayWrite = errors.New("the kproxy replay never writes to the cluster")

@@ -1,0 +1,116 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/localcluster"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/serve"
+	"github.com/kproxy/kproxy/internal/telemetry"
+)
+
+// BenchmarkReplayedGet and BenchmarkReplayedCreate measure what one
+// request costs kproxy in process, replay and tracing to a real Jaeger
+// included, one request at a time, each waiting for its record: CPU per
+// request (this process: kproxy and the client) and allocations per
+// request. They are the developer's view of the replay's cost, steadier
+// than make bench's (which runs kproxy as a process next to others);
+// make bench holds the targets. Run with:
+//
+//	KPROXY_BIN_DIR=$PWD/.cache/bin go test -run='^$' -bench=Replayed -benchtime=2000x ./internal/e2e/
+func BenchmarkReplayedGet(b *testing.B) {
+	cs := adminClient()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bench-replayed-get"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+	if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), pod, createOpts); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), pod.Name, metav1.DeleteOptions{})
+	})
+	benchReplayed(b, func(int) request {
+		return request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/pods/" + pod.Name, user: "admin"}
+	})
+}
+
+func BenchmarkReplayedCreate(b *testing.B) {
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	benchReplayed(b, func(i int) request {
+		return request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"bench-` + run + `-` + strconv.Itoa(i) + `"},"data":{"k":"v"}}`}
+	})
+}
+
+func benchReplayed(b *testing.B, req func(int) request) {
+	ctx := context.Background()
+	j, err := localcluster.StartJaeger(ctx, "", "", os.Stderr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer j.Stop()
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(16)
+	defer cancel()
+	k := startKproxy(b, kproxyOptions{stream: stream, telemetry: telemetry.Options{
+		Endpoint: j.OTLPHTTP, Protocol: "http/protobuf", ServiceName: "kproxy-bench"},
+		// Every replay runs in full: none is shed for its reads.
+		set: func(o *serve.Options) { o.APIServer.ReplayEtcdQPS, o.APIServer.ReplayAPIServerQPS = 1e6, 1e6 }})
+	c := reverseRoute(k).client(nil)
+	one := func(i int) {
+		r := req(i)
+		hr, err := http.NewRequest(r.method, "https://"+k.addr+r.path, strings.NewReader(r.body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		hr.Header.Set("Authorization", "Bearer "+tokenOf(r.user))
+		if r.body != "" {
+			hr.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := c.Do(hr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode >= 300 {
+			b.Fatalf("status %d: %s", resp.StatusCode, body)
+		}
+		select {
+		case rec := <-recs:
+			if rec.Predicted.Status != resp.StatusCode {
+				b.Fatalf("predicted %+v, the apiserver answered %d", rec.Predicted, resp.StatusCode)
+			}
+		case <-time.After(30 * time.Second):
+			b.Fatal("no record")
+		}
+	}
+	for i := range 50 { // warm the caches and connections
+		one(-i - 1)
+	}
+	b.ReportAllocs()
+	before := cpuTime()
+	b.ResetTimer()
+	for i := range b.N {
+		one(i)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((cpuTime()-before).Microseconds())/float64(b.N), "cpu-µs/op")
+}
+
+// cpuTime is this process's CPU time, user and system.
+func cpuTime() time.Duration {
+	var u syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &u)
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+}
