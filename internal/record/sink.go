@@ -116,12 +116,17 @@ func newFileSink(f captureFile, path string, log *slog.Logger) *FileSink {
 
 // Write implements Sink.
 func (s *FileSink) Write(r *Record) {
-	b, err := json.Marshal(r)
-	if err != nil {
+	buf := lineBuffers.Get().(*bytes.Buffer)
+	defer putLineBuffer(buf)
+	buf.Reset()
+	// The encoder ends the line; encoded into a pooled buffer, a record
+	// costs no allocation of its size (json.Marshal copies its result out,
+	// and appending the newline copied it again).
+	if err := json.NewEncoder(buf).Encode(r); err != nil {
 		s.log.Error("capture record not encodable", "file", s.path, "id", r.ID, "error", err)
 		return
 	}
-	b = append(b, '\n')
+	b := buf.Bytes()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.partial > 0 && s.takeBack() != nil {
@@ -145,6 +150,17 @@ func (s *FileSink) Write(r *Record) {
 		s.failing = false
 		s.log.Warn("capture writing again", "file", s.path, "recordsLost", s.lost)
 		s.lost = 0
+	}
+}
+
+// lineBuffers hold records being encoded.
+var lineBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// putLineBuffer returns buf to the pool, unless one record made it large
+// (a big write's body captured): the pool does not keep that much.
+func putLineBuffer(buf *bytes.Buffer) {
+	if buf.Cap() <= 64<<10 {
+		lineBuffers.Put(buf)
 	}
 }
 
