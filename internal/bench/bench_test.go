@@ -369,7 +369,11 @@ func BenchmarkWatchLatency(b *testing.B) {
 }
 
 // BenchmarkIdleWatches: memory per idle watch in a fresh kproxy (targets:
-// <= 80 KiB each over HTTP/1.1 TLS, <= 48 KiB over HTTP/2).
+// <= 64 KiB each over HTTP/1.1 TLS, <= 40 KiB over HTTP/2). Two figures:
+// the growth of the RSS, which counts the garbage the watches' replays
+// left until the next GC (the Go heap grows to twice what is live before
+// it collects), and what the watches hold: the Go heap in use after a
+// forced GC, and the goroutine stacks.
 func BenchmarkIdleWatches(b *testing.B) {
 	ensureNamespace(b, "bench-idle")
 	const watches = 500
@@ -377,7 +381,12 @@ func BenchmarkIdleWatches(b *testing.B) {
 		name string
 		h2   bool
 	}{{"http1", false}, {"http2", true}} {
-		kp, err := e.startKproxy("kproxy-idle-"+proto.name, false)
+		ports, err := localcluster.FreePorts(1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		debug := "127.0.0.1:" + strconv.Itoa(ports[0])
+		kp, err := e.startKproxy("kproxy-idle-"+proto.name, false, "--debug-addr="+debug)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -387,6 +396,7 @@ func BenchmarkIdleWatches(b *testing.B) {
 		client := &http.Client{Transport: tr}
 		time.Sleep(time.Second)
 		_, rss0 := procStat(kp.pid)
+		heap0, stacks0 := liveMemory(b, kp, debug)
 		ctx, cancel := context.WithCancel(context.Background())
 		var bodies []io.Closer
 		for i := 0; i < watches; i++ {
@@ -403,17 +413,39 @@ func BenchmarkIdleWatches(b *testing.B) {
 		}
 		time.Sleep(2 * time.Second)
 		_, rss1 := procStat(kp.pid)
+		heap1, stacks1 := liveMemory(b, kp, debug)
 		if d := os.Getenv("KPROXY_BENCH_PAUSE"); d != "" {
 			pause, _ := time.ParseDuration(d) // time to take a heap profile
 			time.Sleep(pause)
 		}
 		per := float64(rss1-rss0) / watches / 1024
+		heap, stacks := (heap1-heap0)/watches/1024, (stacks1-stacks0)/watches/1024
+		live := heap + stacks
 		b.ReportMetric(per, "KiB/watch-"+proto.name)
-		b.Logf("%d idle watches over %s: kproxy RSS %d -> %d MiB, %.1f KiB per watch", watches, proto.name, rss0>>20, rss1>>20, per)
+		b.ReportMetric(live, "live-KiB/watch-"+proto.name)
+		b.Logf("%d idle watches over %s: kproxy RSS %d -> %d MiB, %.1f KiB per watch; held %.1f KiB per watch (Go heap after a GC %.1f, goroutine stacks %.1f)",
+			watches, proto.name, rss0>>20, rss1>>20, per, live, heap, stacks)
 		cancel()
 		for _, c := range bodies {
 			c.Close()
 		}
 		tr.CloseIdleConnections()
 	}
+}
+
+// liveMemory forces a GC in kproxy (its pprof heap endpoint, gc=1) and
+// returns the heap in use and the goroutine stacks, in bytes.
+func liveMemory(b *testing.B, t *target, debug string) (heap, stacks float64) {
+	b.Helper()
+	resp, err := metricsClient.Get("http://" + debug + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	s, err := scrape(t)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return s.heap, s.stacks
 }

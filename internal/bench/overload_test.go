@@ -168,6 +168,7 @@ func (r *overloadResult) back(s sample) (goroutines, rss bool) {
 type sample struct {
 	goroutines, rss   float64
 	heap              float64 // go_memstats_heap_inuse_bytes
+	stacks            float64 // go_memstats_stack_inuse_bytes
 	queue, busy       float64
 	replayed, dropped float64 // kproxy_replays_total run, shed
 	flows, flowsCap   float64 // the flow API's buffer: records held, capacity
@@ -202,7 +203,7 @@ func scrape(t *target) (sample, error) {
 	if err := sc.Err(); err != nil {
 		return sample{}, err
 	}
-	return sample{goroutines: m["go_goroutines"], rss: m["process_resident_memory_bytes"], heap: m["go_memstats_heap_inuse_bytes"],
+	return sample{goroutines: m["go_goroutines"], rss: m["process_resident_memory_bytes"], heap: m["go_memstats_heap_inuse_bytes"], stacks: m["go_memstats_stack_inuse_bytes"],
 		queue: m["kproxy_replay_queue_depth"], busy: m["kproxy_replay_workers_busy"],
 		replayed: m[`kproxy_replays_total{result="run"}`], dropped: m[`kproxy_replays_total{result="shed"}`],
 		flows: m["kproxy_flow_api_buffer_records"], flowsCap: m["kproxy_flow_api_buffer_capacity"]}, nil

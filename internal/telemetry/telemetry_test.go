@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 	"testing"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 func env(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
@@ -56,5 +58,33 @@ func TestSetupWithoutExporterStillMakesTraceIDs(t *testing.T) {
 	defer span.End()
 	if !span.SpanContext().TraceID().IsValid() {
 		t.Fatal("no trace ID without an exporter: records need one")
+	}
+}
+
+// TestSamplerFromEnvironment: OTEL_TRACES_SAMPLER (read by the SDK) is
+// honoured: a request outside the ratio records no span, so kproxy does
+// no span work for it, and still gets a trace ID for its record; a
+// sampled incoming traceparent is followed (parentbased_).
+func TestSamplerFromEnvironment(t *testing.T) {
+	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+	t.Setenv("OTEL_TRACES_SAMPLER_ARG", "0")
+	tp, shutdown, err := Setup(context.Background(), Options{}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(context.Background())
+	_, span := tp.Tracer("t").Start(context.Background(), "x")
+	defer span.End()
+	if span.IsRecording() || span.SpanContext().IsSampled() {
+		t.Error("a span outside the ratio 0 is recorded")
+	}
+	if !span.SpanContext().TraceID().IsValid() {
+		t.Error("no trace ID for an unsampled request: its record needs one")
+	}
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true})
+	_, child := tp.Tracer("t").Start(trace.ContextWithRemoteSpanContext(context.Background(), parent), "y")
+	defer child.End()
+	if !child.IsRecording() {
+		t.Error("a request whose caller sampled its trace is not recorded")
 	}
 }

@@ -31,6 +31,16 @@
 // mutation. Compile-time interface guards keep an upstream change of the
 // admission interfaces from silently dropping a decorator.
 //
+// # What it leaves out
+//
+// The replay runs on every request, on CPUs the apiserver shares, so it
+// skips work whose result it drops, and only that: a read's answer is not
+// encoded (unencoded.go: the object its storage read is held for the run,
+// and the built-in groups' encoders write a placeholder), and go-restful's
+// choice of route is remembered per request shape (routes.go). Content
+// negotiation, the status, headers and every refusal still come from the
+// apiserver's code on every request.
+//
 // # State it reads
 //
 // ClusterState is the replay's read-only view of the cluster: shared
