@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -57,6 +58,10 @@ type Config struct {
 	// Impersonating carries verified certificate callers with kproxy's own
 	// credentials. Nil: certificate callers are refused with a clear 403.
 	Impersonating http.RoundTripper
+	// WatchPassthrough and WatchImpersonating carry watches (nil: the
+	// transports above do).
+	WatchPassthrough   http.RoundTripper
+	WatchImpersonating http.RoundTripper
 	// CertAuthenticator verifies client certificates (NewCertAuthenticator).
 	CertAuthenticator authenticator.Request
 	// ImpersonationAuthorizer authorizes Impersonate-* headers sent by
@@ -105,6 +110,8 @@ type Proxy struct {
 	upstream            *url.URL
 	passthrough         http.RoundTripper
 	impersonating       http.RoundTripper
+	watchPassthrough    http.RoundTripper
+	watchImpersonating  http.RoundTripper
 	certAuth            authenticator.Request
 	impersonationFilter http.Handler
 	replayer            Replayer
@@ -140,21 +147,23 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, errors.New("proxy: no upstream transport")
 	}
 	p := &Proxy{
-		upstream:      cfg.Upstream,
-		passthrough:   cfg.Passthrough,
-		impersonating: cfg.Impersonating,
-		certAuth:      cfg.CertAuthenticator,
-		replayer:      cfg.Replayer,
-		sink:          cfg.Sink,
-		propagator:    telemetry.Propagator(),
-		clock:         cfg.Clock,
-		mode:          cfg.Mode,
-		log:           cfg.Log,
-		reruns:        newRerunStore(cfg.Rerun),
-		captureBodies: cfg.CaptureBodies,
-		bodyIdle:      cfg.BodyIdleTimeout,
-		metrics:       cfg.Metrics,
-		replica:       cfg.Replica,
+		upstream:           cfg.Upstream,
+		passthrough:        cfg.Passthrough,
+		impersonating:      cfg.Impersonating,
+		watchPassthrough:   cmp.Or(cfg.WatchPassthrough, cfg.Passthrough),
+		watchImpersonating: cmp.Or(cfg.WatchImpersonating, cfg.Impersonating),
+		certAuth:           cfg.CertAuthenticator,
+		replayer:           cfg.Replayer,
+		sink:               cfg.Sink,
+		propagator:         telemetry.Propagator(),
+		clock:              cfg.Clock,
+		mode:               cfg.Mode,
+		log:                cfg.Log,
+		reruns:             newRerunStore(cfg.Rerun),
+		captureBodies:      cfg.CaptureBodies,
+		bodyIdle:           cfg.BodyIdleTimeout,
+		metrics:            cfg.Metrics,
+		replica:            cfg.Replica,
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -491,8 +500,16 @@ func (p *Proxy) roundTrip(req *http.Request) (*http.Response, error) {
 	if ex != nil && ex.body != nil && (req.Body == nil || req.Body == http.NoBody) {
 		ex.body.sentNothing()
 	}
-	if ex != nil && ex.actAs != nil {
+	// A watch shares HTTP/2 connections (newWatchTransport), unless it
+	// asks for an upgrade.
+	watch := ex != nil && ex.rec.Request.Verb == "watch" && req.Header.Get("Upgrade") == ""
+	switch {
+	case ex != nil && ex.actAs != nil && watch:
+		return p.watchImpersonating.RoundTrip(req)
+	case ex != nil && ex.actAs != nil:
 		return p.impersonating.RoundTrip(req)
+	case watch:
+		return p.watchPassthrough.RoundTrip(req)
 	}
 	return p.passthrough.RoundTrip(req)
 }

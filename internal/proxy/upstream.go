@@ -20,6 +20,10 @@ type Upstream struct {
 	Passthrough *http.Transport
 	// Impersonating carries kproxy's own credentials (nil without them).
 	Impersonating http.RoundTripper
+	// WatchPassthrough and WatchImpersonating are the same over HTTP/2,
+	// for watches (see newWatchTransport).
+	WatchPassthrough   *http.Transport
+	WatchImpersonating http.RoundTripper
 	// Config is kproxy's own client configuration (reads, SARs).
 	Config *rest.Config
 }
@@ -36,7 +40,7 @@ func NewUpstream(cfg *rest.Config) (*Upstream, error) {
 	if err != nil {
 		return nil, fmt.Errorf("upstream TLS settings: %w", err)
 	}
-	up := &Upstream{URL: u, Passthrough: newTransport(anonTLS), Config: cfg}
+	up := &Upstream{URL: u, Passthrough: newTransport(anonTLS), WatchPassthrough: newWatchTransport(anonTLS), Config: cfg}
 	if credential.InConfig(cfg) {
 		ownTLS, err := rest.TLSConfigFor(cfg)
 		if err != nil {
@@ -47,6 +51,9 @@ func NewUpstream(cfg *rest.Config) (*Upstream, error) {
 			return nil, fmt.Errorf("kproxy's upstream credentials: %w", err)
 		}
 		up.Impersonating = rt
+		if up.WatchImpersonating, err = rest.HTTPWrappersForConfig(cfg, newWatchTransport(ownTLS)); err != nil {
+			return nil, fmt.Errorf("kproxy's upstream credentials: %w", err)
+		}
 	}
 	return up, nil
 }
@@ -87,4 +94,24 @@ func newTransport(tlsCfg *tls.Config) *http.Transport {
 		ReadBufferSize:  4 << 10,
 		WriteBufferSize: 4 << 10,
 	}
+}
+
+// newWatchTransport carries watches over HTTP/2: many watches share one
+// connection to the apiserver (up to its limit of streams per connection,
+// then another), so an idle watch no longer holds a connection of its own
+// (its TLS state, buffers and two goroutines: about 40 KiB each). A watch
+// is small events, streamed, where HTTP/2's reasons for HTTP/1.1 above do
+// not apply; a watch asking for an upgrade (websocket) still goes over
+// HTTP/1.1. Each stream's receive window is kept small: a client that
+// stops reading its watch stops the apiserver's stream after 64 KiB held
+// by kproxy, as a full TCP window does for HTTP/1.1, instead of HTTP/2's
+// default of megabytes.
+func newWatchTransport(tlsCfg *tls.Config) *http.Transport {
+	t := newTransport(tlsCfg)
+	t.TLSClientConfig.NextProtos = nil
+	t.ForceAttemptHTTP2 = true
+	t.Protocols = new(http.Protocols)
+	t.Protocols.SetHTTP2(true)
+	t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: 64 << 10, MaxReceiveBufferPerConnection: 1 << 20}
+	return t
 }

@@ -405,6 +405,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	pcfg := proxy.Config{
 		Upstream:          up.URL,
 		Passthrough:       up.Passthrough,
+		WatchPassthrough:  up.WatchPassthrough,
 		CertAuthenticator: certAuth,
 		Sink:              sink,
 		TracerProvider:    tp,
@@ -438,7 +439,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		pcfg.Replayer = pipeline
 	}
 	if up.Impersonating != nil {
-		pcfg.Impersonating = up.Impersonating
+		pcfg.Impersonating, pcfg.WatchImpersonating = up.Impersonating, up.WatchImpersonating
 		cs, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			return nil, fmt.Errorf("upstream client: %w", err)
