@@ -17,7 +17,9 @@ import (
 // which transport a request took.
 type namedTransport string
 
-func (n namedTransport) RoundTrip(*http.Request) (*http.Response, error) { return nil, errors.New(string(n)) }
+func (n namedTransport) RoundTrip(*http.Request) (*http.Response, error) {
+	return nil, errors.New(string(n))
+}
 
 // TestWatchTransport: a watch goes upstream over the watch transports
 // (HTTP/2), the caller's or kproxy's own for a certificate caller; a
