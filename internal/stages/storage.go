@@ -61,6 +61,9 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		if r.Snapshot != "" {
 			s += fmt.Sprintf(" as of resourceVersion %s, before the request's own write", r.Snapshot)
 		}
+		if r.Created {
+			s += " (the request created it, which etcd does only for an absent key)"
+		}
 		reads = append(reads, fmt.Sprintf("%s (read through the apiserver in %v)", s, r.Duration.Round(10_000)))
 	}
 	start, end, reached := run.PhaseTimes(apiserver.PhaseStorage)

@@ -73,10 +73,11 @@ type Run struct {
 	// actual waits for the apiserver's answer to the request (nil for a
 	// replay with no live request, such as kproxy explain); bodyRV is
 	// the resourceVersion the request's body carries.
-	actual func(context.Context) (ActualWrite, bool)
-	BodyRV string
-	Verb   string
-	DryRun bool // the request itself is a dry run
+	actual      func(context.Context) (ActualWrite, bool)
+	BodyRV      string
+	Verb        string
+	Subresource string
+	DryRun      bool // the request itself is a dry run
 
 	// read marks a get, list or watch; narrowed says how the replay's
 	// list was narrowed (limit=1) so as not to read the whole collection.
@@ -153,6 +154,18 @@ func (r *Run) updatedExisting(ctx context.Context) bool {
 	return ok && aw.Status == 200
 }
 
+// createdHere reports a request the apiserver answered 201 for its own
+// object (not a subresource): it created the object, which etcd does only
+// where the key is absent, so just before it the object did not exist.
+// The replay then knows that state without reading it.
+func (r *Run) createdHere(ctx context.Context) bool {
+	if r.actual == nil || r.Subresource != "" {
+		return false
+	}
+	aw, ok := r.actual(ctx)
+	return ok && aw.Status == 201
+}
+
 // lastExisting asks for the object's last stored version before a
 // delete whose answer did not name it.
 const lastExisting = "last-existing"
@@ -167,8 +180,11 @@ type PluginCall struct {
 }
 
 type StorageRead struct {
-	Key, Path       string
-	Snapshot        string // the resourceVersion read at, if not the latest
+	Key, Path string
+	Snapshot  string // the resourceVersion read at, if not the latest
+	// Created: the state at Snapshot was not read but known: the request
+	// created the object (Run.createdHere), so it was absent then.
+	Created         bool
 	Found           bool
 	ResourceVersion string
 	Start           time.Time
@@ -279,7 +295,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, Verb: req.Info.Verb, BodyRV: resourceVersionOf(req.Body),
+	run := &Run{now: now, start: now(), actual: req.Actual, Verb: req.Info.Verb, Subresource: req.Info.Subresource, BodyRV: resourceVersionOf(req.Body),
 		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	rec := &warningRecorder{}

@@ -41,3 +41,34 @@ func TestSnapshotRevision(t *testing.T) {
 		})
 	}
 }
+
+// TestCreatedHere: a request the apiserver answered 201 for its own object
+// created it, so the object was absent just before (the replay reads
+// nothing more); a subresource's 201, any other status, or no answer
+// says nothing of the kind.
+func TestCreatedHere(t *testing.T) {
+	for _, tc := range []struct {
+		verb, subresource string
+		status            int
+		answered          bool
+		want              bool
+	}{
+		{"create", "", 201, true, true},
+		{"update", "", 201, true, true}, // created by a PUT
+		{"patch", "", 201, true, true},  // created by an apply
+		{"update", "", 200, true, false},
+		{"create", "", 409, true, false},
+		{"create", "eviction", 201, true, false},
+		{"create", "", 201, false, false},
+	} {
+		r := &Run{Verb: tc.verb, Subresource: tc.subresource, actual: func(context.Context) (ActualWrite, bool) {
+			return ActualWrite{Status: tc.status, ResourceVersion: "10"}, tc.answered
+		}}
+		if got := r.createdHere(context.Background()); got != tc.want {
+			t.Errorf("%s %s answered %d (%v): createdHere %v, want %v", tc.verb, tc.subresource, tc.status, tc.answered, got, tc.want)
+		}
+	}
+	if (&Run{Verb: "create"}).createdHere(context.Background()) {
+		t.Error("createdHere without a live request (kproxy explain)")
+	}
+}

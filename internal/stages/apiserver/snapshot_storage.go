@@ -237,6 +237,11 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				return err
 			}
 			read.Snapshot, found = at, true
+		case at != "" && run.createdHere(ctx):
+			// Just before its own create the object was absent: no
+			// second read (a list at an exact resourceVersion) for the
+			// apiserver to serve.
+			read.Snapshot, read.Created, found = at, true, false
 		case at != "":
 			latest := raw
 			read.Snapshot = at
