@@ -48,14 +48,22 @@ func TestExporterSelection(t *testing.T) {
 	}
 }
 
-func TestSetupWithoutExporterStillMakesTraceIDs(t *testing.T) {
+// startSpan sets up a provider with no exporter (ended with the test)
+// and starts a span on it.
+func startSpan(t *testing.T) (trace.TracerProvider, trace.Span) {
+	t.Helper()
 	tp, shutdown, err := Setup(context.Background(), Options{}, env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer shutdown(context.Background())
+	t.Cleanup(func() { _ = shutdown(context.Background()) })
 	_, span := tp.Tracer("t").Start(context.Background(), "x")
-	defer span.End()
+	t.Cleanup(func() { span.End() })
+	return tp, span
+}
+
+func TestSetupWithoutExporterStillMakesTraceIDs(t *testing.T) {
+	_, span := startSpan(t)
 	if !span.SpanContext().TraceID().IsValid() {
 		t.Fatal("no trace ID without an exporter: records need one")
 	}
@@ -68,13 +76,7 @@ func TestSetupWithoutExporterStillMakesTraceIDs(t *testing.T) {
 func TestSamplerFromEnvironment(t *testing.T) {
 	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
 	t.Setenv("OTEL_TRACES_SAMPLER_ARG", "0")
-	tp, shutdown, err := Setup(context.Background(), Options{}, env(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer shutdown(context.Background())
-	_, span := tp.Tracer("t").Start(context.Background(), "x")
-	defer span.End()
+	tp, span := startSpan(t)
 	if span.IsRecording() || span.SpanContext().IsSampled() {
 		t.Error("a span outside the ratio 0 is recorded")
 	}
