@@ -200,7 +200,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.metrics.ReplayBodies(p.bodies.held, max(0, p.bodies.limit))
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:   p.rewrite,
-		Transport: upstreamTransport{p},
+		Transport: upstreamTransport{p: p},
 		// ReverseProxy flushes every write of a response of unknown length
 		// (watches, streamed LISTs: chunked) at once, headers included;
 		// a response of known length is written as it comes, without a
@@ -213,9 +213,10 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	// A watch holds its copy buffer for as long as it is open, mostly
 	// idle; events are small, so a small buffer keeps thousands of
-	// watches cheap.
+	// watches cheap. Its transports share HTTP/2 connections.
 	w := *p.rp
 	w.BufferPool = copyBuffers{pool: &smallCopyBuffers}
+	w.Transport = upstreamTransport{p: p, watch: true}
 	p.rpWatch = &w
 	return p, nil
 }
@@ -453,17 +454,22 @@ func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
 	}
 }
 
+// reverseProxyFor is the one place a watch is told apart on its way
+// upstream: its copy buffers and its transports.
+func (p *Proxy) reverseProxyFor(ex *exchange) *httputil.ReverseProxy {
+	if ex.rec.Request.Verb == "watch" {
+		return p.rpWatch
+	}
+	return p.rp
+}
+
 // forward sends the request upstream inside the upstream span.
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ex *exchange) {
 	ctx, span := p.tracer.Start(r.Context(), "upstream", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("server.address", p.upstream.Host)))
 	defer span.End()
 	ex.upStart = p.clock.Now()
-	rp := p.rp
-	if ex.rec.Request.Verb == "watch" {
-		rp = p.rpWatch
-	}
-	rp.ServeHTTP(w, r.WithContext(ctx))
+	p.reverseProxyFor(ex).ServeHTTP(w, r.WithContext(ctx))
 	ex.upEnd = p.clock.Now()
 	if ex.rec.Actual.Error != "" {
 		span.SetStatus(codes.Error, ex.rec.Actual.Error)
@@ -491,27 +497,24 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	}
 }
 
-// roundTrip picks the transport for the caller's identity. It is where
+// roundTrip picks the transport for the caller's identity, over HTTP/2
+// for a watch (newWatchTransport) unless it asks for an upgrade. It is where
 // kproxy sees exactly what goes upstream: a request sent without a body
 // tells the replay so at once (the body kproxy tees is what the apiserver
 // reads, whatever the client's protocol).
-func (p *Proxy) roundTrip(req *http.Request) (*http.Response, error) {
+func (p *Proxy) roundTrip(req *http.Request, watch bool) (*http.Response, error) {
 	ex := exchangeFrom(req.Context())
 	if ex != nil && ex.body != nil && (req.Body == nil || req.Body == http.NoBody) {
 		ex.body.sentNothing()
 	}
-	// A watch shares HTTP/2 connections (newWatchTransport), unless it
-	// asks for an upgrade.
-	watch := ex != nil && ex.rec.Request.Verb == "watch" && req.Header.Get("Upgrade") == ""
-	switch {
-	case ex != nil && ex.actAs != nil && watch:
-		return p.watchImpersonating.RoundTrip(req)
-	case ex != nil && ex.actAs != nil:
-		return p.impersonating.RoundTrip(req)
-	case watch:
-		return p.watchPassthrough.RoundTrip(req)
+	caller, own := p.passthrough, p.impersonating
+	if watch && req.Header.Get("Upgrade") == "" {
+		caller, own = p.watchPassthrough, p.watchImpersonating
 	}
-	return p.passthrough.RoundTrip(req)
+	if ex != nil && ex.actAs != nil {
+		return own.RoundTrip(req)
+	}
+	return caller.RoundTrip(req)
 }
 
 // maxStatusBody bounds the copy of an error body kept to read its Status.
@@ -814,11 +817,15 @@ func newID() string {
 	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-// upstreamTransport is ReverseProxy's transport: Proxy.roundTrip.
-type upstreamTransport struct{ p *Proxy }
+// upstreamTransport is ReverseProxy's transport: Proxy.roundTrip, for
+// watches or not.
+type upstreamTransport struct {
+	p     *Proxy
+	watch bool
+}
 
 func (t upstreamTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	return t.p.roundTrip(r)
+	return t.p.roundTrip(r, t.watch)
 }
 
 // responseRecorder notes the status and size of what reaches the client.

@@ -173,6 +173,7 @@ func (q *replayPool) submit(run func(), urgent bool) bool {
 // goes to forwarding (and to the apiserver, on a shared machine), which
 // is short of CPU exactly then. More replays are shed, and said unknown.
 func (q *replayPool) work(job queuedReplay) {
+	var idle *time.Timer // the worker's linger timer, made once and reset
 	for {
 		q.m.ReplayStarted(q.clock.Since(job.at))
 		began := q.clock.Now()
@@ -195,7 +196,7 @@ func (q *replayPool) work(job queuedReplay) {
 		}
 		if q.n == 0 {
 			var ok bool
-			if job, ok = q.linger(); !ok {
+			if job, ok = q.linger(&idle); !ok {
 				return
 			}
 			continue
@@ -217,16 +218,21 @@ func (q *replayPool) work(job queuedReplay) {
 }
 
 // linger waits, q.mu held on entry and released, up to workerLinger for
-// a replay submit hands over; false: none came, and the worker ends.
-func (q *replayPool) linger() (queuedReplay, bool) {
+// a replay submit hands over; false: none came, and the worker ends. t is
+// the worker's timer: one per worker, not one per replay.
+func (q *replayPool) linger(t **time.Timer) (queuedReplay, bool) {
 	q.idle++
 	q.mu.Unlock()
-	t := time.NewTimer(workerLinger)
-	defer t.Stop()
+	if *t == nil {
+		*t = time.NewTimer(workerLinger)
+	} else {
+		(*t).Reset(workerLinger) // stopped or fired and drained (Go 1.23 timers)
+	}
 	select {
 	case job := <-q.handoff:
+		(*t).Stop()
 		return job, true
-	case <-t.C:
+	case <-(*t).C:
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()

@@ -62,7 +62,7 @@ func TestWatchTransport(t *testing.T) {
 				req.Header.Set("Upgrade", "websocket")
 			}
 			req = req.WithContext(context.WithValue(req.Context(), exchangeKey{}, ex))
-			_, err = p.roundTrip(req)
+			_, err = p.reverseProxyFor(ex).Transport.RoundTrip(req)
 			if err == nil || err.Error() != c.want {
 				t.Errorf("went over %v, want %s", err, c.want)
 			}

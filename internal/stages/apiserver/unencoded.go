@@ -21,7 +21,8 @@ import (
 type unencoded struct{ m sync.Map }
 
 // unencodedPlaceholder is what the handler writes for an object it does
-// not encode: not a valid object, so that nothing mistakes it for one.
+// not encode: an empty JSON object, which nothing reads (Run keeps only
+// a refusal's body and a write's answer).
 var unencodedPlaceholder = []byte("{} ")
 
 // hold marks obj, read by run, as not to be encoded until release(run).
