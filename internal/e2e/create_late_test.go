@@ -2,12 +2,14 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -65,4 +67,102 @@ func TestCreateReplayedLate(t *testing.T) {
 		t.Errorf("no replay of the %d creates ran after its create was stored: the path under test was not taken", n)
 	}
 	t.Logf("%d of %d creates replayed after their write, the object known absent before it", known, n)
+}
+
+// TestWriteReplayedLate: updates of eight objects, sent at once through a
+// kproxy with one replay worker, so that most replays run after later
+// writes have changed their object. Such a replay reads the object as the
+// request met it (just before the resourceVersion the apiserver answered
+// with, or at it when the request was a no-op naming it) and predicts
+// what the apiserver answered; a write's replay that ran in time is
+// unchanged. Each object sees a merge patch, a no-op update (the object as
+// the patch left it, resourceVersion and all, which the apiserver answers
+// without writing), two more patches and a delete.
+func TestWriteReplayedLate(t *testing.T) {
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(256)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream, set: func(o *serve.Options) {
+		o.ReplayWorkers, o.ReplayQueue = 1, 128
+		o.APIServer.ReplayAPIServerQPS = 1e6
+	}})
+	r := reverseRoute(k)
+	c := r.client(nil)
+	const objects = 8
+	run := fmt.Sprintf("late-write-%d", time.Now().UnixNano())
+	for i := range objects {
+		if _, err := adminClient().CoreV1().ConfigMaps(testNS).Create(context.Background(), &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", run, i)}, Data: map[string]string{"k": "0"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		noOps int // no-op updates the apiserver answered with the body's resourceVersion
+	)
+	patch := func(path, v string) exchange {
+		return do(t, c, r.base, request{method: "PATCH", path: path, user: "admin", contentType: "application/merge-patch+json",
+			body: fmt.Sprintf(`{"data":{"k":%q}}`, v)})
+	}
+	for i := range objects {
+		wg.Go(func() {
+			path := fmt.Sprintf("/api/v1/namespaces/%s/configmaps/%s-%d", testNS, run, i)
+			got := patch(path, "1")
+			if got.status != 200 {
+				t.Errorf("patch: %d %s", got.status, got.body)
+				return
+			}
+			put := do(t, c, r.base, request{method: "PUT", path: path, user: "admin", body: string(got.body)})
+			if put.status != 200 {
+				t.Errorf("no-op update: %d %s", put.status, put.body)
+				return
+			}
+			if resourceVersionIn(t, put.body) == resourceVersionIn(t, got.body) {
+				mu.Lock()
+				noOps++
+				mu.Unlock()
+			}
+			for _, v := range []string{"2", "3"} {
+				if got := patch(path, v); got.status != 200 {
+					t.Errorf("patch: %d %s", got.status, got.body)
+				}
+			}
+			if got := do(t, c, r.base, request{method: "DELETE", path: path, user: "admin"}); got.status != 200 {
+				t.Errorf("delete: %d %s", got.status, got.body)
+			}
+		})
+	}
+	wg.Wait()
+	if noOps != objects {
+		t.Errorf("the apiserver wrote %d of the %d updates that changed nothing (it keeps the resourceVersion of a no-op)", objects-noOps, objects)
+	}
+	late, lateNoOp := 0, 0
+	for range objects * 5 {
+		rec := nextRecord(t, recs)
+		st := stageNamed(rec, record.StageStorage)
+		if rec.Predicted.Status != rec.Actual.Status || rec.Predicted.Stage == record.StageUnknown {
+			t.Errorf("record %s (%s %s): predicted %+v, the apiserver answered %d; storage: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Predicted, rec.Actual.Status, st.Explanation)
+		}
+		if strings.Contains(st.Explanation, "before the replay read it") {
+			late++
+			if strings.Contains(st.Explanation, "which the request left unchanged") {
+				lateNoOp++
+			}
+		}
+	}
+	if late == 0 || lateNoOp == 0 {
+		t.Errorf("%d replays ran after a later write, %d of them of a no-op: the paths under test were not both taken", late, lateNoOp)
+	}
+	t.Logf("%d of %d writes replayed after a later write to their object (%d no-op updates among them)", late, objects*4, lateNoOp)
+}
+
+// resourceVersionIn is the resourceVersion of the object body.
+func resourceVersionIn(t *testing.T, body []byte) string {
+	t.Helper()
+	var o metav1.PartialObjectMetadata
+	if err := json.Unmarshal(body, &o); err != nil {
+		t.Fatalf("not an object: %v: %s", err, body)
+	}
+	return o.ResourceVersion
 }

@@ -58,8 +58,18 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		} else {
 			s += "not found"
 		}
-		if r.Snapshot != "" {
+		switch {
+		case r.Snapshot != "" && r.NoOp:
+			s += fmt.Sprintf(" as of resourceVersion %s, which the request left unchanged (the apiserver answered with it)", r.Snapshot)
+		case r.Snapshot != "":
 			s += fmt.Sprintf(" as of resourceVersion %s, before the request's own write", r.Snapshot)
+		}
+		switch r.Later {
+		case "":
+		case "deleted":
+			s += "; deleted by a later write before the replay read it"
+		default:
+			s += fmt.Sprintf("; a later write had changed it (resourceVersion %s) before the replay read it", r.Later)
 		}
 		if r.Created {
 			s += " (the request created it, which etcd does only for an absent key)"

@@ -87,13 +87,16 @@ type Run struct {
 }
 
 // snapshotRevision decides which state of an object the replay reads: the
-// latest ("") unless the request's own write is already visible. A write
+// latest ("") unless the request's own write, or a later one, is already
+// visible. A write
 // that succeeded answers with the object's new resourceVersion R; an
 // object found at R is the request's own doing (unless the write was a
 // no-op, which keeps the resourceVersion the body named), so the replay
 // reads it at R-1. A delete that succeeded removed the object, and the
 // store answers with its last version at the delete's own revision R: it
-// is read at R-1. why is set when the answer never came.
+// is read at R-1. A replay that runs after later writes reads the same
+// revisions, which the store still serves (until etcd compacts them). why
+// is set when the answer never came.
 func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, why string) {
 	if r.actual == nil || r.DryRun {
 		return "", "" // a dry run writes nothing
@@ -122,14 +125,17 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		// Created by this request, changed since: a create is never a
 		// no-op, so just before it the object did not exist.
 		return strconv.FormatUint(n-1, 10), ""
-	case found && newerThan(rv, n):
-		// Another write changed the object after this one (the replay
-		// ran late, behind a queue): whether this request was a no-op
-		// or not, the state it met cannot be told apart any more.
-		return "", fmt.Sprintf("the object changed after this request (resourceVersion %s, after the %s the apiserver answered with) before the replay read it, so the state on arrival is not known", rv, aw.ResourceVersion)
-	case !found && (r.Verb == "update" || r.Verb == "patch"):
-		// It was deleted after this request updated it.
-		return "", fmt.Sprintf("the object was deleted after this request (which the apiserver answered with resourceVersion %s) before the replay read it, so the state on arrival is not known", aw.ResourceVersion)
+	case found && newerThan(rv, n), !found && (r.Verb == "update" || r.Verb == "patch"):
+		// Another write changed (or deleted) the object after this one:
+		// the replay ran late, behind a queue. The store still holds the
+		// state the request met, as it does in time: just before R, R
+		// being the request's own write; or R itself when the request was
+		// a no-op that named R in its body (the apiserver keeps the
+		// resourceVersion of a write that changes nothing).
+		if r.BodyRV == aw.ResourceVersion {
+			return aw.ResourceVersion, ""
+		}
+		return strconv.FormatUint(n-1, 10), ""
 	case !found && r.Verb == "delete":
 		// The store answers a delete with the object as it last was, at
 		// the revision of the delete itself: it last existed just before.
@@ -142,6 +148,16 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 func newerThan(rv string, n uint64) bool {
 	m, err := strconv.ParseUint(rv, 10, 64)
 	return err == nil && m > n
+}
+
+// answeredRV is the resourceVersion the apiserver answered the request
+// with ("" without an answer).
+func (r *Run) answeredRV(ctx context.Context) string {
+	if r.actual == nil {
+		return ""
+	}
+	aw, _ := r.actual(ctx)
+	return aw.ResourceVersion
 }
 
 // updatedExisting reports an update or patch the apiserver answered 200:
@@ -184,7 +200,14 @@ type StorageRead struct {
 	Snapshot  string // the resourceVersion read at, if not the latest
 	// Created: the state at Snapshot was not read but known: the request
 	// created the object (Run.createdHere), so it was absent then.
-	Created         bool
+	Created bool
+	// NoOp: Snapshot is the resourceVersion the apiserver answered with,
+	// which the request left as it was (a write that changed nothing).
+	NoOp bool
+	// Later is the object's resourceVersion when the replay read it
+	// ("deleted" when it was gone), when a write after the request's had
+	// changed it: the replay ran late and read the state at Snapshot.
+	Later           string
 	Found           bool
 	ResourceVersion string
 	Start           time.Time

@@ -23,8 +23,10 @@ func TestSnapshotRevision(t *testing.T) {
 	}{
 		{"update, its own write visible", "update", "", 200, "10", true, "10", "9", ""},
 		{"update that named the rv it left (no-op)", "update", "10", 200, "10", true, "10", "", ""},
-		{"update, changed again since", "patch", "", 200, "10", true, "12", "", "changed after this request"},
-		{"update, deleted since", "patch", "", 200, "10", false, "", "", "deleted after this request"},
+		{"update, changed again since (a late replay)", "patch", "", 200, "10", true, "12", "9", ""},
+		{"update, deleted since (a late replay)", "patch", "", 200, "10", false, "", "9", ""},
+		{"no-op that named its rv, changed since", "update", "10", 200, "10", true, "12", "10", ""},
+		{"no-op that named its rv, deleted since", "update", "10", 200, "10", false, "", "10", ""},
 		{"create, its own write visible", "create", "", 201, "10", true, "10", "9", ""},
 		{"create, changed since (a controller)", "create", "", 201, "10", true, "15", "9", ""},
 		{"delete, gone", "delete", "", 200, "10", false, "", "9", ""},

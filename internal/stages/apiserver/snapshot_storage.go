@@ -243,8 +243,13 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 			// apiserver to serve.
 			read.Snapshot, read.Created, found = at, true, false
 		case at != "":
-			latest := raw
+			latest, latestRV := raw, resourceVersionOf(raw)
 			read.Snapshot = at
+			if found && newerThan(latestRV, 0) && latestRV != run.answeredRV(ctx) {
+				read.Later = latestRV // the replay runs after later writes
+			} else if !found && run.Verb != "delete" {
+				read.Later = "deleted" // (a delete's own write removed it)
+			}
 			if raw, found, err = s.getAt(ctx, ns, name, at); err != nil {
 				read.Err = err
 				return err
@@ -254,7 +259,19 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				// updated it without creating it: R is not the request's
 				// write but the object's creation, and the request was a
 				// no-op (which keeps the resourceVersion).
-				raw, found, read.Snapshot = latest, true, ""
+				r := run.answeredRV(ctx)
+				read.Snapshot, read.NoOp = r, true
+				if latestRV == r {
+					raw, found = latest, true
+				} else if raw, found, err = s.getAt(ctx, ns, name, r); err != nil || !found {
+					if err == nil {
+						err = fmt.Errorf("%s/%s: not found as of resourceVersion %s, which the apiserver answered the request with", p, name, r)
+					}
+					read.Err = err
+					return err
+				}
+			} else if at == run.answeredRV(ctx) {
+				read.NoOp = true // named in the body, kept by the apiserver
 			}
 		}
 	}
