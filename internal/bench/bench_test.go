@@ -196,17 +196,20 @@ func BenchmarkGetPod(b *testing.B) {
 	if _, err := e.admin.CoreV1().Pods("bench").Create(context.Background(), pod, metav1.CreateOptions{}); err != nil && !strings.Contains(err.Error(), "already exists") {
 		b.Fatal(err)
 	}
+	start := time.Now()
 	res := interleave(b, count(500), 1, 5, func(t *target, _ int) *http.Request {
 		req, _ := http.NewRequest("GET", t.base+"/api/v1/namespaces/bench/pods/bench-pod", nil)
 		return req
 	})
 	report(b, res, false)
+	reportPredicted(b, "bench", start)
 }
 
 // BenchmarkCreateConfigMap: POST configmap, concurrency 8 (targets: added
 // p50 <= 2 ms, throughput >= 0.75x direct).
 func BenchmarkCreateConfigMap(b *testing.B) {
 	ensureNamespace(b, "bench-create")
+	start := time.Now()
 	var seq int64
 	var mu sync.Mutex
 	res := interleave(b, count(1000), 8, 5, func(t *target, _ int) *http.Request {
@@ -220,6 +223,7 @@ func BenchmarkCreateConfigMap(b *testing.B) {
 		return req
 	})
 	report(b, res, false)
+	reportPredicted(b, "bench-create", start)
 }
 
 // populate creates count ConfigMaps of size bytes in ns, if not there yet.

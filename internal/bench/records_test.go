@@ -231,3 +231,61 @@ func breakdown(line []byte) string {
 	}
 	return strings.Join(out, ", ")
 }
+
+// reportPredicted logs how many of the records the "kproxy" target wrote
+// for requests in ns since start were predicted, and why the others were
+// not (a replay shed, a read past --replay-*-qps): a throughput measured
+// while replays are shed is not the cost of replaying every request.
+func reportPredicted(b *testing.B, ns string, start time.Time) {
+	b.Helper()
+	var total, predicted int
+	why := map[string]int{}
+	// Records are written once their replay is over: wait for the count
+	// to settle.
+	for last, deadline := -1, time.Now().Add(30*time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		total, predicted, why = countPredicted(b, ns, start)
+		if total == last {
+			break
+		}
+		last = total
+	}
+	b.ReportMetric(float64(predicted)/float64(max(1, total)), "kproxy-predicted-share")
+	reasons := make([]string, 0, len(why))
+	for w, n := range why {
+		reasons = append(reasons, fmt.Sprintf("%d: %s", n, w))
+	}
+	slices.Sort(reasons)
+	b.Logf("kproxy predicted %d of its %d records (%.0f%%); unknown: %v", predicted, total, 100*float64(predicted)/float64(max(1, total)), reasons)
+}
+
+func countPredicted(b *testing.B, ns string, start time.Time) (total, predicted int, why map[string]int) {
+	b.Helper()
+	f, err := os.Open(e.capture)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	why = map[string]int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var r record.Record
+		if json.Unmarshal(sc.Bytes(), &r) != nil || r.Request.Namespace != ns || r.Start.Before(start) {
+			continue
+		}
+		total++
+		if r.Predicted.Stage != record.StageUnknown {
+			predicted++
+			continue
+		}
+		w := r.Predicted.Message
+		if i := strings.Index(w, " ("); i > 0 && len(w) > 120 {
+			w = w[:i]
+		}
+		why[w]++
+	}
+	if err := sc.Err(); err != nil {
+		b.Fatal(err)
+	}
+	return total, predicted, why
+}

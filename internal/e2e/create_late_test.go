@@ -61,6 +61,11 @@ func TestCreateReplayedLate(t *testing.T) {
 		}
 		if strings.Contains(st.Explanation, "not found as of resourceVersion") && strings.Contains(st.Explanation, "the request created it") {
 			known++
+			// etcd's one answer (the object created) says the key was
+			// absent before: no second read.
+			if !strings.Contains(st.Explanation, "before the request's own create (createRevision") {
+				t.Errorf("record %s: etcd's answer not told: %s", rec.ID, st.Explanation)
+			}
 		}
 	}
 	if known == 0 {
@@ -146,6 +151,11 @@ func TestWriteReplayedLate(t *testing.T) {
 		}
 		if strings.Contains(st.Explanation, "before the replay read it") {
 			late++
+			// Read at its revision from etcd, by the apiserver's etcd3
+			// store, with what etcd holds for the key then.
+			if !strings.Contains(st.Explanation, "read from etcd by the apiserver's etcd3 store") || !strings.Contains(st.Explanation, "modRevision") {
+				t.Errorf("record %s: a late replay's read, not from etcd: %s", rec.ID, st.Explanation)
+			}
 			if strings.Contains(st.Explanation, "which the request left unchanged") {
 				lateNoOp++
 			}

@@ -74,7 +74,11 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		if r.Created {
 			s += " (the request created it, which etcd does only for an absent key)"
 		}
-		reads = append(reads, fmt.Sprintf("%s (read through the apiserver in %v)", s, r.Duration.Round(10_000)))
+		how := "read through the apiserver"
+		if r.FromEtcd {
+			how = "read from etcd by the apiserver's etcd3 store"
+		}
+		reads = append(reads, fmt.Sprintf("%s (%s in %v)", s, how, r.Duration.Round(10_000)))
 	}
 	start, end, reached := run.PhaseTimes(apiserver.PhaseStorage)
 	if !reached {
@@ -116,17 +120,34 @@ func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *apis
 		return "", nil, nil
 	}
 	r := run.Reads[len(run.Reads)-1]
+	switch {
+	case r.Etcd != nil && r.Created && r.Etcd.Found && strconv.FormatInt(r.Etcd.CreateRevision-1, 10) == r.Snapshot:
+		// The replay read the key as it is now, the request's own create
+		// in it (its createRevision): just before, etcd held nothing there.
+		kv := *r.Etcd
+		out := fmt.Sprintf("; etcd %s: absent at revision %s, before the request's own create (createRevision %d; read at revision %d in %v)",
+			kv.Key, r.Snapshot, kv.CreateRevision, kv.Revision, kv.Latency.Round(10*time.Microsecond))
+		return out, []childSpan{etcdSpan("etcd get", kv, r.EtcdStart)}, &apiserver.EtcdKV{Key: kv.Key, Revision: kv.Revision}
+	case r.Etcd != nil && !r.Created:
+		// The replay's own read of the key, as etcd answered it.
+		return st.describeKV(*r.Etcd, run), []childSpan{etcdSpan("etcd get", *r.Etcd, r.EtcdStart)}, r.Etcd
+	}
 	var rev int64
 	if r.Snapshot != "" {
 		rev, _ = strconv.ParseInt(r.Snapshot, 10, 64) // "last-existing" and such read the latest
 	}
 	start := st.m.clock.Now()
 	kv, _, _ := w.InspectEtcd(ctx, r.Key, rev)
+	return st.describeKV(kv, run), []childSpan{etcdSpan("etcd get", kv, start)}, &kv
+}
+
+// describeKV says what etcd holds under the written object's key.
+func (st storageStage) describeKV(kv apiserver.EtcdKV, run *apiserver.Run) string {
 	out := "; " + kv.String()
 	if kv.Found && run.BodyRV != "" && fmt.Sprint(kv.ModRevision) != run.BodyRV {
 		out += fmt.Sprintf("; the request names resourceVersion %s, etcd's modRevision is %d", run.BodyRV, kv.ModRevision)
 	}
-	return out, []childSpan{etcdSpan("etcd get", kv, start)}, &kv
+	return out
 }
 
 func etcdSpan(name string, kv apiserver.EtcdKV, start time.Time) childSpan {

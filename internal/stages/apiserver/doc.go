@@ -13,10 +13,10 @@
 //
 // Every write runs in dry run (dryrun.go: however the request carries its
 // options). The registries' storage (snapshot_storage.go) reads the
-// cluster through the apiserver, as the object was before the request's
-// own write; reads go through the apiserver's own etcd3 store on its etcd,
-// wrapped read-only (etcd.go), or through the apiserver without etcd
-// access. A write that reaches storage is refused and makes the run
+// object as it was before the request's own write (at an exact revision
+// when later writes are visible); reads of both writes and read requests
+// go through the apiserver's own etcd3 store on its etcd, wrapped
+// read-only (etcd.go), or through the apiserver without etcd access. A write that reaches storage is refused and makes the run
 // unknown, never a prediction. What only a real allocation checks (a
 // Service's cluster IPs and node ports) runs for real against in-memory
 // allocators over the cluster's current allocations (services.go); what

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"net/url"
 	"path"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -40,8 +42,9 @@ type snapshotOptions struct {
 	// apiextensions scheme); custom resources need neither.
 	scheme  *runtime.Scheme
 	decoder runtime.Decoder
-	// etcd, when kproxy can read the apiserver's etcd, serves read
-	// requests through the apiserver's own etcd3 store.
+	// etcd, when kproxy can read the apiserver's etcd, serves the reads
+	// (of read requests and of writes' replays) through the apiserver's
+	// own etcd3 store.
 	etcd *etcdAccess
 	// noEtcd says why etcd is not read (" (...)"), when it is not.
 	noEtcd string
@@ -96,7 +99,8 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, _ func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, _ storage.AttrFunc, _ storage.IndexerFuncs, _ *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
 		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder,
-			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource], noEtcd: o.noEtcd, clock: o.clock, unencoded: o.unencoded}
+			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource], noEtcd: o.noEtcd, clock: o.clock, unencoded: o.unencoded,
+			newList: newListFunc}
 		if s.clock == nil {
 			s.clock = clock.RealClock{}
 		}
@@ -132,9 +136,10 @@ func servedVersion(gr schema.GroupResource, example runtime.Object, scheme *runt
 }
 
 // snapshotStorage is the storage.Interface under the write path's registry
-// stores. It reads the cluster through the apiserver with kproxy's
-// read-only client, as the object was when the request arrived (see
-// Run.snapshot), and refuses to write: the replay runs every write in
+// stores. It reads the object as it was when the request arrived (see
+// Run.snapshotRevision), from etcd through the apiserver's own etcd3
+// store when kproxy can read etcd, else through the apiserver with
+// kproxy's read-only client, and refuses to write: the replay runs every write in
 // dry run, where the registry only reads (DryRunnableStorage).
 type snapshotStorage struct {
 	state   *ClusterState
@@ -152,6 +157,7 @@ type snapshotStorage struct {
 	noEtcd      string
 	clock       clock.PassiveClock
 	unencoded   *unencoded
+	newList     func() runtime.Object // the resource's list type
 }
 
 var errReplayWrite = errors.New("the kproxy replay never writes to the cluster")
@@ -205,72 +211,68 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		return err
 	}
 	run := runFrom(ctx)
-	start := s.clock.Now()
-	read := StorageRead{Key: key, Path: p}
+	read := StorageRead{Key: key, Path: p, Start: s.clock.Now()}
 	defer func() {
-		read.Duration = s.clock.Since(start)
+		read.Duration = s.clock.Since(read.Start)
 		if run != nil {
 			run.addRead(read)
 		}
 	}()
-	if err := s.state.admitRead(); err != nil {
+	var src objectSource = apiObjects{s: s, path: p, ns: ns, name: name}
+	if s.etcd != nil && run != nil {
+		src = etcdObjects{s: s, key: key, read: &read, api: src}
+	}
+	found, rv, err := src.latest(ctx, out)
+	if err != nil {
 		read.Err = err
 		return err
 	}
-	raw, err := s.state.Client.Discovery().RESTClient().Get().AbsPath(p).SetHeader("Accept", "application/json").Do(ctx).Raw()
-	found := err == nil
-	if err != nil && !apierrors.IsNotFound(err) {
-		read.Err = err
-		return fmt.Errorf("kproxy could not read %s from the apiserver: %w", p, err)
-	}
 	if run != nil {
-		// The request's own write may already be visible: read the object
-		// as it was just before it.
-		at, why := run.snapshotRevision(ctx, found, resourceVersionOf(raw))
+		// The request's own write may already be visible, or later ones:
+		// read the object as the request met it.
+		at, why := run.snapshotRevision(ctx, found, rv)
 		switch {
 		case why != "":
 			read.Err = errors.New(why)
-			return errors.New(why)
+			return read.Err
 		case at == lastExisting:
-			if raw, at, err = s.findLastExisting(ctx, ns, name); err != nil {
+			if at, err = src.lastExisting(ctx, out); err != nil {
 				read.Err = err
 				return err
 			}
 			read.Snapshot, found = at, true
+			read.Etcd = nil // etcd's answer was of the latest: none
 		case at != "" && run.createdHere(ctx):
 			// Just before its own create the object was absent: no
-			// second read (a list at an exact resourceVersion) for the
-			// apiserver to serve.
+			// second read for etcd (or the apiserver) to serve.
 			read.Snapshot, read.Created, found = at, true, false
 		case at != "":
-			latest, latestRV := raw, resourceVersionOf(raw)
+			answered := run.answeredRV(ctx)
 			read.Snapshot = at
-			if found && newerThan(latestRV, 0) && latestRV != run.answeredRV(ctx) {
-				read.Later = latestRV // the replay runs after later writes
+			if found && rv != answered {
+				read.Later = rv // the replay runs after later writes
 			} else if !found && run.Verb != "delete" {
 				read.Later = "deleted" // (a delete's own write removed it)
 			}
-			if raw, found, err = s.getAt(ctx, ns, name, at); err != nil {
+			if found, err = src.at(ctx, at, out); err != nil {
 				read.Err = err
 				return err
 			}
-			if !found && run.updatedExisting(ctx) {
+			switch {
+			case !found && run.updatedExisting(ctx):
 				// The object did not exist before R, yet the request
 				// updated it without creating it: R is not the request's
 				// write but the object's creation, and the request was a
 				// no-op (which keeps the resourceVersion).
-				r := run.answeredRV(ctx)
-				read.Snapshot, read.NoOp = r, true
-				if latestRV == r {
-					raw, found = latest, true
-				} else if raw, found, err = s.getAt(ctx, ns, name, r); err != nil || !found {
-					if err == nil {
-						err = fmt.Errorf("%s/%s: not found as of resourceVersion %s, which the apiserver answered the request with", p, name, r)
-					}
+				read.Snapshot, read.NoOp = answered, true
+				if found, err = src.at(ctx, answered, out); err == nil && !found {
+					err = fmt.Errorf("%s: not found as of resourceVersion %s, which the apiserver answered the request with", p, answered)
+				}
+				if err != nil {
 					read.Err = err
 					return err
 				}
-			} else if at == run.answeredRV(ctx) {
+			case at == answered:
 				read.NoOp = true // named in the body, kept by the apiserver
 			}
 		}
@@ -281,15 +283,137 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		}
 		return storage.NewKeyNotFoundError(key, 0)
 	}
-	if err := runtime.DecodeInto(s.decoder, raw, out); err != nil {
-		read.Err = err
-		return fmt.Errorf("decoding %s: %w", p, err)
-	}
 	read.Found = true
 	if m, err := meta.Accessor(out); err == nil {
 		read.ResourceVersion = m.GetResourceVersion()
 	}
 	return nil
+}
+
+// objectSource reads the object of a write's replay: as it is now, as it
+// was at a resourceVersion, or as it last was before a delete.
+type objectSource interface {
+	latest(ctx context.Context, out runtime.Object) (found bool, rv string, err error)
+	at(ctx context.Context, rv string, out runtime.Object) (found bool, err error)
+	lastExisting(ctx context.Context, out runtime.Object) (rv string, err error)
+}
+
+// apiObjects reads through the apiserver, with kproxy's client (without
+// etcd access): the latest is a GET, a past state a list at an exact
+// resourceVersion selecting the name.
+type apiObjects struct {
+	s              *snapshotStorage
+	path, ns, name string
+}
+
+func (a apiObjects) latest(ctx context.Context, out runtime.Object) (bool, string, error) {
+	if err := a.s.state.admitRead(); err != nil {
+		return false, "", err
+	}
+	raw, err := a.s.state.Client.Discovery().RESTClient().Get().AbsPath(a.path).SetHeader("Accept", "application/json").Do(ctx).Raw()
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, "", nil
+	case err != nil:
+		return false, "", fmt.Errorf("kproxy could not read %s from the apiserver: %w", a.path, err)
+	}
+	return true, resourceVersionOf(raw), a.decode(raw, out)
+}
+
+func (a apiObjects) at(ctx context.Context, rv string, out runtime.Object) (bool, error) {
+	raw, found, err := a.s.getAt(ctx, a.ns, a.name, rv)
+	if err != nil || !found {
+		return false, err
+	}
+	return true, a.decode(raw, out)
+}
+
+func (a apiObjects) lastExisting(ctx context.Context, out runtime.Object) (string, error) {
+	raw, rv, err := a.s.findLastExisting(ctx, a.ns, a.name)
+	if err != nil {
+		return "", err
+	}
+	return rv, a.decode(raw, out)
+}
+
+func (a apiObjects) decode(raw []byte, out runtime.Object) error {
+	if err := runtime.DecodeInto(a.s.decoder, raw, out); err != nil {
+		return fmt.Errorf("decoding %s: %w", a.path, err)
+	}
+	return nil
+}
+
+// etcdObjects reads through the apiserver's own etcd3 store on kproxy's
+// etcd client, as the apiserver's registry reads: no load on the
+// apiserver, the object decoded from its storage version as the
+// apiserver decodes it, and a past state read at its etcd revision. What
+// etcd answered (the key's revisions, encoding, encryption) is kept for
+// the storage stage, which then need not read the key again.
+type etcdObjects struct {
+	s    *snapshotStorage
+	key  string
+	read *StorageRead
+	api  objectSource // for lastExisting
+}
+
+func (e etcdObjects) latest(ctx context.Context, out runtime.Object) (bool, string, error) {
+	err := e.call(ctx, func(ctx context.Context, st storage.Interface) error {
+		return st.Get(ctx, e.key, storage.GetOptions{}, out)
+	})
+	switch {
+	case storage.IsNotFound(err):
+		return false, "", nil
+	case err != nil:
+		return false, "", err
+	}
+	m, err := meta.Accessor(out)
+	if err != nil {
+		return false, "", err
+	}
+	return true, m.GetResourceVersion(), nil
+}
+
+func (e etcdObjects) at(ctx context.Context, rv string, out runtime.Object) (bool, error) {
+	list := e.s.newList()
+	err := e.call(ctx, func(ctx context.Context, st storage.Interface) error {
+		return st.GetList(ctx, e.key, storage.ListOptions{ResourceVersion: rv, ResourceVersionMatch: metav1.ResourceVersionMatchExact,
+			Predicate: storage.Everything}, list)
+	})
+	if err != nil {
+		return false, fmt.Errorf("kproxy could not read %s as of resourceVersion %s from etcd: %w", e.key, rv, err)
+	}
+	items, err := meta.ExtractList(list)
+	if err != nil || len(items) == 0 {
+		return false, err
+	}
+	dst, src := reflect.ValueOf(out), reflect.ValueOf(items[0])
+	if dst.Kind() != reflect.Pointer || src.Kind() != reflect.Pointer || dst.Type() != src.Type() {
+		return false, fmt.Errorf("%s: the store lists %T, the registry reads into %T", e.key, items[0], out)
+	}
+	dst.Elem().Set(src.Elem())
+	return true, nil
+}
+
+// lastExisting goes through the apiserver (exact-resourceVersion lists,
+// bisecting): a delete answered with a Status, not the object, is rare.
+func (e etcdObjects) lastExisting(ctx context.Context, out runtime.Object) (string, error) {
+	return e.api.lastExisting(ctx, out)
+}
+
+// call runs one read of the etcd3 store, bounded by --replay-etcd-qps,
+// and keeps what etcd answered it.
+func (e etcdObjects) call(ctx context.Context, read func(context.Context, storage.Interface) error) error {
+	var r StorageRead
+	c, ok, err := e.s.etcdRead(ctx, &r, read)
+	if r.Err != nil {
+		return r.Err // not read: shed or no store
+	}
+	e.read.FromEtcd = true
+	if ok {
+		kv := e.s.access.kvInfo(ctx, c.key, c.resp, c.latency)
+		e.read.Etcd, e.read.EtcdStart = &kv, c.start
+	}
+	return err
 }
 
 // getAt reads one object as it was at resourceVersion rv: a list with an
