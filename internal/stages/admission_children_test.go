@@ -3,6 +3,7 @@ package stages
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -80,5 +81,38 @@ func TestAdmitted(t *testing.T) {
 	msg, children = admitted(1, nil, one, folded)
 	if msg != "1 plugins admitted the request" || len(children) != 1 || children[0].Name != "A" {
 		t.Errorf("one plugin: %q, children %+v", msg, children)
+	}
+}
+
+// TestFoldSpans: two or more unremarkable plugins' spans become one that
+// names each with its time and runs from the first's start to the last's
+// end; one alone keeps its own.
+func TestFoldSpans(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	sp := func(name string, from, to time.Duration) childSpan {
+		return childSpan{Name: "admission " + name, Start: t0.Add(from), End: t0.Add(to), Outcome: record.Pass}
+	}
+	if got := foldSpans(nil); len(got) != 0 {
+		t.Errorf("no spans folded into %v", got)
+	}
+	if got := foldSpans([]childSpan{sp("A", 0, time.Microsecond)}); len(got) != 1 || got[0].Name != "admission A" {
+		t.Errorf("one span: %v, want it as it is", got)
+	}
+	got := foldSpans([]childSpan{sp("A", 0, 3*time.Microsecond), sp("B", 5*time.Microsecond, 7*time.Microsecond), sp("C", 9*time.Microsecond, 20*time.Microsecond)})
+	if len(got) != 1 {
+		t.Fatalf("three spans folded into %d", len(got))
+	}
+	f := got[0]
+	if f.Name != "admission: 3 more plugins" || !f.Start.Equal(t0) || !f.End.Equal(t0.Add(20*time.Microsecond)) {
+		t.Errorf("folded span %q %v..%v", f.Name, f.Start, f.End)
+	}
+	var plugins string
+	for _, a := range f.Attrs {
+		if a.Key == "kproxy.admission.plugins" {
+			plugins = a.Value.AsString()
+		}
+	}
+	if plugins != "A 3µs, B 2µs, C 11µs" {
+		t.Errorf("kproxy.admission.plugins = %q", plugins)
 	}
 }

@@ -6,8 +6,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kproxy/kproxy/internal/record"
+	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
@@ -31,7 +32,7 @@ func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool
 		return none
 	}
 	var children []record.StageResult
-	var spans []childSpan
+	var spans, quiet []childSpan
 	var changed []string
 	for _, c := range run.Plugins {
 		if c.Validating != validating {
@@ -43,11 +44,16 @@ func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool
 		if c.Err != nil {
 			sp.Err = c.Err.Error()
 		}
-		spans = append(spans, sp)
+		if unremarkable(ch) {
+			quiet = append(quiet, sp)
+		} else {
+			spans = append(spans, sp)
+		}
 		if c.Patch != "" {
 			changed = append(changed, c.Name)
 		}
 	}
+	spans = append(spans, foldSpans(quiet)...)
 	plugins := len(children)
 	children, folded := summarizeUnchanged(children)
 	start, end, reached := run.PhaseTimes(phase)
@@ -106,14 +112,14 @@ const slowPlugin = time.Millisecond
 // time (those that refused, changed the object, or took a millisecond or
 // more) and folds the rest into one child that counts them (it does not
 // name them: they are the apiserver's enabled plugins, the same in every
-// record, and each still has its own span in the trace). folded is how
+// record, and folded in the trace too, where foldSpans names them). folded is how
 // many were folded; with fewer than two the children are kept as they are
 // (folded is 0).
 func summarizeUnchanged(children []record.StageResult) (_ []record.StageResult, folded int) {
 	var kept []record.StageResult
 	var summary record.StageResult
 	for _, ch := range children {
-		if ch.Outcome != record.Pass || ch.Explanation != admittedUnchanged || ch.DurationNs >= slowPlugin.Nanoseconds() {
+		if !unremarkable(ch) {
 			kept = append(kept, ch)
 			continue
 		}
@@ -130,6 +136,35 @@ func summarizeUnchanged(children []record.StageResult) (_ []record.StageResult, 
 	summary.Outcome = record.Pass
 	summary.Explanation = "admitted without change, each in under " + slowPlugin.String()
 	return append(kept, summary), folded
+}
+
+// unremarkable is a plugin that admitted without change in under
+// slowPlugin: the same in every request, folded in the record and in the
+// trace.
+func unremarkable(ch record.StageResult) bool {
+	return ch.Outcome == record.Pass && ch.Explanation == admittedUnchanged && ch.DurationNs < slowPlugin.Nanoseconds()
+}
+
+// foldSpans makes the spans of unremarkable plugins one span, "admission:
+// N more plugins", from the first's start to the last's end, naming each
+// with its time in kproxy.admission.plugins (two or more; fewer keep
+// their own). A write's trace has half the spans it would have with one
+// per plugin, which is half the tracing cost, and nothing an operator
+// looks for is lost: a plugin that refused, changed the object or took
+// slowPlugin or more keeps its own span.
+func foldSpans(quiet []childSpan) []childSpan {
+	if len(quiet) < 2 {
+		return quiet
+	}
+	names := make([]string, len(quiet))
+	for i, sp := range quiet {
+		names[i] = strings.TrimPrefix(sp.Name, "admission ") + " " + sp.End.Sub(sp.Start).Round(time.Microsecond).String()
+	}
+	return []childSpan{{Name: fmt.Sprintf("admission: %d more plugins", len(quiet)), Start: quiet[0].Start, End: quiet[len(quiet)-1].End,
+		Outcome: record.Pass, Attrs: []attribute.KeyValue{
+			attribute.String("kproxy.admission.plugins", strings.Join(names, ", ")),
+			attribute.String("kproxy.admission.explanation", "admitted without change, each in under "+slowPlugin.String()),
+		}}}
 }
 
 // childFor is a plugin call as a stage child.
