@@ -65,10 +65,12 @@ const DefaultReplayBodyBudget = 32 << 20
 func DefaultReplayQueue(workers int) int { return replayQueuePerWorker * max(1, workers) }
 
 // overloadWindow is how long after a shed the pool counts as overloaded;
-// maxRest bounds one rest (a replay held up by a slow webhook is not
-// CPU).
+// while it is, a worker rests restPerRun times as long as its replay ran
+// (replays then take at most a quarter of one CPU), at most maxRest (a
+// replay held up by a slow webhook is not CPU).
 const (
 	overloadWindow = time.Second
+	restPerRun     = 3
 	maxRest        = 50 * time.Millisecond
 	workerLinger   = time.Second
 )
@@ -168,10 +170,11 @@ func (q *replayPool) submit(run func(), urgent bool) bool {
 // worker leaves.
 //
 // While the pool is overloaded (it shed a replay within overloadWindow),
-// one worker replays, and it rests as long as its replay ran before it
-// takes the next: the replays then use at most half a CPU, and the rest
-// goes to forwarding (and to the apiserver, on a shared machine), which
-// is short of CPU exactly then. More replays are shed, and said unknown.
+// one worker replays, and it rests restPerRun times as long as its replay
+// ran before it takes the next: the replays then use at most a quarter of
+// a CPU (at half, forwarding kept 0.84x to 0.96x of a proxy without
+// replay), and the rest goes to forwarding (and to the apiserver, on a
+// shared machine), which is short of CPU exactly then. More replays are shed, and said unknown.
 func (q *replayPool) work(job queuedReplay) {
 	var idle *time.Timer // the worker's linger timer, made once and reset
 	for {
@@ -191,7 +194,7 @@ func (q *replayPool) work(job queuedReplay) {
 		}
 		if q.n > 0 && q.overloaded(now) {
 			q.mu.Unlock()
-			q.rest(min(ran, maxRest))
+			q.rest(min(restPerRun*ran, maxRest))
 			q.mu.Lock()
 		}
 		if q.n == 0 {

@@ -334,8 +334,8 @@ func TestReplayPoolDefaults(t *testing.T) {
 }
 
 // TestReplayPoolRestsWhenOverloaded: a worker takes queued replays back
-// to back while nothing is shed, and rests between them (as long as the
-// replay ran, bounded) once the pool has shed one.
+// to back while nothing is shed, and rests between them (restPerRun times
+// as long as the replay ran, bounded) once the pool has shed one.
 func TestReplayPoolRestsWhenOverloaded(t *testing.T) {
 	for _, overload := range []bool{false, true} {
 		q := newReplayPool(1, 2, clock.RealClock{}, nil)
@@ -367,8 +367,8 @@ func TestReplayPoolRestsWhenOverloaded(t *testing.T) {
 			t.Errorf("rested %v after a shed, want a rest before each of the two queued replays", got)
 		}
 		for _, d := range got {
-			if d < 2*time.Millisecond || d > maxRest {
-				t.Errorf("rested %v, want the replay's own time (>= 2ms), at most %v", d, maxRest)
+			if d < restPerRun*2*time.Millisecond || d > maxRest {
+				t.Errorf("rested %v, want %d times the replay's own time (>= %v), at most %v", d, restPerRun, restPerRun*2*time.Millisecond, maxRest)
 			}
 		}
 	}
