@@ -202,7 +202,7 @@ func BenchmarkGetPod(b *testing.B) {
 		return req
 	})
 	report(b, res, false)
-	reportPredicted(b, "bench", start)
+	reportPredicted(b, "bench", start, res["kproxy"].requests)
 }
 
 // BenchmarkCreateConfigMap: POST configmap, concurrency 8 (targets: added
@@ -223,7 +223,7 @@ func BenchmarkCreateConfigMap(b *testing.B) {
 		return req
 	})
 	report(b, res, false)
-	reportPredicted(b, "bench-create", start)
+	reportPredicted(b, "bench-create", start, res["kproxy"].requests)
 }
 
 // populate creates count ConfigMaps of size bytes in ns, if not there yet.

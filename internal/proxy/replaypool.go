@@ -66,8 +66,10 @@ func DefaultReplayQueue(workers int) int { return replayQueuePerWorker * max(1, 
 
 // overloadWindow is how long after a shed the pool counts as overloaded;
 // while it is, a worker rests restPerRun times as long as its replay ran
-// (replays then take at most a quarter of one CPU), at most maxRest (a
-// replay held up by a slow webhook is not CPU).
+// (replays of up to maxRest/restPerRun, nearly all, then take at most a
+// quarter of one CPU), at most maxRest (a replay held up by a slow
+// webhook or a slow read is mostly waiting, not CPU, and its time is
+// wall time).
 const (
 	overloadWindow = time.Second
 	restPerRun     = 3

@@ -84,35 +84,53 @@ func TestAdmitted(t *testing.T) {
 	}
 }
 
-// TestFoldSpans: two or more unremarkable plugins' spans become one that
-// names each with its time and runs from the first's start to the last's
-// end; one alone keeps its own.
+// TestFoldSpans: each run of two or more unremarkable plugins' spans
+// becomes one that names each with its time and runs from the first's
+// start to the last's end; a remarkable plugin keeps its own span and
+// splits the runs (a folded span never covers its time); a lone
+// unremarkable plugin keeps its own.
 func TestFoldSpans(t *testing.T) {
 	t0 := time.Unix(0, 0)
+	us := time.Microsecond
 	sp := func(name string, from, to time.Duration) childSpan {
-		return childSpan{Name: "admission " + name, Start: t0.Add(from), End: t0.Add(to), Outcome: record.Pass}
+		return childSpan{Name: "admission " + name, Start: t0.Add(from * us), End: t0.Add(to * us), Outcome: record.Pass}
 	}
-	if got := foldSpans(nil); len(got) != 0 {
-		t.Errorf("no spans folded into %v", got)
+	a, b, c, slow, d, e, f := sp("A", 0, 3), sp("B", 5, 7), sp("C", 9, 20), sp("Slow", 20, 3000), sp("D", 3000, 3002), sp("E", 3003, 3004), sp("F", 3005, 3006)
+	for _, tc := range []struct {
+		name    string
+		spans   []childSpan
+		quiet   []bool
+		want    []string // span names
+		plugins []string // kproxy.admission.plugins of the folded spans
+	}{
+		{"nothing", nil, nil, nil, nil},
+		{"one alone", []childSpan{a}, []bool{true}, []string{"admission A"}, nil},
+		{"three fold", []childSpan{a, b, c}, []bool{true, true, true}, []string{"admission: 3 more plugins"}, []string{"A 3µs, B 2µs, C 11µs"}},
+		{"a slow plugin splits the runs", []childSpan{a, b, c, slow, d, e}, []bool{true, true, true, false, true, true},
+			[]string{"admission: 3 more plugins", "admission Slow", "admission: 2 more plugins"}, []string{"A 3µs, B 2µs, C 11µs", "D 2µs, E 1µs"}},
+		{"a lone quiet one between two remarkable", []childSpan{slow, d, slow, e, f}, []bool{false, true, false, true, true},
+			[]string{"admission Slow", "admission D", "admission Slow", "admission: 2 more plugins"}, []string{"E 1µs, F 1µs"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := foldSpans(tc.spans, tc.quiet)
+			var names, plugins []string
+			for _, s := range got {
+				names = append(names, s.Name)
+				for _, at := range s.Attrs {
+					if at.Key == "kproxy.admission.plugins" {
+						plugins = append(plugins, at.Value.AsString())
+					}
+				}
+				if strings.HasSuffix(s.Name, "more plugins") && !s.Start.Before(s.End) {
+					t.Errorf("folded span %q from %v to %v", s.Name, s.Start, s.End)
+				}
+			}
+			if strings.Join(names, "|") != strings.Join(tc.want, "|") || strings.Join(plugins, "|") != strings.Join(tc.plugins, "|") {
+				t.Errorf("spans %q with plugins %q; want %q with %q", names, plugins, tc.want, tc.plugins)
+			}
+		})
 	}
-	if got := foldSpans([]childSpan{sp("A", 0, time.Microsecond)}); len(got) != 1 || got[0].Name != "admission A" {
-		t.Errorf("one span: %v, want it as it is", got)
-	}
-	got := foldSpans([]childSpan{sp("A", 0, 3*time.Microsecond), sp("B", 5*time.Microsecond, 7*time.Microsecond), sp("C", 9*time.Microsecond, 20*time.Microsecond)})
-	if len(got) != 1 {
-		t.Fatalf("three spans folded into %d", len(got))
-	}
-	f := got[0]
-	if f.Name != "admission: 3 more plugins" || !f.Start.Equal(t0) || !f.End.Equal(t0.Add(20*time.Microsecond)) {
-		t.Errorf("folded span %q %v..%v", f.Name, f.Start, f.End)
-	}
-	var plugins string
-	for _, a := range f.Attrs {
-		if a.Key == "kproxy.admission.plugins" {
-			plugins = a.Value.AsString()
-		}
-	}
-	if plugins != "A 3µs, B 2µs, C 11µs" {
-		t.Errorf("kproxy.admission.plugins = %q", plugins)
+	if f := foldSpans([]childSpan{a, b, c}, []bool{true, true, true})[0]; !f.Start.Equal(t0) || !f.End.Equal(t0.Add(20*us)) {
+		t.Errorf("folded span from %v to %v, want the first's start to the last's end", f.Start, f.End)
 	}
 }

@@ -32,7 +32,8 @@ func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool
 		return none
 	}
 	var children []record.StageResult
-	var spans, quiet []childSpan
+	var spans []childSpan
+	var quiet []bool
 	var changed []string
 	for _, c := range run.Plugins {
 		if c.Validating != validating {
@@ -44,16 +45,12 @@ func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool
 		if c.Err != nil {
 			sp.Err = c.Err.Error()
 		}
-		if unremarkable(ch) {
-			quiet = append(quiet, sp)
-		} else {
-			spans = append(spans, sp)
-		}
+		spans, quiet = append(spans, sp), append(quiet, unremarkable(ch))
 		if c.Patch != "" {
 			changed = append(changed, c.Name)
 		}
 	}
-	spans = append(spans, foldSpans(quiet)...)
+	spans = foldSpans(spans, quiet)
 	plugins := len(children)
 	children, folded := summarizeUnchanged(children)
 	start, end, reached := run.PhaseTimes(phase)
@@ -145,26 +142,45 @@ func unremarkable(ch record.StageResult) bool {
 	return ch.Outcome == record.Pass && ch.Explanation == admittedUnchanged && ch.DurationNs < slowPlugin.Nanoseconds()
 }
 
-// foldSpans makes the spans of unremarkable plugins one span, "admission:
-// N more plugins", from the first's start to the last's end, naming each
-// with its time in kproxy.admission.plugins (two or more; fewer keep
-// their own). A write's trace has half the spans it would have with one
-// per plugin, which is half the tracing cost, and nothing an operator
-// looks for is lost: a plugin that refused, changed the object or took
-// slowPlugin or more keeps its own span.
-func foldSpans(quiet []childSpan) []childSpan {
-	if len(quiet) < 2 {
-		return quiet
+// foldSpans makes each run of two or more unremarkable plugins (quiet[i]
+// for spans[i], in the order they ran) one span, "admission: N more
+// plugins", from the first's start to the last's end, naming each with
+// its time in kproxy.admission.plugins; a plugin that refused, changed
+// the object or took slowPlugin or more keeps its own span, and so does
+// one unremarkable plugin between two others. Only neighbours fold, so a
+// folded span never covers another plugin's time. A write's trace has
+// half the spans it had with one per plugin, and half the tracing cost.
+func foldSpans(spans []childSpan, quiet []bool) []childSpan {
+	var out []childSpan
+	for i := 0; i < len(spans); {
+		j := i
+		for j < len(spans) && quiet[j] {
+			j++
+		}
+		switch {
+		case j-i >= 2:
+			out = append(out, foldRun(spans[i:j]))
+		case j == i:
+			j++ // not quiet: its own span
+			fallthrough
+		default:
+			out = append(out, spans[i:j]...)
+		}
+		i = j
 	}
-	names := make([]string, len(quiet))
-	for i, sp := range quiet {
+	return out
+}
+
+func foldRun(run []childSpan) childSpan {
+	names := make([]string, len(run))
+	for i, sp := range run {
 		names[i] = strings.TrimPrefix(sp.Name, "admission ") + " " + sp.End.Sub(sp.Start).Round(time.Microsecond).String()
 	}
-	return []childSpan{{Name: fmt.Sprintf("admission: %d more plugins", len(quiet)), Start: quiet[0].Start, End: quiet[len(quiet)-1].End,
+	return childSpan{Name: fmt.Sprintf("admission: %d more plugins", len(run)), Start: run[0].Start, End: run[len(run)-1].End,
 		Outcome: record.Pass, Attrs: []attribute.KeyValue{
 			attribute.String("kproxy.admission.plugins", strings.Join(names, ", ")),
 			attribute.String("kproxy.admission.explanation", "admitted without change, each in under "+slowPlugin.String()),
-		}}}
+		}}
 }
 
 // childFor is a plugin call as a stage child.

@@ -67,7 +67,7 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		switch r.Later {
 		case "":
 		case "deleted":
-			s += "; deleted by a later write before the replay read it"
+			s += "; deleted (by the request, its last finalizer removed, or by a later write) before the replay read it"
 		default:
 			s += fmt.Sprintf("; a later write had changed it (resourceVersion %s) before the replay read it", r.Later)
 		}

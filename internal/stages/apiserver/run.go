@@ -318,7 +318,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, Verb: req.Info.Verb, Subresource: req.Info.Subresource, BodyRV: resourceVersionOf(req.Body),
+	run := &Run{now: now, start: now(), actual: req.Actual, Verb: req.Info.Verb, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
 		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	rec := &warningRecorder{}

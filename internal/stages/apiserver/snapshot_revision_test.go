@@ -1,9 +1,15 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/kubernetes/pkg/api/legacyscheme"
 )
 
 // TestSnapshotRevision: which state of the object a write's replay reads,
@@ -72,5 +78,34 @@ func TestCreatedHere(t *testing.T) {
 	}
 	if (&Run{Verb: "create"}).createdHere(context.Background()) {
 		t.Error("createdHere without a live request (kproxy explain)")
+	}
+}
+
+// TestBodyResourceVersion: the resourceVersion a write's body names, sent
+// as JSON, YAML or protobuf (a controller's update): a no-op that named it
+// is told apart by it.
+func TestBodyResourceVersion(t *testing.T) {
+	cm := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: "c", Namespace: "default", ResourceVersion: "42"}}
+	pb := protobuf.NewSerializer(legacyscheme.Scheme, legacyscheme.Scheme)
+	var buf bytes.Buffer
+	if err := pb.Encode(cm, &buf); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		body []byte
+		want string
+	}{
+		{"json", []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c","resourceVersion":"42"}}`), "42"},
+		{"yaml", []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  resourceVersion: \"42\"\n"), "42"},
+		{"protobuf", buf.Bytes(), "42"},
+		{"json without one (a patch)", []byte(`{"data":{"k":"v"}}`), ""},
+		{"no body", nil, ""},
+		{"not an object", []byte("\x00\x01garbage"), ""},
+	} {
+		if got := bodyResourceVersion(tc.body); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

@@ -29,6 +29,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/utils/clock"
+
+	kdecode "github.com/kproxy/kproxy/internal/decode"
 )
 
 // snapshotOptions gives every registry store of the write path the
@@ -241,7 +243,9 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				return err
 			}
 			read.Snapshot, found = at, true
-			read.Etcd = nil // etcd's answer was of the latest: none
+			// Found through the apiserver (etcd's answer was of the
+			// latest: none): the storage stage inspects the key at it.
+			read.Etcd, read.FromEtcd = nil, false
 		case at != "" && run.createdHere(ctx):
 			// Just before its own create the object was absent: no
 			// second read for etcd (or the apiserver) to serve.
@@ -252,8 +256,9 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 			if found && rv != answered {
 				read.Later = rv // the replay runs after later writes
 			} else if !found && run.Verb != "delete" {
-				read.Later = "deleted" // (a delete's own write removed it)
+				read.Later = "deleted" // by this request (its last finalizer gone) or a later one
 			}
+			latestFound, latestEtcd := found, read.Etcd
 			if found, err = src.at(ctx, at, out); err != nil {
 				read.Err = err
 				return err
@@ -265,6 +270,12 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				// write but the object's creation, and the request was a
 				// no-op (which keeps the resourceVersion).
 				read.Snapshot, read.NoOp = answered, true
+				if latestFound && rv == answered {
+					// Still as the request left it: out holds it (a read
+					// that finds nothing leaves out as it was).
+					found, read.Etcd = true, latestEtcd
+					break
+				}
 				if found, err = src.at(ctx, answered, out); err == nil && !found {
 					err = fmt.Errorf("%s: not found as of resourceVersion %s, which the apiserver answered the request with", p, answered)
 				}
@@ -518,6 +529,27 @@ func (s *snapshotStorage) findLastExisting(ctx context.Context, ns, name string)
 		}
 	}
 	return obj, strconv.FormatInt(lo, 10), nil
+}
+
+// bodyResourceVersion is the resourceVersion a request's body names, in
+// whatever encoding it was sent (JSON, YAML, protobuf, CBOR): a no-op
+// write that named it is told apart by it (Run.snapshotRevision).
+func bodyResourceVersion(body []byte) string {
+	if len(body) == 0 {
+		return ""
+	}
+	if body[0] == '{' {
+		return resourceVersionOf(body)
+	}
+	d, err := kdecode.Payload(body)
+	if err != nil || d.Object == nil {
+		return ""
+	}
+	m, err := meta.Accessor(d.Object)
+	if err != nil {
+		return ""
+	}
+	return m.GetResourceVersion()
 }
 
 func resourceVersionOf(raw []byte) string {
