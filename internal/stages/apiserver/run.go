@@ -106,7 +106,17 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		return "", "the apiserver's answer did not come within the replay budget, so the state on arrival is not known"
 	}
 	if aw.Status >= 300 {
-		return "", "" // nothing was written
+		// Nothing was written, and the answer names no revision: the
+		// replay reads the latest. Where that contradicts the answer, a
+		// later write came between them and the state on arrival is not
+		// known.
+		switch {
+		case aw.Status == http.StatusConflict && r.Verb == "create" && r.Subresource == "" && !found:
+			return "", "the apiserver answered 409 (the object existed), and the replay found it absent: it was deleted after this request, before the replay read it, so the state on arrival is not known"
+		case aw.Status == http.StatusNotFound && r.Subresource == "" && found && r.Verb != "create":
+			return "", "the apiserver answered 404 (no such object), and the replay found the object: it was created after this request, before the replay read it, so the state on arrival is not known"
+		}
+		return "", ""
 	}
 	if aw.ResourceVersion == "" {
 		if !found && r.Verb == "delete" {

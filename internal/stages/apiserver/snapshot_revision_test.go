@@ -37,6 +37,11 @@ func TestSnapshotRevision(t *testing.T) {
 		{"create, changed since (a controller)", "create", "", 201, "10", true, "15", "9", ""},
 		{"delete, gone", "delete", "", 200, "10", false, "", "9", ""},
 		{"refused: nothing written", "update", "", 409, "", true, "12", "", ""},
+		{"create refused as existing, found", "create", "", 409, "", true, "12", "", ""},
+		{"create refused as existing, gone since (a late replay)", "create", "", 409, "", false, "", "", "deleted after this request"},
+		{"update of a missing object, still missing", "update", "", 404, "", false, "", "", ""},
+		{"update of a missing object, created since (a late replay)", "patch", "", 404, "", true, "12", "", "created after this request"},
+		{"delete of a missing object, created since", "delete", "", 404, "", true, "12", "", "created after this request"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Run{Verb: tc.verb, BodyRV: tc.bodyRV, actual: func(context.Context) (ActualWrite, bool) {
