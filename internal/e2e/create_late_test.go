@@ -182,7 +182,9 @@ func resourceVersionIn(t *testing.T, body []byte) string {
 // kproxy with one replay worker. A refusal names no revision, so its
 // replay reads the latest; one that finds the object gone was late, and
 // says unknown (it would have predicted 201). No record is confidently
-// wrong.
+// wrong. Each delete (answered with a Status, no resourceVersion) is
+// replayed on the object as etcd's history of the key says it was just
+// before it.
 func TestRefusedWriteReplayedLate(t *testing.T) {
 	stream := record.NewStream()
 	recs, _, cancel := stream.Subscribe(256)
@@ -231,6 +233,13 @@ func TestRefusedWriteReplayedLate(t *testing.T) {
 			t.Errorf("record %s (%s, answered %d): unknown: %s", rec.ID, rec.Request.Method, rec.Actual.Status, rec.Predicted.Message)
 		case rec.Predicted.Status != rec.Actual.Status:
 			t.Errorf("record %s (%s): predicted %d, the apiserver answered %d: %s", rec.ID, rec.Request.Method, rec.Predicted.Status, rec.Actual.Status, stageNamed(rec, record.StageStorage).Explanation)
+		case rec.Request.Method == "DELETE":
+			// A configmap's delete is answered with a Status that names no
+			// resourceVersion: the replay finds the delete in etcd's
+			// history of the key and reads the object just before it.
+			if st := stageNamed(rec, record.StageStorage).Explanation; !strings.Contains(st, "as of resourceVersion") || !strings.Contains(st, "read from etcd") {
+				t.Errorf("record %s (DELETE): storage %s", rec.ID, st)
+			}
 		}
 	}
 	t.Logf("%d of %d refused creates replayed after their object was deleted (said unknown)", late, objects)

@@ -371,3 +371,103 @@ func (l *lazyStore) get() (storage.Interface, error) {
 	l.once.Do(func() { l.s, l.err = l.open() })
 	return l.s, l.err
 }
+
+// deleteRevision finds the revision of the delete that last removed key,
+// which is absent now: a write's replay reads the object just before its
+// own delete when the apiserver answered it with a Status that names no
+// resourceVersion. etcd's history of the key says it exactly: a watch from
+// a recent revision replays the key's changes, and the last up to now is
+// that delete. (Probing exact revisions cannot: before the object was
+// created it is as absent as after, and a short-lived object's window is
+// easily stepped over.) The watch reaches back 64, then 1,024, then 16,384
+// revisions, no further than etcd has not compacted.
+func (a *etcdAccess) deleteRevision(ctx context.Context, key string) (int64, error) {
+	if err := a.admit(); err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
+	defer cancel()
+	resp, err := a.raw.Get(ctx, key, clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	if resp.Count > 0 {
+		return 0, fmt.Errorf("etcd %s: the key exists again (created after the request's delete)", key)
+	}
+	cur := resp.Header.Revision
+	var compacted int64 // etcd keeps no history before it
+	for back := int64(64); back <= 16384; back *= 16 {
+		start := max(1, cur-back, compacted)
+		d, err := a.lastDelete(ctx, key, start, cur)
+		var c compactedError
+		if errors.As(err, &c) && compacted == 0 {
+			// A quiet cluster: fewer revisions since the compaction than
+			// asked for. What etcd still holds is enough.
+			compacted = int64(c)
+			d, err = a.lastDelete(ctx, key, compacted, cur)
+			start = compacted
+		}
+		if err != nil || d > 0 || start == max(1, compacted) {
+			if err == nil && d == 0 {
+				err = fmt.Errorf("etcd %s: no delete in its history", key)
+			}
+			return d, err
+		}
+	}
+	return 0, fmt.Errorf("etcd %s: deleted more than 16384 revisions before the replay read it", key)
+}
+
+// lastDelete replays key's changes from revision start up to cur with a
+// watch and returns the revision of the last, when it is a delete (0 when
+// the key did not change in that range). It asks etcd for a progress
+// notification, which etcd sends once the watch has caught up: every
+// change up to its revision has been delivered before it.
+func (a *etcdAccess) lastDelete(ctx context.Context, key string, start, cur int64) (int64, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	w := clientv3.NewWatcher(a.raw)
+	defer func() { _ = w.Close() }()
+	ch := w.Watch(wctx, key, clientv3.WithRev(start), clientv3.WithProgressNotify())
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var last int64
+	var deleted bool
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("etcd %s: its history did not arrive in time: %w", key, ctx.Err())
+		case <-tick.C:
+			// etcd notifies progress only once the watch has caught up.
+			_ = w.RequestProgress(wctx)
+		case wr, ok := <-ch:
+			switch {
+			case !ok:
+				return 0, fmt.Errorf("etcd %s: the watch of its history ended", key)
+			case wr.CompactRevision != 0:
+				return 0, compactedError(wr.CompactRevision)
+			case wr.Err() != nil:
+				return 0, fmt.Errorf("etcd %s: %w", key, wr.Err())
+			}
+			for _, ev := range wr.Events {
+				if ev.Kv.ModRevision > cur {
+					break
+				}
+				last, deleted = ev.Kv.ModRevision, ev.Type == clientv3.EventTypeDelete
+			}
+			if wr.IsProgressNotify() && wr.Header.Revision >= cur || len(wr.Events) > 0 && wr.Events[len(wr.Events)-1].Kv.ModRevision > cur {
+				if last > 0 && !deleted {
+					return 0, fmt.Errorf("etcd %s: its last change up to revision %d is not a delete", key, cur)
+				}
+				return last, nil
+			}
+		}
+	}
+}
+
+// compactedError: etcd has compacted the history a watch asked for, up to
+// this revision.
+type compactedError int64
+
+func (c compactedError) Error() string {
+	return fmt.Sprintf("etcd has compacted the key's history up to revision %d", int64(c))
+}

@@ -222,7 +222,7 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 	}()
 	var src objectSource = apiObjects{s: s, path: p, ns: ns, name: name}
 	if s.etcd != nil && run != nil {
-		src = etcdObjects{s: s, key: key, read: &read, api: src}
+		src = etcdObjects{s: s, key: key, read: &read}
 	}
 	found, rv, err := src.latest(ctx, out)
 	if err != nil {
@@ -243,9 +243,6 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				return err
 			}
 			read.Snapshot, found = at, true
-			// Found through the apiserver (etcd's answer was of the
-			// latest: none): the storage stage inspects the key at it.
-			read.Etcd, read.FromEtcd = nil, false
 		case at != "" && run.createdHere(ctx):
 			// Just before its own create the object was absent: no
 			// second read for etcd (or the apiserver) to serve.
@@ -364,7 +361,6 @@ type etcdObjects struct {
 	s    *snapshotStorage
 	key  string
 	read *StorageRead
-	api  objectSource // for lastExisting
 }
 
 func (e etcdObjects) latest(ctx context.Context, out runtime.Object) (bool, string, error) {
@@ -405,10 +401,19 @@ func (e etcdObjects) at(ctx context.Context, rv string, out runtime.Object) (boo
 	return true, nil
 }
 
-// lastExisting goes through the apiserver (exact-resourceVersion lists,
-// bisecting): a delete answered with a Status, not the object, is rare.
+// lastExisting finds the request's own delete in etcd's history of the
+// key (etcdAccess.deleteRevision) and reads the object just before it.
 func (e etcdObjects) lastExisting(ctx context.Context, out runtime.Object) (string, error) {
-	return e.api.lastExisting(ctx, out)
+	d, err := e.s.access.deleteRevision(ctx, e.s.access.key(e.key))
+	if err != nil {
+		return "", fmt.Errorf("kproxy could not find the object as it was before the request deleted it: %w", err)
+	}
+	at := strconv.FormatInt(d-1, 10)
+	found, err := e.at(ctx, at, out)
+	if err == nil && !found {
+		err = fmt.Errorf("etcd %s: absent at revision %s, just before its delete at %d", e.key, at, d)
+	}
+	return at, err
 }
 
 // call runs one read of the etcd3 store, bounded by --replay-etcd-qps,
