@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -22,15 +23,7 @@ import (
 // it was absent just before (a create needs an absent key) without a
 // second read; every create is predicted 201, as the apiserver answered.
 func TestCreateReplayedLate(t *testing.T) {
-	stream := record.NewStream()
-	recs, _, cancel := stream.Subscribe(256)
-	defer cancel()
-	k := startKproxy(t, kproxyOptions{stream: stream, set: func(o *serve.Options) {
-		o.ReplayWorkers, o.ReplayQueue = 1, 128
-		o.APIServer.ReplayAPIServerQPS = 1e6
-	}})
-	r := reverseRoute(k)
-	c := r.client(nil)
+	recs, r, c := oneReplayWorker(t)
 	const n = 48
 	run := fmt.Sprintf("late-%d", time.Now().UnixNano())
 	t.Cleanup(func() {
@@ -84,15 +77,7 @@ func TestCreateReplayedLate(t *testing.T) {
 // the patch left it, resourceVersion and all, which the apiserver answers
 // without writing), two more patches and a delete.
 func TestWriteReplayedLate(t *testing.T) {
-	stream := record.NewStream()
-	recs, _, cancel := stream.Subscribe(256)
-	defer cancel()
-	k := startKproxy(t, kproxyOptions{stream: stream, set: func(o *serve.Options) {
-		o.ReplayWorkers, o.ReplayQueue = 1, 128
-		o.APIServer.ReplayAPIServerQPS = 1e6
-	}})
-	r := reverseRoute(k)
-	c := r.client(nil)
+	recs, r, c := oneReplayWorker(t)
 	const objects = 8
 	run := fmt.Sprintf("late-write-%d", time.Now().UnixNano())
 	for i := range objects {
@@ -186,15 +171,7 @@ func resourceVersionIn(t *testing.T, body []byte) string {
 // replayed on the object as etcd's history of the key says it was just
 // before it.
 func TestRefusedWriteReplayedLate(t *testing.T) {
-	stream := record.NewStream()
-	recs, _, cancel := stream.Subscribe(256)
-	defer cancel()
-	k := startKproxy(t, kproxyOptions{stream: stream, set: func(o *serve.Options) {
-		o.ReplayWorkers, o.ReplayQueue = 1, 128
-		o.APIServer.ReplayAPIServerQPS = 1e6
-	}})
-	r := reverseRoute(k)
-	c := r.client(nil)
+	recs, r, c := oneReplayWorker(t)
 	const objects = 8
 	run := fmt.Sprintf("late-refused-%d", time.Now().UnixNano())
 	body := func(i int) string {
@@ -243,4 +220,21 @@ func TestRefusedWriteReplayedLate(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d refused creates replayed after their object was deleted (said unknown)", late, objects)
+}
+
+// oneReplayWorker starts a kproxy whose replays wait behind each other
+// (one worker, a long queue, no read shed): requests sent at once are
+// mostly replayed after later requests were answered. It returns its
+// records, its route and a client.
+func oneReplayWorker(t *testing.T) (<-chan *record.Record, route, *http.Client) {
+	t.Helper()
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(256)
+	t.Cleanup(cancel)
+	k := startKproxy(t, kproxyOptions{stream: stream, set: func(o *serve.Options) {
+		o.ReplayWorkers, o.ReplayQueue = 1, 128
+		o.APIServer.ReplayAPIServerQPS = 1e6
+	}})
+	r := reverseRoute(k)
+	return recs, r, r.client(nil)
 }

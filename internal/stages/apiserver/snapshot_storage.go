@@ -544,17 +544,9 @@ func bodyResourceVersion(body []byte) string {
 		return ""
 	}
 	if body[0] == '{' {
-		return resourceVersionOf(body)
+		return resourceVersionOf(body) // most bodies: no scheme decode
 	}
-	d, err := kdecode.Payload(body)
-	if err != nil || d.Object == nil {
-		return ""
-	}
-	m, err := meta.Accessor(d.Object)
-	if err != nil {
-		return ""
-	}
-	return m.GetResourceVersion()
+	return kdecode.ResourceVersion(body)
 }
 
 func resourceVersionOf(raw []byte) string {
