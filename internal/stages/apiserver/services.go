@@ -4,7 +4,9 @@ import (
 	"context"
 	"net"
 	"sync"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -90,7 +92,17 @@ func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, pri
 	if netutils.IsIPv6CIDR(&primary) {
 		family = api.IPv6Protocol
 	}
-	ports := &currentPorts{rng: nodePorts, services: s.Informers.Core().V1().Services().Lister()}
+	ports := &currentPorts{rng: nodePorts, services: s.Informers.Core().V1().Services().Lister(),
+		list: func(ctx context.Context) ([]corev1.Service, error) {
+			if err := s.admitRead(); err != nil {
+				return nil, err
+			}
+			l, err := s.Client.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			return l.Items, nil
+		}}
 	svc, status, px, err := servicestore.NewREST(getter, family, ipAllocs, ports, endpoints, pods, refusingTransport())
 	if err != nil {
 		return nil, nil, nil, err
@@ -182,7 +194,13 @@ func sameParent(a, b *networkingv1.ParentReference) bool {
 type currentPorts struct {
 	rng      utilnet.PortRange
 	services corelisters.ServiceLister
-	own      string // namespace/name of the Service being written
+	// list is a consistent list of the Services, through the apiserver:
+	// the informer may not have seen a Service created a moment before
+	// the request (the replay then predicted a node port free that the
+	// apiserver's allocation, updated with that create, held). The
+	// informer is the fallback when the list fails or is shed.
+	list func(context.Context) ([]corev1.Service, error)
+	own  string // namespace/name of the Service being written
 }
 
 var _ portallocator.Interface = (*currentPorts)(nil)
@@ -194,7 +212,20 @@ func (c *currentPorts) now() *portallocator.PortAllocator {
 	if err != nil {
 		return nil
 	}
-	svcs, _ := c.services.List(labels.Everything())
+	var svcs []*corev1.Service
+	if c.list != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		items, err := c.list(ctx)
+		cancel()
+		if err == nil {
+			for i := range items {
+				svcs = append(svcs, &items[i])
+			}
+		}
+	}
+	if svcs == nil {
+		svcs, _ = c.services.List(labels.Everything())
+	}
 	for _, s := range svcs {
 		if s.Namespace+"/"+s.Name == c.own {
 			continue
