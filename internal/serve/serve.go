@@ -261,7 +261,9 @@ func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, opts 
 	}
 	log.Info("syncing the replay's cluster state", "timeout", syncTimeout)
 	if err := state.Start(ctx, syncTimeout); err != nil {
-		log.Warn("predictions stay unknown until the cluster state syncs (check kproxy's identity can list and watch RBAC, pods, nodes and flowcontrol objects)", "error", err)
+		// An error, not a warning: every prediction stays unknown, and
+		// kproxy test run on a snapshot shows only errors.
+		log.Error("predictions stay unknown until the cluster state syncs (check kproxy's identity can list and watch RBAC, pods, nodes and flowcontrol objects)", "error", err)
 		return pipeline, nil
 	}
 	switch {

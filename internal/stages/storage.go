@@ -59,6 +59,8 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 			s += "not found"
 		}
 		switch {
+		case r.Snapshot != "" && r.OwnWrite != "":
+			s += fmt.Sprintf(" as of resourceVersion %s, the last before the request %s (the apiserver's answer, a Status, names no resourceVersion)", r.Snapshot, r.OwnWrite)
 		case r.Snapshot != "" && r.NoOp:
 			s += fmt.Sprintf(" as of resourceVersion %s, which the request left unchanged (the apiserver answered with it)", r.Snapshot)
 		case r.Snapshot != "":

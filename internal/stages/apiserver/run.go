@@ -76,6 +76,7 @@ type Run struct {
 	actual      func(context.Context) (ActualWrite, bool)
 	BodyRV      string
 	Verb        string
+	Resource    string
 	Subresource string
 	DryRun      bool // the request itself is a dry run
 
@@ -119,8 +120,11 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		return "", ""
 	}
 	if aw.ResourceVersion == "" {
-		if !found && r.Verb == "delete" {
+		switch {
+		case !found && r.Verb == "delete":
 			return lastExisting, "" // the answer was a Status
+		case ownWriteOf(r) != nil:
+			return beforeOwnWrite, "" // a binding or an eviction: a Status
 		}
 		return "", ""
 	}
@@ -196,6 +200,11 @@ func (r *Run) createdHere(ctx context.Context) bool {
 // delete whose answer did not name it.
 const lastExisting = "last-existing"
 
+// beforeOwnWrite asks for the object as it was just before the request's
+// own write, for a write answered with a Status that names no
+// resourceVersion (own_write.go).
+const beforeOwnWrite = "before-own-write"
+
 type PluginCall struct {
 	Name       string
 	Validating bool
@@ -214,6 +223,10 @@ type StorageRead struct {
 	// NoOp: Snapshot is the resourceVersion the apiserver answered with,
 	// which the request left as it was (a write that changed nothing).
 	NoOp bool
+	// OwnWrite says what the request's own write did, for a write
+	// answered without a resourceVersion (a binding, an eviction): the
+	// state at Snapshot is the last before the object showed it.
+	OwnWrite string
 	// Later is the object's resourceVersion when the replay read it
 	// ("deleted" when it was gone), when a write after the request's had
 	// changed it: the replay ran late and read the state at Snapshot.
@@ -328,7 +341,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, Verb: req.Info.Verb, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
+	run := &Run{now: now, start: now(), actual: req.Actual, Verb: req.Info.Verb, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
 		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	rec := &warningRecorder{}
@@ -389,8 +402,11 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			run.Status = &metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.Code), Message: strings.TrimSpace(resp.Body.String())}
 		}
 		run.Decided = run.attribute(run.Status)
-		if replayTimedOut(run.Status) {
+		switch {
+		case replayTimedOut(run.Status):
 			run.markUnknown(replayTimeoutWhy)
+		case run.evictionBudgetReadLate(ctx):
+			run.markUnknown(evictionBudgetReadLateWhy)
 		}
 	} else if !run.Read {
 		run.Object = resp.Body.Bytes()

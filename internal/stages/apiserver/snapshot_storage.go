@@ -243,6 +243,29 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				return err
 			}
 			read.Snapshot, found = at, true
+		case at == beforeOwnWrite:
+			// The pod as the newest state that shows the request's
+			// write: as it is now, or as it last was before a delete.
+			// The first read may have come before the write (the replay
+			// starts before the answer): once answered, read again.
+			w := ownWriteOf(run)
+			if found && !w.done(out) {
+				if found, rv, err = src.latest(ctx, out); err != nil {
+					read.Err = err
+					return err
+				}
+			}
+			if !found {
+				if rv, err = src.lastExisting(ctx, out); err != nil {
+					read.Err = err
+					return err
+				}
+			}
+			if at, err = readBeforeOwnWrite(ctx, src, w, rv, out); err != nil {
+				read.Err = err
+				return err
+			}
+			read.Snapshot, read.OwnWrite, found = at, w.what, true
 		case at != "" && run.createdHere(ctx):
 			// Just before its own create the object was absent: no
 			// second read for etcd (or the apiserver) to serve.

@@ -1,0 +1,149 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestSubresourceWrites: the writes a scheduler and a drain send, for
+// real (not dry run): pods/binding (and the older bindings resource) and
+// pods/eviction. The apiserver answers each with a Status that names no
+// resourceVersion, and the replay, which runs after the answer, finds the
+// pod as it was just before the request's own write (bound to a node,
+// marked for eviction) in its history. Before, every binding the
+// scheduler sent was predicted 409 "already assigned" and every eviction
+// of a pending pod 404: the replay read the pod the request had already
+// changed. Run with etcd access and through the apiserver without it.
+func TestSubresourceWrites(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		o    kproxyOptions
+	}{{"etcd", kproxyOptions{}}, {"apiserver-view", kproxyOptions{noEtcd: true}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			stream := record.NewStream()
+			recs, _, cancel := stream.Subscribe(64)
+			defer cancel()
+			tc.o.stream = stream
+			r := reverseRoute(startKproxy(t, tc.o))
+			c := r.client(nil)
+			run := fmt.Sprintf("subw-%s-%d", tc.name, time.Now().UnixNano())
+			ns := "/api/v1/namespaces/" + testNS
+			pod := func(name, extra string) string {
+				return `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + name + `","labels":{"pdb":"` + run + `"}},"spec":{` + extra + `"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`
+			}
+			bind := func(name string) string {
+				return `{"apiVersion":"v1","kind":"Binding","metadata":{"name":"` + name + `"},"target":{"apiVersion":"v1","kind":"Node","name":"node-1"}}`
+			}
+			evict := func(name string) string {
+				return `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"` + name + `"}}`
+			}
+			a, b, d, e := run+"-a", run+"-b", run+"-d", run+"-e"
+			steps := []struct {
+				req request
+				// storage: what the storage stage says it read, when it
+				// read the pod before the request's own write
+				storage string
+				// unknown: the prediction is unknown, saying this
+				unknown string
+			}{
+				{req: request{method: "POST", path: ns + "/pods", body: pod(a, "")}},
+				{req: request{method: "POST", path: ns + "/pods/" + a + "/binding", body: bind(a)}, storage: "the last before the request bound the pod to a node"},
+				{req: request{method: "POST", path: ns + "/pods/" + a + "/binding", body: bind(a)}}, // 409: already assigned
+				{req: request{method: "POST", path: ns + "/pods", body: pod(b, "")}},
+				{req: request{method: "POST", path: ns + "/bindings", body: bind(b)}, storage: "the last before the request bound the pod to a node"},
+				{req: request{method: "POST", path: ns + "/pods", body: pod(d, "")}},
+				// A pending pod: the eviction deletes it at once.
+				{req: request{method: "POST", path: ns + "/pods/" + d + "/eviction", body: evict(d)}, storage: "the last before the request marked the pod for eviction"},
+				// A bound pod: the eviction marks it for deletion (graceful).
+				{req: request{method: "POST", path: ns + "/pods/" + a + "/eviction", body: evict(a)}, storage: "the last before the request marked the pod for eviction"},
+				{req: request{method: "POST", path: ns + "/pods/" + a + "/eviction", body: evict(a)}, storage: "the last before the request marked the pod for eviction"},
+				// A running, ready pod guarded by a budget that allows one
+				// disruption: the request uses it before the replay reads
+				// the budget, which the replay cannot read as it was.
+				{req: request{method: "POST", path: ns + "/pods", body: pod(e, `"nodeName":"node-1",`)}},
+				{req: request{method: "PATCH", path: ns + "/pods/" + e + "/status", contentType: "application/merge-patch+json",
+					body: `{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`}},
+				{req: request{method: "POST", path: "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets",
+					body: `{"apiVersion":"policy/v1","kind":"PodDisruptionBudget","metadata":{"name":"` + run + `"},"spec":{"maxUnavailable":1,"selector":{"matchLabels":{"pdb":"` + run + `"}}}}`}},
+				{req: request{method: "PATCH", path: "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets/" + run + "/status", contentType: "application/merge-patch+json",
+					body: `{"status":{"observedGeneration":1,"disruptionsAllowed":1,"currentHealthy":1,"desiredHealthy":0,"expectedPods":1}}`}},
+				{req: request{method: "POST", path: ns + "/pods/" + e + "/eviction", body: evict(e)}, unknown: "the budget as the request met it was not read"},
+			}
+			for i, s := range steps {
+				s.req.user = "admin"
+				got := do(t, c, r.base, s.req)
+				if got.status >= 300 && !(i == 2 && got.status == 409) {
+					t.Fatalf("%s %s: %d %s", s.req.method, s.req.path, got.status, got.body)
+				}
+				rec := nextRecord(t, recs)
+				st := stageNamed(rec, record.StageStorage).Explanation
+				switch {
+				case s.unknown != "":
+					if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, s.unknown) {
+						t.Errorf("%s %s (answered %d): predicted %d at %s (%s), want unknown saying %q", s.req.method, s.req.path, got.status, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, s.unknown)
+					}
+				case rec.Predicted.Status != got.status:
+					t.Errorf("%s %s: predicted %d at %s (%s), the apiserver answered %d: %s\nstorage: %s", s.req.method, s.req.path, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, got.status, got.body, st)
+				case s.storage != "" && !strings.Contains(st, s.storage):
+					t.Errorf("%s %s: storage says %q, want it to say %q", s.req.method, s.req.path, st, s.storage)
+				}
+			}
+		})
+	}
+}
+
+// TestSubresourceWritesReplayedLate: bindings and evictions replayed
+// behind a queue, after later writes changed or deleted the pod: the
+// replay still reads the pod as the request met it.
+func TestSubresourceWritesReplayedLate(t *testing.T) {
+	recs, r, c := oneReplayWorker(t)
+	const pods = 6
+	run := fmt.Sprintf("subw-late-%d", time.Now().UnixNano())
+	ns := "/api/v1/namespaces/" + testNS
+	name := func(i int) string { return fmt.Sprintf("%s-%d", run, i) }
+	for i := range pods {
+		body := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + name(i) + `"},"spec":{"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`
+		if got := do(t, c, r.base, request{method: "POST", path: ns + "/pods", user: "admin", body: body}); got.status != 201 {
+			t.Fatalf("create: %d %s", got.status, got.body)
+		}
+	}
+	for range pods {
+		nextRecord(t, recs)
+	}
+	var wg sync.WaitGroup
+	for i := range pods {
+		wg.Go(func() {
+			seq := []request{
+				{method: "POST", path: ns + "/pods/" + name(i) + "/binding",
+					body: `{"apiVersion":"v1","kind":"Binding","metadata":{"name":"` + name(i) + `"},"target":{"apiVersion":"v1","kind":"Node","name":"node-1"}}`},
+				{method: "PATCH", path: ns + "/pods/" + name(i), contentType: "application/merge-patch+json", body: `{"metadata":{"labels":{"after":"binding"}}}`},
+				{method: "POST", path: ns + "/pods/" + name(i) + "/eviction", body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"` + name(i) + `"}}`},
+				{method: "DELETE", path: ns + "/pods/" + name(i) + "?gracePeriodSeconds=0"},
+			}
+			for _, q := range seq {
+				q.user = "admin"
+				if got := do(t, c, r.base, q); got.status >= 300 {
+					t.Errorf("%s %s: %d %s", q.method, q.path, got.status, got.body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for range pods * 4 {
+		rec := nextRecord(t, recs)
+		st := stageNamed(rec, record.StageStorage).Explanation
+		switch {
+		case rec.Predicted.Stage == record.StageUnknown:
+			t.Errorf("record %s (%s %s, answered %d): unknown: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Actual.Status, rec.Predicted.Message)
+		case rec.Predicted.Status != rec.Actual.Status:
+			t.Errorf("record %s (%s %s): predicted %d, the apiserver answered %d: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Predicted.Status, rec.Actual.Status, st)
+		case rec.Request.Method == "POST" && !strings.Contains(st, "the last before the request"):
+			t.Errorf("record %s (%s %s): storage %s", rec.ID, rec.Request.Method, rec.Request.Path, st)
+		}
+	}
+}

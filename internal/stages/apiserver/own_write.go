@@ -1,0 +1,173 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strconv"
+
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	api "k8s.io/kubernetes/pkg/apis/core"
+)
+
+// A binding (the scheduler's) and an eviction (a drain's) are writes the
+// apiserver answers with a Status that names no resourceVersion, so the
+// replay, which always runs after the answer, cannot tell from the answer
+// where the request's own write is in the object's history. Read as it is
+// now, the pod already shows that write: a bound pod refuses a binding
+// (409 "already assigned"), an evicted pod is gone (404). What the write
+// did is known, though, and once done it is never undone: a pod's node is
+// set once; the eviction marks the pod (the DisruptionTarget condition)
+// before it deletes it, and a pod being deleted stays so. The replay finds
+// the first revision of the pod showing it (reads at exact revisions,
+// stepping back from the newest that shows it, then bisecting) and reads
+// the pod just before: the state the request met.
+
+// ownWrite reports whether the object already shows the request's own
+// write.
+type ownWrite struct {
+	what string // what the write does, for messages
+	done func(runtime.Object) bool
+}
+
+// ownWriteOf is the write a request answered without a resourceVersion
+// makes, or nil when the replay reads the latest for it.
+func ownWriteOf(r *Run) *ownWrite {
+	switch {
+	case r.Verb != "create":
+		return nil
+	case r.Resource == "pods" && r.Subresource == "binding", r.Resource == "bindings" && r.Subresource == "":
+		return &ownWrite{what: "bound the pod to a node", done: func(o runtime.Object) bool {
+			p, ok := o.(*api.Pod)
+			return ok && p.Spec.NodeName != ""
+		}}
+	case r.Resource == "pods" && r.Subresource == "eviction":
+		return &ownWrite{what: "marked the pod for eviction", done: func(o runtime.Object) bool {
+			p, ok := o.(*api.Pod)
+			if !ok {
+				return false
+			}
+			if p.DeletionTimestamp != nil {
+				return true
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == api.DisruptionTarget && c.Reason == "EvictionByEvictionAPI" {
+					return true
+				}
+			}
+			return false
+		}}
+	}
+	return nil
+}
+
+// readBeforeOwnWrite reads into out the object as it was just before the
+// request's own write w. out holds the newest state that shows it, at
+// resourceVersion hi. It returns the resourceVersion read at.
+func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi string, out runtime.Object) (string, error) {
+	if !w.done(out) {
+		return "", fmt.Errorf("the request %s (the apiserver answered success), and the pod as last stored (resourceVersion %s) does not show it: it was replaced after this request, so the state on arrival is not known", w.what, hi)
+	}
+	m, err := meta.Accessor(out)
+	if err != nil {
+		return "", err
+	}
+	uid := m.GetUID()
+	after, err := strconv.ParseInt(hi, 10, 64)
+	if err != nil {
+		return "", fmt.Errorf("resourceVersion %q: %w", hi, err)
+	}
+	// probe reads the object at rev: before reports a state from before
+	// the write (this object not yet created counts as before it).
+	probe := func(rev int64) (obj runtime.Object, before bool, err error) {
+		obj = reflect.New(reflect.TypeOf(out).Elem()).Interface().(runtime.Object)
+		found, err := src.at(ctx, strconv.FormatInt(rev, 10), obj)
+		if err != nil || !found {
+			return nil, true, err
+		}
+		if m, err := meta.Accessor(obj); err != nil || m.GetUID() != uid {
+			return nil, true, err // an earlier object of the same name
+		}
+		if w.done(obj) {
+			return obj, false, nil
+		}
+		return obj, true, nil
+	}
+	var before int64
+	var met runtime.Object // the state before, once found
+	for step := int64(1); ; step *= 2 {
+		rev := after - step
+		if rev < 1 {
+			rev = 1
+		}
+		obj, isBefore, err := probe(rev)
+		if err != nil {
+			return "", err
+		}
+		if isBefore {
+			before, met = rev, obj
+			break
+		}
+		if rev == 1 {
+			return "", fmt.Errorf("the pod shows the request's write (%s) at every revision etcd holds", w.what)
+		}
+		after = rev
+	}
+	for after-before > 1 {
+		mid := before + (after-before)/2
+		obj, isBefore, err := probe(mid)
+		if err != nil {
+			return "", err
+		}
+		if isBefore {
+			before, met = mid, obj
+		} else {
+			after = mid
+		}
+	}
+	if met == nil {
+		return "", fmt.Errorf("the pod was created already showing what the request did (%s, at resourceVersion %d): the state the request met is not known", w.what, after)
+	}
+	at := strconv.FormatInt(before, 10)
+	// Read it once more, so the storage stage describes this read (etcd's
+	// answer for it), into a fresh object: a decode into out would keep
+	// fields the earlier state lacks.
+	obj := reflect.New(reflect.TypeOf(out).Elem()).Interface().(runtime.Object)
+	found, err := src.at(ctx, at, obj)
+	if err == nil && !found {
+		err = fmt.Errorf("the pod: absent at resourceVersion %s, where it was just read", at)
+	}
+	if err != nil {
+		return "", err
+	}
+	reflect.ValueOf(out).Elem().Set(reflect.ValueOf(obj).Elem())
+	return at, nil
+}
+
+// evictionBudgetReadLate reports an eviction the apiserver allowed (201)
+// whose replay was refused for the pod's disruption budget. The replay
+// reads the PodDisruptionBudget as it is now, through the apiserver, and
+// the request itself had used the budget's allowed disruption before
+// that read (status.disruptionsAllowed, one fewer): the budget as the
+// request met it was not read, so the replay's refusal says nothing about
+// the request.
+func (r *Run) evictionBudgetReadLate(ctx context.Context) bool {
+	if r.Verb != "create" || r.Resource != "pods" || r.Subresource != "eviction" || r.DryRun || r.actual == nil ||
+		r.Status == nil || r.Status.Code != http.StatusTooManyRequests || r.Status.Details == nil {
+		return false
+	}
+	budget := false
+	for _, c := range r.Status.Details.Causes {
+		budget = budget || c.Type == policyv1.DisruptionBudgetCause
+	}
+	if !budget {
+		return false
+	}
+	aw, ok := r.actual(ctx)
+	return ok && aw.Status == http.StatusCreated
+}
+
+const evictionBudgetReadLateWhy = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"

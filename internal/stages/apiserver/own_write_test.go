@@ -1,0 +1,111 @@
+package apiserver
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	api "k8s.io/kubernetes/pkg/apis/core"
+)
+
+// history is an objectSource over a pod's stored versions: at a revision
+// the store holds the newest version written at or before it.
+type history struct {
+	versions []*api.Pod // by resourceVersion, ascending; a nil Pod's UID-less entry marks a delete
+	reads    int
+}
+
+func (h *history) at(_ context.Context, rv string, out runtime.Object) (bool, error) {
+	h.reads++
+	n, _ := strconv.ParseInt(rv, 10, 64)
+	var cur *api.Pod
+	for _, v := range h.versions {
+		m, _ := strconv.ParseInt(v.ResourceVersion, 10, 64)
+		if m > n {
+			break
+		}
+		cur = v
+		if v.UID == "" {
+			cur = nil // deleted
+		}
+	}
+	if cur == nil {
+		return false, nil
+	}
+	*out.(*api.Pod) = *cur.DeepCopy()
+	return true, nil
+}
+func (h *history) latest(context.Context, runtime.Object) (bool, string, error)  { panic("unused") }
+func (h *history) lastExisting(context.Context, runtime.Object) (string, error) { panic("unused") }
+
+func podAt(rv int, uid, node string, deleting bool) *api.Pod {
+	p := &api.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ResourceVersion: strconv.Itoa(rv), UID: types.UID(uid)}, Spec: api.PodSpec{NodeName: node}}
+	if deleting {
+		now := metav1.Now()
+		p.DeletionTimestamp = &now
+	}
+	return p
+}
+
+// TestReadBeforeOwnWrite: the pod as it was just before a binding or an
+// eviction the apiserver answered without a resourceVersion, found in
+// its history, however far behind the replay runs.
+func TestReadBeforeOwnWrite(t *testing.T) {
+	binding := ownWriteOf(&Run{Verb: "create", Resource: "pods", Subresource: "binding"})
+	eviction := ownWriteOf(&Run{Verb: "create", Resource: "pods", Subresource: "eviction"})
+	evicted := func(rv int, uid string) *api.Pod {
+		p := podAt(rv, uid, "node-1", false)
+		p.Status.Conditions = []api.PodCondition{{Type: api.DisruptionTarget, Status: api.ConditionTrue, Reason: "EvictionByEvictionAPI"}}
+		return p
+	}
+	many := []*api.Pod{podAt(100, "u1", "", false)}
+	for rv := 101; rv < 4000; rv += 7 { // a pod written often after its binding
+		many = append(many, podAt(rv, "u1", "node-1", false))
+	}
+	for _, tc := range []struct {
+		name     string
+		w        *ownWrite
+		versions []*api.Pod
+		hi       int // the newest version showing the write
+		at       string
+		why      string
+	}{
+		{"binding, the newest write", binding, []*api.Pod{podAt(10, "u1", "", false), podAt(11, "u1", "node-1", false)}, 11, "10", ""},
+		{"binding, revisions of other objects between", binding, []*api.Pod{podAt(10, "u1", "", false), podAt(17, "u1", "node-1", false)}, 17, "16", ""},
+		{"binding, written often since", binding, many, 3998, "100", ""},
+		{"binding of a pod whose name an older pod had", binding,
+			[]*api.Pod{podAt(5, "u0", "node-2", false), {ObjectMeta: metav1.ObjectMeta{ResourceVersion: "6"}}, podAt(8, "u1", "", false), podAt(9, "u1", "node-1", false)}, 9, "8", ""},
+		{"eviction: marked, then deleting", eviction,
+			[]*api.Pod{podAt(20, "u1", "node-1", false), evicted(30, "u1"), podAt(31, "u1", "node-1", true)}, 31, "29", ""},
+		{"the pod as stored does not show the write", binding, []*api.Pod{podAt(10, "u1", "", false)}, 10, "", "does not show it"},
+		{"created showing the write", binding, []*api.Pod{podAt(10, "u1", "node-1", false), podAt(12, "u1", "node-1", false)}, 12, "", "created already showing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := &history{versions: tc.versions}
+			out := &api.Pod{}
+			if _, err := h.at(context.Background(), strconv.Itoa(tc.hi), out); err != nil {
+				t.Fatal(err)
+			}
+			at, err := readBeforeOwnWrite(context.Background(), h, tc.w, strconv.Itoa(tc.hi), out)
+			switch {
+			case tc.why != "":
+				if err == nil || !strings.Contains(err.Error(), tc.why) {
+					t.Fatalf("err = %v, want it to say %q", err, tc.why)
+				}
+			case err != nil:
+				t.Fatal(err)
+			case at != tc.at:
+				t.Errorf("read at %s, want %s", at, tc.at)
+			case tc.w.done(out):
+				t.Errorf("out shows the write: %+v", out)
+			}
+			if h.reads > 30 {
+				t.Errorf("%d reads", h.reads)
+			}
+		})
+	}
+}
