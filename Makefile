@@ -23,7 +23,7 @@ help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: tools
-tools: $(BIN_DIR)/kube-apiserver $(BIN_DIR)/kubectl $(BIN_DIR)/etcd $(BIN_DIR)/jaeger ## Build etcd, kube-apiserver, kubectl and jaeger (cached in .cache/bin).
+tools: $(BIN_DIR)/kube-apiserver $(BIN_DIR)/kube-scheduler $(BIN_DIR)/kubectl $(BIN_DIR)/etcd $(BIN_DIR)/jaeger ## Build etcd, kube-apiserver, kube-scheduler, kubectl and jaeger (cached in .cache/bin).
 
 $(BIN_DIR)/golangci-lint: tools/golangci-lint/go.mod tools/golangci-lint/go.sum
 	@echo ">> building golangci-lint (pinned in tools/golangci-lint)"
@@ -32,6 +32,10 @@ $(BIN_DIR)/golangci-lint: tools/golangci-lint/go.mod tools/golangci-lint/go.sum
 $(BIN_DIR)/kube-apiserver: go.mod go.sum
 	@echo ">> building kube-apiserver $(KUBE_VERSION) (a cold build takes ~5 min on 2 cores)"
 	$(GO) build -trimpath -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kube-apiserver
+
+$(BIN_DIR)/kube-scheduler: go.mod go.sum
+	@echo ">> building kube-scheduler $(KUBE_VERSION) (TestSchedulerSession runs it behind kproxy)"
+	$(GO) build -trimpath -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kube-scheduler
 
 $(BIN_DIR)/kubectl: go.mod go.sum
 	@echo ">> building kubectl $(KUBE_VERSION)"
