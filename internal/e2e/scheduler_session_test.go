@@ -117,7 +117,9 @@ func TestSchedulerSession(t *testing.T) {
 	}
 	pod(run+"-nowhere", func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{"kproxy.dev/nowhere": "true"} })
 	cpu := func(q string) func(*corev1.Pod) {
-		return func(p *corev1.Pod) { p.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = resource.MustParse(q) }
+		return func(p *corev1.Pod) {
+			p.Spec.Containers[0].Resources.Requests[corev1.ResourceCPU] = resource.MustParse(q)
+		}
 	}
 	// Fill both nodes (1 CPU each; the six take 300m of each), then a pod
 	// of a higher priority that fits only if a filler goes: the scheduler
@@ -132,7 +134,9 @@ func TestSchedulerSession(t *testing.T) {
 	if _, err := cs.SchedulingV1().PriorityClasses().Create(ctx, pc, createOpts); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cs.SchedulingV1().PriorityClasses().Delete(context.Background(), pc.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = cs.SchedulingV1().PriorityClasses().Delete(context.Background(), pc.Name, metav1.DeleteOptions{})
+	})
 	pod(run+"-urgent", func(p *corev1.Pod) { cpu("500m")(p); p.Spec.PriorityClassName = pc.Name })
 	bound := 0
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {

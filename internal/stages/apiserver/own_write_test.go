@@ -39,7 +39,7 @@ func (h *history) at(_ context.Context, rv string, out runtime.Object) (bool, er
 	*out.(*api.Pod) = *cur.DeepCopy()
 	return true, nil
 }
-func (h *history) latest(context.Context, runtime.Object) (bool, string, error)  { panic("unused") }
+func (h *history) latest(context.Context, runtime.Object) (bool, string, error) { panic("unused") }
 func (h *history) lastExisting(context.Context, runtime.Object) (string, error) { panic("unused") }
 
 func podAt(rv int, uid, node string, deleting bool) *api.Pod {
