@@ -23,7 +23,7 @@ help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: tools
-tools: $(BIN_DIR)/kube-apiserver $(BIN_DIR)/kube-scheduler $(BIN_DIR)/kubectl $(BIN_DIR)/etcd $(BIN_DIR)/jaeger ## Build etcd, kube-apiserver, kube-scheduler, kubectl and jaeger (cached in .cache/bin).
+tools: $(BIN_DIR)/kube-apiserver $(BIN_DIR)/kube-scheduler $(BIN_DIR)/kube-controller-manager $(BIN_DIR)/kubectl $(BIN_DIR)/etcd $(BIN_DIR)/jaeger ## Build etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl and jaeger (cached in .cache/bin).
 
 $(BIN_DIR)/golangci-lint: tools/golangci-lint/go.mod tools/golangci-lint/go.sum
 	@echo ">> building golangci-lint (pinned in tools/golangci-lint)"
@@ -36,6 +36,12 @@ $(BIN_DIR)/kube-apiserver: go.mod go.sum
 $(BIN_DIR)/kube-scheduler: go.mod go.sum
 	@echo ">> building kube-scheduler $(KUBE_VERSION) (TestSchedulerSession runs it behind kproxy)"
 	$(GO) build -trimpath -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kube-scheduler
+
+# The controller manager links the kubelet's volume and container code,
+# whose modules kproxy does not need: a module of its own, same release.
+$(BIN_DIR)/kube-controller-manager: tools/kube-controller-manager/go.mod tools/kube-controller-manager/go.sum
+	@echo ">> building kube-controller-manager $(KUBE_VERSION) (TestControllerSession runs it behind kproxy)"
+	cd tools/kube-controller-manager && $(GO) build -trimpath -ldflags '$(KUBE_LDFLAGS)' -o $@ k8s.io/kubernetes/cmd/kube-controller-manager
 
 $(BIN_DIR)/kubectl: go.mod go.sum
 	@echo ">> building kubectl $(KUBE_VERSION)"

@@ -215,7 +215,7 @@ func waitBound(t *testing.T, cs kubernetes.Interface, run string, n int) {
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		pods, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, nil
+			return false, err
 		}
 		bound = 0
 		for _, p := range pods.Items {

@@ -6,9 +6,7 @@ import (
 	"net/http"
 	"strings"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/kubernetes/pkg/api/legacyscheme"
 
 	"github.com/kproxy/kproxy/internal/record"
 
@@ -50,7 +48,7 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 	if w == nil {
 		return Unknown("the write path cannot be replayed: " + d.m.writeError().Error()), false
 	}
-	if i := req.Info; !builtIn(i.APIGroup) && !w.ServesCustom(i.APIGroup, i.Resource) {
+	if i := req.Info; !apiserver.BuiltIn(i.APIGroup) && !w.ServesCustom(i.APIGroup, i.Resource) {
 		if s, ok, why := aggregatedFor(w, i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
 			return aggregatedAPI(s, req.Info.Path), false
 		} else if why != "" {
@@ -127,12 +125,6 @@ func notReplayable(req *Request) string {
 		return "componentstatuses are probed live by the apiserver: not modelled"
 	}
 	return ""
-}
-
-// builtIn reports an API group kube-apiserver serves itself (custom
-// resources and aggregated APIs are the others).
-func builtIn(group string) bool {
-	return legacyscheme.Scheme.IsGroupRegistered(group) || group == apiextensionsv1.GroupName
 }
 
 func decodedWhat(req *Request) string {

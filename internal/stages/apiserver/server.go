@@ -41,7 +41,11 @@ import (
 	"k8s.io/client-go/transport"
 	basecompatibility "k8s.io/component-base/compatibility"
 	"k8s.io/component-base/tracing"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
+	apiregistrationv1beta1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1beta1"
 	aggregatorapiserver "k8s.io/kube-aggregator/pkg/apiserver"
+	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
+	apiservicerest "k8s.io/kube-aggregator/pkg/registry/apiservice/rest"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/pkg/capabilities"
 	"k8s.io/kubernetes/pkg/controlplane"
@@ -128,9 +132,10 @@ func (w *Server) InspectEtcd(ctx context.Context, registryKey string, rev int64)
 }
 
 // BuiltIn reports an API group kube-apiserver serves itself (custom
-// resources and aggregated APIs are the others).
+// resources and aggregated APIs are the others): its own groups, the
+// apiextensions server's and the aggregator's.
 func BuiltIn(group string) bool {
-	return legacyscheme.Scheme.IsGroupRegistered(group) || group == apiextensionsv1.GroupName
+	return legacyscheme.Scheme.IsGroupRegistered(group) || group == apiextensionsv1.GroupName || group == apiregistrationv1.GroupName
 }
 
 // ServesDiscovery reports a GET the replay server answers as the
@@ -318,6 +323,13 @@ func New(ctx context.Context, c Config) (*Server, error) {
 		return nil, fmt.Errorf("apiextensions (custom resources): %w", err)
 	}
 
+	// APIServices: the aggregator's own resource, which kube-apiserver
+	// serves in front of everything else.
+	aggregator, err := aggregatorAPI(*gc, *etcd, snapshots, enablement)
+	if err != nil {
+		return nil, fmt.Errorf("apiregistration.k8s.io (APIServices): %w", err)
+	}
+
 	endpointSlices, err := utilproxy.NewEndpointSliceIndexerGetter(s.Informers.Discovery().V1().EndpointSlices())
 	if err != nil {
 		return nil, fmt.Errorf("endpoint slices: %w", err)
@@ -390,6 +402,11 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	}
 	if err := installAPIs(srv, sf.APIResourceConfigSource, gc.RESTOptionsGetter, providers, services, snapshots.unencoded); err != nil {
 		return nil, err
+	}
+	if len(aggregator.VersionedResourcesStorageMap) > 0 {
+		if err := srv.InstallAPIGroup(&aggregator); err != nil {
+			return nil, fmt.Errorf("apiregistration.k8s.io (APIServices): %w", err)
+		}
 	}
 	// The apiserver's router (handler.go sets a CurlyRouter), remembering
 	// its choices (routes.go).
@@ -466,6 +483,29 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 		}
 	}
 	return ext, nil
+}
+
+// aggregatorAPI is the aggregator's APIService storage as kube-apiserver
+// configures it (controlplane/apiserver/aggregator.go: its storage codec
+// and resource enablement) over snapshot storage. Its controllers (the
+// availability checks, the discovery merge) are not run: they write
+// status and answer other paths.
+func aggregatorAPI(gc genericapiserver.Config, etcd genericoptions.EtcdOptions, kube *snapshotOptions, enablement *genericoptions.APIEnablementOptions) (genericapiserver.APIGroupInfo, error) {
+	aetcd := etcd
+	aetcd.StorageConfig.Codec = aggregatorscheme.Codecs.LegacyCodec(apiregistrationv1.SchemeGroupVersion, apiregistrationv1beta1.SchemeGroupVersion)
+	aetcd.StorageConfig.EncodeVersioner = runtime.NewMultiGroupVersioner(apiregistrationv1.SchemeGroupVersion, schema.GroupKind{Group: apiregistrationv1beta1.GroupName})
+	aetcd.SkipHealthEndpoints = true
+	gc.RESTOptionsGetter = nil
+	if err := aetcd.ApplyTo(&gc); err != nil {
+		return genericapiserver.APIGroupInfo{}, err
+	}
+	if err := enablement.ApplyTo(&gc, aggregatorapiserver.DefaultAPIResourceConfigSource(), aggregatorscheme.Scheme); err != nil {
+		return genericapiserver.APIGroupInfo{}, fmt.Errorf("--runtime-config: %w", err)
+	}
+	getter := &snapshotOptions{inner: gc.RESTOptionsGetter, state: kube.state, resources: gc.MergedResourceConfig,
+		scheme: aggregatorscheme.Scheme, decoder: aggregatorscheme.Codecs.UniversalDecoder(), etcd: kube.etcd, stores: kube.stores,
+		transformers: kube.transformers, noEtcd: kube.noEtcd, clock: kube.clock, unencoded: kube.unencoded}
+	return apiservicerest.NewRESTStorage(gc.MergedResourceConfig, getter, false), nil
 }
 
 // watchServiceDials wraps the webhooks' authentication-info resolver so
