@@ -35,22 +35,23 @@ import (
 // EndpointSlices, and the namespace is deleted, which its controller
 // empties resource by resource. Every record's prediction must be the
 // apiserver's answer or an honest unknown; a confident wrong prediction
-// fails the test.
+// fails the test. It runs on a cluster of its own (ownCluster).
 func TestControllerSession(t *testing.T) {
 	bin, err := localcluster.Binary(os.Getenv("KPROXY_BIN_DIR"), "kube-controller-manager")
 	if err != nil {
 		t.Fatal(err) // make tools builds it
 	}
 	ctx := context.Background()
-	cs := adminClient()
+	c := ownCluster(t)
+	cs := adminClientFor(c)
 	stream := record.NewStream()
 	recs, dropped, cancel := stream.Subscribe(1 << 16)
 	defer cancel()
 	// A queue long enough that no replay is shed in the controllers'
 	// bursts: the test is about what the replay predicts.
-	k := startKproxy(t, kproxyOptions{stream: stream, set: func(o *serve.Options) { o.ReplayQueue = 1 << 14 }})
+	k := startKproxy(t, kproxyOptions{stream: stream, cluster: c, set: func(o *serve.Options) { o.ReplayQueue = 1 << 14 }})
 	dir := t.TempDir()
-	cert, err := cluster.CA.Issue(pki.Leaf{CommonName: "system:kube-controller-manager", Client: true})
+	cert, err := c.CA.Issue(pki.Leaf{CommonName: "system:kube-controller-manager", Client: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,21 +24,33 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 )
 
+// schedNS is where TestSchedulerSession's pods are.
+const schedNS = "sched"
+
 // TestSchedulerSession puts the real kube-scheduler (built from the same
 // Kubernetes release) behind kproxy, as a cluster's scheduler would talk
 // to its apiserver: a client certificate for system:kube-scheduler,
 // protobuf, HTTP/2, leader election on a Lease, informers (lists and
 // watches), bindings, events and status patches for a pod that fits
 // nowhere. Every record's prediction must be the apiserver's answer or an
-// honest unknown; a confident wrong prediction fails the test.
+// honest unknown; a confident wrong prediction fails the test. The
+// scheduler and its nodes run on a cluster of their own.
 func TestSchedulerSession(t *testing.T) {
 	bin, err := localcluster.Binary(os.Getenv("KPROXY_BIN_DIR"), "kube-scheduler")
 	if err != nil {
 		t.Fatal(err) // make tools builds it
 	}
 	ctx := context.Background()
-	cs := adminClient()
+	c := ownCluster(t)
+	cs := adminClientFor(c)
 	run := fmt.Sprintf("sched-%d", time.Now().UnixNano()%1e6)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: schedNS}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	// No controller manager here makes the namespace's ServiceAccount.
+	if _, err := cs.CoreV1().ServiceAccounts(schedNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
 	// Nodes for the pods to land on (no kubelet runs here: the Nodes are
 	// objects, as the scheduler sees them).
 	for i := range 2 {
@@ -67,9 +79,9 @@ func TestSchedulerSession(t *testing.T) {
 	stream := record.NewStream()
 	recs, dropped, cancel := stream.Subscribe(1 << 14)
 	defer cancel()
-	k := startKproxy(t, kproxyOptions{stream: stream})
+	k := startKproxy(t, kproxyOptions{stream: stream, cluster: c})
 	dir := t.TempDir()
-	cert, err := cluster.CA.Issue(pki.Leaf{CommonName: "system:kube-scheduler", Client: true})
+	cert, err := c.CA.Issue(pki.Leaf{CommonName: "system:kube-scheduler", Client: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,11 +117,11 @@ func TestSchedulerSession(t *testing.T) {
 		if mod != nil {
 			mod(p)
 		}
-		if _, err := cs.CoreV1().Pods(testNS).Create(ctx, p, createOpts); err != nil {
+		if _, err := cs.CoreV1().Pods(schedNS).Create(ctx, p, createOpts); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+			_ = cs.CoreV1().Pods(schedNS).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 		})
 	}
 	for i := range 6 {
@@ -140,7 +152,7 @@ func TestSchedulerSession(t *testing.T) {
 	pod(run+"-urgent", func(p *corev1.Pod) { cpu("500m")(p); p.Spec.PriorityClassName = pc.Name })
 	bound := 0
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{})
+		pods, err := cs.CoreV1().Pods(schedNS).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -213,7 +225,7 @@ func waitBound(t *testing.T, cs kubernetes.Interface, run string, n int) {
 	t.Helper()
 	bound := 0
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := cs.CoreV1().Pods(testNS).List(ctx, metav1.ListOptions{})
+		pods, err := cs.CoreV1().Pods(schedNS).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -252,4 +264,23 @@ func resourceOf(path string) string {
 		return parts[0]
 	}
 	return parts[0] + "/" + parts[2]
+}
+
+// ownCluster starts a cluster for one test, kproxy's identity granted:
+// the controllers a test runs there change cluster-wide state (aggregated
+// ClusterRoles, every namespace's ServiceAccount and root CA ConfigMap,
+// Nodes) that other tests must not see, and the shared cluster's broken
+// APIService fixture would keep a namespace from being deleted.
+func ownCluster(t *testing.T) *localcluster.Cluster {
+	t.Helper()
+	ctx := context.Background()
+	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	if err := localcluster.GrantKproxy(ctx, adminClientFor(c), "kproxy"); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"errors"
 	"context"
 	"net"
 	"sync"
@@ -74,7 +75,7 @@ type serviceAllocation struct {
 func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, primary, secondary net.IPNet, nodePorts utilnet.PortRange,
 	endpoints proxy.EndpointSliceGetter, pods servicestore.PodStorage) (*serviceAllocation, *servicestore.StatusREST, rest.Storage, error) {
 	nw := s.Informers.Networking().V1()
-	mem := memNetworking{NetworkingV1Interface: s.Client.NetworkingV1(), ips: nw.IPAddresses().Lister()}
+	mem := memNetworking{NetworkingV1Interface: s.Client.NetworkingV1(), ips: nw.IPAddresses().Lister(), admit: s.admitRead}
 	ipAllocs := map[api.IPFamily]ipallocator.Interface{}
 	for _, r := range []net.IPNet{primary, secondary} {
 		if r.IP == nil {
@@ -160,20 +161,38 @@ func (r allocatingREST) Update(ctx context.Context, name string, objInfo rest.Up
 // Service, a delete (a rollback) does nothing.
 type memNetworking struct {
 	networkingv1client.NetworkingV1Interface
-	ips networkinglisters.IPAddressLister
+	ips   networkinglisters.IPAddressLister
+	admit func() error // the replay's budget of apiserver reads
 }
 
 func (m memNetworking) IPAddresses() networkingv1client.IPAddressInterface {
-	return memIPAddresses{IPAddressInterface: m.NetworkingV1Interface.IPAddresses(), ips: m.ips}
+	return memIPAddresses{IPAddressInterface: m.NetworkingV1Interface.IPAddresses(), ips: m.ips, admit: m.admit}
 }
 
 type memIPAddresses struct {
 	networkingv1client.IPAddressInterface
-	ips networkinglisters.IPAddressLister
+	ips   networkinglisters.IPAddressLister
+	admit func() error
 }
 
-func (m memIPAddresses) Create(_ context.Context, ip *networkingv1.IPAddress, _ metav1.CreateOptions) (*networkingv1.IPAddress, error) {
-	if have, err := m.ips.Get(ip.Name); err == nil && !sameParent(have.Spec.ParentRef, ip.Spec.ParentRef) {
+// Create checks the address with a consistent read through the apiserver
+// (the informer may not yet have seen an address a Service created a
+// moment before took: the replay then predicted a cluster IP free that
+// the apiserver's allocation held), the informer being the fallback when
+// the read fails or is shed.
+func (m memIPAddresses) Create(ctx context.Context, ip *networkingv1.IPAddress, _ metav1.CreateOptions) (*networkingv1.IPAddress, error) {
+	var have *networkingv1.IPAddress
+	err := errors.New("not read")
+	if m.admit == nil || m.admit() == nil {
+		have, err = m.IPAddressInterface.Get(ctx, ip.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return ip.DeepCopy(), nil
+		}
+	}
+	if err != nil {
+		have, err = m.ips.Get(ip.Name)
+	}
+	if err == nil && !sameParent(have.Spec.ParentRef, ip.Spec.ParentRef) {
 		return nil, apierrors.NewAlreadyExists(networkingv1.Resource("ipaddresses"), ip.Name)
 	}
 	return ip.DeepCopy(), nil
