@@ -1,8 +1,8 @@
 package apiserver
 
 import (
-	"errors"
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"time"
