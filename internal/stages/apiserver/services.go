@@ -184,7 +184,7 @@ func (m memIPAddresses) Create(ctx context.Context, ip *networkingv1.IPAddress, 
 	var have *networkingv1.IPAddress
 	err := errors.New("not read")
 	if m.admit == nil || m.admit() == nil {
-		have, err = m.IPAddressInterface.Get(ctx, ip.Name, metav1.GetOptions{})
+		have, err = m.Get(ctx, ip.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return ip.DeepCopy(), nil
 		}
