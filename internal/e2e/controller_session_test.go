@@ -1,14 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,8 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/kproxy/kproxy/internal/localcluster"
-	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
 )
@@ -37,10 +29,6 @@ import (
 // apiserver's answer or an honest unknown; a confident wrong prediction
 // fails the test. It runs on a cluster of its own (ownCluster).
 func TestControllerSession(t *testing.T) {
-	bin, err := localcluster.Binary(os.Getenv("KPROXY_BIN_DIR"), "kube-controller-manager")
-	if err != nil {
-		t.Fatal(err) // make tools builds it
-	}
 	ctx := context.Background()
 	c := ownCluster(t)
 	cs := adminClientFor(c)
@@ -50,39 +38,11 @@ func TestControllerSession(t *testing.T) {
 	// A queue long enough that no replay is shed in the controllers'
 	// bursts: the test is about what the replay predicts.
 	k := startKproxy(t, kproxyOptions{stream: stream, cluster: c, set: func(o *serve.Options) { o.ReplayQueue = 1 << 14 }})
-	dir := t.TempDir()
-	cert, err := c.CA.Issue(pki.Leaf{CommonName: "system:kube-controller-manager", Client: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPEM, err := pki.KeyPEM(cert.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := filepath.Join(dir, "kcm.kubeconfig")
-	if err := localcluster.WriteCertKubeconfig(kubeconfig, "https://"+k.addr, k.caPEM, pki.CertPEM(cert.Cert), keyPEM); err != nil {
-		t.Fatal(err)
-	}
 	run := fmt.Sprintf("kcm-%d", time.Now().UnixNano()%1e6)
-	sctx, stop := context.WithCancel(ctx)
-	cmd := exec.CommandContext(sctx, bin, "--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
+	kcm := startComponent(t, "kube-controller-manager", c, k, "system:kube-controller-manager",
 		"--secure-port=0", "--use-service-account-credentials=true", "--leader-elect=true", "--leader-elect-resource-name=kcm-"+run,
 		"--controllers=*,-nodeipam,-nodelifecycle,-persistentvolume-binder,-attachdetach,-persistentvolume-expander,-ttl,-csrsigning",
 		"--concurrent-gc-syncs=5", "--v=1")
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		stop()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("kube-controller-manager's log:\n%s", lastLines(logs.String(), 60))
-		}
-	}()
 
 	ns := run
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {
@@ -155,41 +115,6 @@ func TestControllerSession(t *testing.T) {
 		t.Fatalf("the namespace controller did not empty and remove namespace %s: %v", ns, err)
 	}
 	time.Sleep(2 * time.Second)
-	stop()
-	_ = cmd.Wait()
-
-	var all []*record.Record
-	quiet := time.NewTimer(10 * time.Second)
-	for done := false; !done; {
-		select {
-		case r := <-recs:
-			all = append(all, r)
-			quiet.Reset(5 * time.Second)
-		case <-quiet.C:
-			done = true
-		}
-	}
-	if n := dropped(); n > 0 {
-		t.Fatalf("%d records dropped", n)
-	}
-	kinds := map[string]int{}
-	for _, r := range all {
-		kinds[r.Request.Method+" "+resourceOf(r.Request.Path)]++
-	}
-	var seen []string
-	for k, n := range kinds {
-		if !strings.HasPrefix(k, "GET ") {
-			seen = append(seen, fmt.Sprintf("%4d  %s", n, k))
-		}
-	}
-	sort.Strings(seen)
-	res := judgeSession(all)
-	t.Logf("controller session: %d records: %d agree, %d unknown, %d confidently wrong (agreement %.0f%%)\nwrites:\n%s",
-		len(all), res.match, res.unknown, res.wrong, 100*float64(res.match)/float64(max(1, len(all))), strings.Join(seen, "\n"))
-	for why, n := range res.unknowns {
-		t.Errorf("%d records unknown: %s", n, why)
-	}
-	for _, w := range res.wrongs {
-		t.Errorf("confidently wrong: %s", w)
-	}
+	kcm.end()
+	judgeComponent(t, "controller", quietRecords(t, recs, dropped, 10*time.Second, 5*time.Second), true)
 }

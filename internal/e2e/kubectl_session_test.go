@@ -184,20 +184,7 @@ func TestKubectlSession(t *testing.T) {
 	stop()
 
 	// Records arrive when their replay is done; wait for quiet.
-	var all []*record.Record
-	quiet := time.NewTimer(5 * time.Second)
-	for done := false; !done; {
-		select {
-		case r := <-recs:
-			all = append(all, r)
-			quiet.Reset(3 * time.Second)
-		case <-quiet.C:
-			done = true
-		}
-	}
-	if n := dropped(); n > 0 {
-		t.Fatalf("%d records dropped", n)
-	}
+	all := quietRecords(t, recs, dropped, 5*time.Second, 3*time.Second)
 	res := judgeSession(all)
 	t.Logf("kubectl session: %d commands, %d records: %d agree, %d unknown, %d confidently wrong (agreement %.0f%%)",
 		sent, len(all), res.match, res.unknown, res.wrong, 100*float64(res.match)/float64(max(1, len(all))))
@@ -232,8 +219,8 @@ func judgeSession(all []*record.Record) sessionResult {
 		case p.Stage == record.StageUnknown:
 			res.unknown++
 			why := p.Message
-			if len(why) > 160 {
-				why = why[:160]
+			if len(why) > 400 {
+				why = why[:400]
 			}
 			res.unknowns[why+" ["+r.Request.Method+" "+r.Request.Path+fmt.Sprintf(" -> %d", a.Status)+"]"]++
 		case p.Status == a.Status && p.Reason == a.Reason && maskCurrentRevision(p.Message) == maskCurrentRevision(a.Message):

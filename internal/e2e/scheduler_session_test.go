@@ -1,13 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -19,8 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/kproxy/kproxy/internal/localcluster"
-	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 )
 
@@ -36,10 +29,6 @@ const schedNS = "sched"
 // honest unknown; a confident wrong prediction fails the test. The
 // scheduler and its nodes run on a cluster of their own.
 func TestSchedulerSession(t *testing.T) {
-	bin, err := localcluster.Binary(os.Getenv("KPROXY_BIN_DIR"), "kube-scheduler")
-	if err != nil {
-		t.Fatal(err) // make tools builds it
-	}
 	ctx := context.Background()
 	c := ownCluster(t)
 	cs := adminClientFor(c)
@@ -80,34 +69,8 @@ func TestSchedulerSession(t *testing.T) {
 	recs, dropped, cancel := stream.Subscribe(1 << 14)
 	defer cancel()
 	k := startKproxy(t, kproxyOptions{stream: stream, cluster: c})
-	dir := t.TempDir()
-	cert, err := c.CA.Issue(pki.Leaf{CommonName: "system:kube-scheduler", Client: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyPEM, err := pki.KeyPEM(cert.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := filepath.Join(dir, "scheduler.kubeconfig")
-	if err := localcluster.WriteCertKubeconfig(kubeconfig, "https://"+k.addr, k.caPEM, pki.CertPEM(cert.Cert), keyPEM); err != nil {
-		t.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	cmd := exec.CommandContext(sctx, bin, "--kubeconfig="+kubeconfig, "--authentication-kubeconfig="+kubeconfig, "--authorization-kubeconfig="+kubeconfig,
-		"--secure-port=0", "--leader-elect=true", "--leader-elect-resource-name=kube-scheduler-"+run, "--v=3")
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if t.Failed() {
-			t.Logf("kube-scheduler's log:\n%s", lastLines(logs.String(), 400))
-		}
-	}()
+	sched := startComponent(t, "kube-scheduler", c, k, "system:kube-scheduler",
+		"--secure-port=0", "--leader-elect=true", "--leader-elect-resource-name=kube-scheduler-"+run, "--v=1")
 
 	// Pods: six that fit, one that fits nowhere (the scheduler patches
 	// its status and records an event), one bound by name already.
@@ -151,7 +114,7 @@ func TestSchedulerSession(t *testing.T) {
 	})
 	pod(run+"-urgent", func(p *corev1.Pod) { cpu("500m")(p); p.Spec.PriorityClassName = pc.Name })
 	bound := 0
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
 		pods, err := cs.CoreV1().Pods(schedNS).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -178,41 +141,8 @@ func TestSchedulerSession(t *testing.T) {
 		t.Fatalf("the scheduler bound %d of 8 pods (and marked one unschedulable, nominated a node for the urgent one?): %v", bound, err)
 	}
 	time.Sleep(2 * time.Second) // a lease renewal or two
-	stop()
-	_ = cmd.Wait()
-
-	var all []*record.Record
-	quiet := time.NewTimer(5 * time.Second)
-	for done := false; !done; {
-		select {
-		case r := <-recs:
-			all = append(all, r)
-			quiet.Reset(3 * time.Second)
-		case <-quiet.C:
-			done = true
-		}
-	}
-	if n := dropped(); n > 0 {
-		t.Fatalf("%d records dropped", n)
-	}
-	kinds := map[string]int{}
-	for _, r := range all {
-		kinds[r.Request.Method+" "+resourceOf(r.Request.Path)]++
-	}
-	var seen []string
-	for k, n := range kinds {
-		seen = append(seen, fmt.Sprintf("%4d  %s", n, k))
-	}
-	sort.Strings(seen)
-	res := judgeSession(all)
-	t.Logf("scheduler session: %d records: %d agree, %d unknown, %d confidently wrong (agreement %.0f%%)\nrequests:\n%s",
-		len(all), res.match, res.unknown, res.wrong, 100*float64(res.match)/float64(max(1, len(all))), strings.Join(seen, "\n"))
-	for why, n := range res.unknowns {
-		t.Errorf("%d records unknown: %s", n, why)
-	}
-	for _, w := range res.wrongs {
-		t.Errorf("confidently wrong: %s", w)
-	}
+	sched.end()
+	kinds := judgeComponent(t, "scheduler", quietRecords(t, recs, dropped, 5*time.Second, 3*time.Second), false)
 	for k, want := range map[string]int{"POST pods/binding": 8, "DELETE pods": 1} {
 		if kinds[k] < want {
 			t.Errorf("%d %s recorded, want %d", kinds[k], k, want)
@@ -240,47 +170,4 @@ func waitBound(t *testing.T, cs kubernetes.Interface, run string, n int) {
 	if err != nil {
 		t.Fatalf("the scheduler bound %d of %d pods: %v", bound, n, err)
 	}
-}
-
-// resourceOf names a request path's resource (and subresource), without
-// namespace or name: /api/v1/namespaces/x/pods/y/binding is pods/binding.
-func resourceOf(path string) string {
-	parts := strings.Split(strings.Trim(path, "/"), "/")
-	switch {
-	case len(parts) > 0 && parts[0] == "api":
-		parts = parts[min(2, len(parts)):]
-	case len(parts) > 0 && parts[0] == "apis":
-		parts = parts[min(3, len(parts)):]
-	default:
-		return path
-	}
-	if len(parts) >= 2 && parts[0] == "namespaces" && len(parts) > 2 {
-		parts = parts[2:]
-	}
-	switch len(parts) {
-	case 0:
-		return path
-	case 1, 2:
-		return parts[0]
-	}
-	return parts[0] + "/" + parts[2]
-}
-
-// ownCluster starts a cluster for one test, kproxy's identity granted:
-// the controllers a test runs there change cluster-wide state (aggregated
-// ClusterRoles, every namespace's ServiceAccount and root CA ConfigMap,
-// Nodes) that other tests must not see, and the shared cluster's broken
-// APIService fixture would keep a namespace from being deleted.
-func ownCluster(t *testing.T) *localcluster.Cluster {
-	t.Helper()
-	ctx := context.Background()
-	c, err := localcluster.Start(ctx, localcluster.Options{Log: os.Stderr})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	if err := localcluster.GrantKproxy(ctx, adminClientFor(c), "kproxy"); err != nil {
-		t.Fatal(err)
-	}
-	return c
 }

@@ -323,12 +323,11 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 
 	replayReq := &stages.Request{ID: id, Arrival: start, HTTP: r.Clone(context.WithoutCancel(ctx)), Info: info}
 	replayReq.HTTP.Body = nil
-	if rw.keepBody {
-		// A write's replay reads the cluster as it was on arrival: it
-		// tells its own write apart by the resourceVersion the apiserver
-		// answered with (stages.Request.Actual).
-		replayReq.Actual = ex.actualAnswer
-	}
+	// A write's replay reads the cluster as it was on arrival: it tells
+	// its own write apart by the resourceVersion the apiserver answered
+	// with (stages.Request.Actual). A get's replay checks that no write
+	// came between the request and its read (the status is enough).
+	replayReq.Actual = ex.actualAnswer
 	ex.replayReq, ex.replayCtx = replayReq, context.WithoutCancel(ctx)
 	p.pending.Add(1)
 	startReplay := func(r teeResult) {
@@ -366,9 +365,9 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 	return ex, r.WithContext(context.WithValue(ctx, exchangeKey{}, ex)), rw
 }
 
-// actualAnswer is stages.Request.Actual for a write: the apiserver's
-// status and, decoded only when the replay asks (off the response's
-// path), the resourceVersion it answered with.
+// actualAnswer is stages.Request.Actual: the apiserver's status and, for
+// a write, decoded only when the replay asks (off the response's path),
+// the resourceVersion it answered with.
 func (ex *exchange) actualAnswer(ctx context.Context) (stages.ActualWrite, bool) {
 	select {
 	case <-ex.done:

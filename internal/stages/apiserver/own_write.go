@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -171,3 +172,21 @@ func (r *Run) evictionBudgetReadLate(ctx context.Context) bool {
 }
 
 const evictionBudgetReadLateWhy = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
+
+// namespaceTerminatingLate reports a write the apiserver admitted (2xx)
+// that the replay's NamespaceLifecycle refuses because the namespace is
+// being deleted. The plugin reads namespaces from an informer, in the
+// apiserver as in the replay: the namespace began terminating after the
+// request (the namespace controller empties it right after), or the
+// apiserver's informer had not yet seen it. Either way which view the
+// request met is not known.
+func (r *Run) namespaceTerminatingLate(ctx context.Context) bool {
+	if r.Read || r.DryRun || r.actual == nil || r.Status == nil || r.Status.Code != http.StatusForbidden ||
+		r.PluginErrName != "NamespaceLifecycle" || !strings.Contains(r.Status.Message, "because it is being terminated") {
+		return false
+	}
+	aw, ok := r.actual(ctx)
+	return ok && aw.Status >= 200 && aw.Status < 300
+}
+
+const namespaceTerminatingLateWhy = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"

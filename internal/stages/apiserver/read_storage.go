@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -48,7 +49,7 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *Run, key string, opt
 			return err
 		}
 		s.unencoded.hold(run, out)
-		return settleRead(&read, err, out)
+		return lateRead(ctx, run, &read, settleRead(&read, err, out))
 	}
 	if opts.ResourceVersion != "" && opts.ResourceVersion != "0" {
 		read.Err = errors.New("a get at a resourceVersion is answered from the watch cache, which waits for it: " + needsEtcd + s.noEtcd)
@@ -58,7 +59,7 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *Run, key string, opt
 	read.Duration = s.clock.Since(read.Start)
 	switch {
 	case apierrors.IsNotFound(err):
-		return settleRead(&read, storage.NewKeyNotFoundError(key, 0), out)
+		return lateRead(ctx, run, &read, settleRead(&read, storage.NewKeyNotFoundError(key, 0), out))
 	case err != nil:
 		read.Err = fmt.Errorf("kproxy could not read it through the apiserver: %w", err)
 		return read.Err
@@ -67,7 +68,37 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *Run, key string, opt
 		read.Err = err
 		return err
 	}
-	return settleRead(&read, nil, out)
+	return lateRead(ctx, run, &read, settleRead(&read, nil, out))
+}
+
+// lateRead checks a get of the latest against the apiserver's answer. The
+// replay reads after the request, and a write in between (a controller
+// deleting what it just read, creating what it just looked for) makes the
+// two disagree: the apiserver answered 200 and the replay finds the object
+// gone, or 404 and the replay finds it. Then the state the request met is
+// not known, and the run says so instead of predicting the other answer.
+// (A get names no revision in its request, and a 404 none in its answer,
+// so there is no revision to read at, as a write's replay does.)
+func lateRead(ctx context.Context, run *Run, read *StorageRead, err error) error {
+	if run.actual == nil || read.Err != nil || read.Options != rvOption("", "") {
+		return err
+	}
+	found := err == nil
+	if !found && !storage.IsNotFound(err) {
+		return err
+	}
+	aw, ok := run.actual(ctx)
+	switch {
+	case !ok:
+		return err
+	case found && aw.Status == http.StatusNotFound:
+		read.Err = errors.New("the apiserver answered 404 (no such object), and the replay found it: it was created after this request, before the replay read it, so the state on arrival is not known")
+	case !found && aw.Status == http.StatusOK:
+		read.Err = errors.New("the apiserver answered 200 (the object existed), and the replay found it absent: it was deleted after this request, before the replay read it, so the state on arrival is not known")
+	default:
+		return err
+	}
+	return read.Err
 }
 
 // needsEtcd says what kproxy lacks to predict a read's storage outcome.

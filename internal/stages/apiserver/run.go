@@ -407,6 +407,8 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			run.markUnknown(replayTimeoutWhy)
 		case run.evictionBudgetReadLate(ctx):
 			run.markUnknown(evictionBudgetReadLateWhy)
+		case run.namespaceTerminatingLate(ctx):
+			run.markUnknown(namespaceTerminatingLateWhy)
 		}
 	} else if !run.Read {
 		run.Object = resp.Body.Bytes()
