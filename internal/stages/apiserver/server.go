@@ -446,16 +446,10 @@ func runtimeConfig(o *Options) *genericoptions.APIEnablementOptions {
 // controllers, which write CRD status, are never started.
 func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd genericoptions.EtcdOptions, kube *snapshotOptions, enablement *genericoptions.APIEnablementOptions, svcResolver webhook.ServiceResolver, authWrapper webhook.AuthenticationInfoResolverWrapper) (*apiextensionsapiserver.CustomResourceDefinitions, error) {
 	gc.PostStartHooks = map[string]genericapiserver.PostStartHookConfigEntry{}
-	eetcd := etcd
-	eetcd.StorageConfig.Codec = apiextensionsapiserver.Codecs.LegacyCodec(apiextensionsv1beta1.SchemeGroupVersion, apiextensionsv1.SchemeGroupVersion)
-	eetcd.StorageConfig.EncodeVersioner = runtime.NewMultiGroupVersioner(apiextensionsv1beta1.SchemeGroupVersion, schema.GroupKind{Group: apiextensionsv1beta1.GroupName})
-	eetcd.SkipHealthEndpoints = true
-	gc.RESTOptionsGetter = nil
-	if err := eetcd.ApplyTo(&gc); err != nil {
+	if err := groupStorage(&gc, etcd, apiextensionsapiserver.Codecs.LegacyCodec(apiextensionsv1beta1.SchemeGroupVersion, apiextensionsv1.SchemeGroupVersion),
+		runtime.NewMultiGroupVersioner(apiextensionsv1beta1.SchemeGroupVersion, schema.GroupKind{Group: apiextensionsv1beta1.GroupName}),
+		enablement, apiextensionsapiserver.DefaultAPIResourceConfigSource(), apiextensionsapiserver.Scheme); err != nil {
 		return nil, err
-	}
-	if err := enablement.ApplyTo(&gc, apiextensionsapiserver.DefaultAPIResourceConfigSource(), apiextensionsapiserver.Scheme); err != nil {
-		return nil, fmt.Errorf("--runtime-config: %w", err)
 	}
 	s := kube.state
 	gc.RESTOptionsGetter = &snapshotOptions{inner: gc.RESTOptionsGetter, state: s, resources: gc.MergedResourceConfig,
@@ -485,22 +479,34 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 	return ext, nil
 }
 
+// groupStorage gives gc storage of its own, as kube-apiserver gives each
+// server of its chain (the apiextensions server, the aggregator): the
+// same etcd options with the group's storage codec, and the group's
+// resources enabled by --runtime-config over its defaults.
+func groupStorage(gc *genericapiserver.Config, etcd genericoptions.EtcdOptions, codec runtime.Codec, encode runtime.GroupVersioner,
+	enablement *genericoptions.APIEnablementOptions, defaults *serverstorage.ResourceConfig, scheme *runtime.Scheme) error {
+	etcd.StorageConfig.Codec, etcd.StorageConfig.EncodeVersioner = codec, encode
+	etcd.SkipHealthEndpoints = true
+	gc.RESTOptionsGetter = nil
+	if err := etcd.ApplyTo(gc); err != nil {
+		return err
+	}
+	if err := enablement.ApplyTo(gc, defaults, scheme); err != nil {
+		return fmt.Errorf("--runtime-config: %w", err)
+	}
+	return nil
+}
+
 // aggregatorAPI is the aggregator's APIService storage as kube-apiserver
 // configures it (controlplane/apiserver/aggregator.go: its storage codec
 // and resource enablement) over snapshot storage. Its controllers (the
 // availability checks, the discovery merge) are not run: they write
 // status and answer other paths.
 func aggregatorAPI(gc genericapiserver.Config, etcd genericoptions.EtcdOptions, kube *snapshotOptions, enablement *genericoptions.APIEnablementOptions) (genericapiserver.APIGroupInfo, error) {
-	aetcd := etcd
-	aetcd.StorageConfig.Codec = aggregatorscheme.Codecs.LegacyCodec(apiregistrationv1.SchemeGroupVersion, apiregistrationv1beta1.SchemeGroupVersion)
-	aetcd.StorageConfig.EncodeVersioner = runtime.NewMultiGroupVersioner(apiregistrationv1.SchemeGroupVersion, schema.GroupKind{Group: apiregistrationv1beta1.GroupName})
-	aetcd.SkipHealthEndpoints = true
-	gc.RESTOptionsGetter = nil
-	if err := aetcd.ApplyTo(&gc); err != nil {
+	if err := groupStorage(&gc, etcd, aggregatorscheme.Codecs.LegacyCodec(apiregistrationv1.SchemeGroupVersion, apiregistrationv1beta1.SchemeGroupVersion),
+		runtime.NewMultiGroupVersioner(apiregistrationv1.SchemeGroupVersion, schema.GroupKind{Group: apiregistrationv1beta1.GroupName}),
+		enablement, aggregatorapiserver.DefaultAPIResourceConfigSource(), aggregatorscheme.Scheme); err != nil {
 		return genericapiserver.APIGroupInfo{}, err
-	}
-	if err := enablement.ApplyTo(&gc, aggregatorapiserver.DefaultAPIResourceConfigSource(), aggregatorscheme.Scheme); err != nil {
-		return genericapiserver.APIGroupInfo{}, fmt.Errorf("--runtime-config: %w", err)
 	}
 	getter := &snapshotOptions{inner: gc.RESTOptionsGetter, state: kube.state, resources: gc.MergedResourceConfig,
 		scheme: aggregatorscheme.Scheme, decoder: aggregatorscheme.Codecs.UniversalDecoder(), etcd: kube.etcd, stores: kube.stores,
