@@ -10,6 +10,7 @@ import (
 
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	api "k8s.io/kubernetes/pkg/apis/core"
 )
@@ -148,45 +149,50 @@ func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi s
 	return at, nil
 }
 
-// evictionBudgetReadLate reports an eviction the apiserver allowed (201)
-// whose replay was refused for the pod's disruption budget. The replay
-// reads the PodDisruptionBudget as it is now, through the apiserver, and
-// the request itself had used the budget's allowed disruption before
-// that read (status.disruptionsAllowed, one fewer): the budget as the
-// request met it was not read, so the replay's refusal says nothing about
-// the request.
-func (r *Run) evictionBudgetReadLate(ctx context.Context) bool {
-	if r.Verb != "create" || r.Resource != "pods" || r.Subresource != "eviction" || r.DryRun || r.actual == nil ||
-		r.Status == nil || r.Status.Code != http.StatusTooManyRequests || r.Status.Details == nil {
-		return false
+// refusedLate says why a refusal of the replay says nothing about the
+// request, or "". The apiserver admitted the write (2xx), and the replay
+// refused it from state it read after the request, which the request
+// itself (or the write after it) had changed:
+//   - an eviction refused for the pod's disruption budget: the replay
+//     reads the PodDisruptionBudget as it is now, through the apiserver,
+//     and the request had used the budget's allowed disruption before;
+//   - NamespaceLifecycle refusing a terminating namespace: the plugin reads
+//     namespaces from an informer, in the apiserver as in the replay, and
+//     the namespace began terminating after the request (its controller
+//     empties it right after), or the apiserver's informer had not yet
+//     seen it.
+func (r *Run) refusedLate(ctx context.Context) string {
+	if r.Read || r.DryRun || r.actual == nil || r.Status == nil {
+		return ""
 	}
-	budget := false
-	for _, c := range r.Status.Details.Causes {
-		budget = budget || c.Type == policyv1.DisruptionBudgetCause
+	var why string
+	switch {
+	case r.Status.Code == http.StatusTooManyRequests && r.Resource == "pods" && r.Subresource == "eviction" && disruptionBudgetCause(r.Status):
+		why = evictionBudgetReadLateWhy
+	case r.Status.Code == http.StatusForbidden && r.PluginErrName == "NamespaceLifecycle" && strings.Contains(r.Status.Message, "because it is being terminated"):
+		why = namespaceTerminatingLateWhy
+	default:
+		return ""
 	}
-	if !budget {
-		return false
+	if aw, ok := r.actual(ctx); ok && aw.Status >= 200 && aw.Status < 300 {
+		return why
 	}
-	aw, ok := r.actual(ctx)
-	return ok && aw.Status == http.StatusCreated
+	return ""
 }
 
-const evictionBudgetReadLateWhy = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
-
-// namespaceTerminatingLate reports a write the apiserver admitted (2xx)
-// that the replay's NamespaceLifecycle refuses because the namespace is
-// being deleted. The plugin reads namespaces from an informer, in the
-// apiserver as in the replay: the namespace began terminating after the
-// request (the namespace controller empties it right after), or the
-// apiserver's informer had not yet seen it. Either way which view the
-// request met is not known.
-func (r *Run) namespaceTerminatingLate(ctx context.Context) bool {
-	if r.Read || r.DryRun || r.actual == nil || r.Status == nil || r.Status.Code != http.StatusForbidden ||
-		r.PluginErrName != "NamespaceLifecycle" || !strings.Contains(r.Status.Message, "because it is being terminated") {
+func disruptionBudgetCause(st *metav1.Status) bool {
+	if st.Details == nil {
 		return false
 	}
-	aw, ok := r.actual(ctx)
-	return ok && aw.Status >= 200 && aw.Status < 300
+	for _, c := range st.Details.Causes {
+		if c.Type == policyv1.DisruptionBudgetCause {
+			return true
+		}
+	}
+	return false
 }
 
-const namespaceTerminatingLateWhy = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"
+const (
+	evictionBudgetReadLateWhy   = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
+	namespaceTerminatingLateWhy = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"
+)

@@ -405,10 +405,10 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		switch {
 		case replayTimedOut(run.Status):
 			run.markUnknown(replayTimeoutWhy)
-		case run.evictionBudgetReadLate(ctx):
-			run.markUnknown(evictionBudgetReadLateWhy)
-		case run.namespaceTerminatingLate(ctx):
-			run.markUnknown(namespaceTerminatingLateWhy)
+		default:
+			if why := run.refusedLate(ctx); why != "" {
+				run.markUnknown(why)
+			}
 		}
 	} else if !run.Read {
 		run.Object = resp.Body.Bytes()
