@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"runtime"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
@@ -512,5 +514,58 @@ func TestReplayPoolWorkerLingers(t *testing.T) {
 	})
 	if d := time.Since(begin); d < workerLinger/2 {
 		t.Errorf("the worker ended %v after its last replay, want about %v", d, workerLinger)
+	}
+}
+
+// TestRecorder: records completed after their replay (a shed request's,
+// every request's under overload) are written by one goroutine, in the
+// order their relays ended, all of them past the recorder's buffer too,
+// and the goroutine ends once none comes.
+func TestRecorder(t *testing.T) {
+	for _, n := range []int{1, 3, recorderBuffer * 4} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			sink := &records{}
+			u, _ := url.Parse("https://apiserver.example")
+			p, err := New(Config{Upstream: u, Passthrough: namedTransport("upstream"), Sink: sink})
+			if err != nil {
+				t.Fatal(err)
+			}
+			baseline := runtime.NumGoroutine()
+			for i := range n {
+				p.pending.Add(1)
+				p.completeLater(&exchange{
+					rec:       &record.Record{ID: fmt.Sprint(i)},
+					span:      trace.SpanFromContext(context.Background()),
+					replayReq: &stages.Request{HTTP: httptest.NewRequest(http.MethodGet, "/api/v1/pods", nil)},
+				})
+			}
+			p.Drain()
+			recs := sink.list()
+			if len(recs) != n {
+				t.Fatalf("%d records, want %d", len(recs), n)
+			}
+			if n <= recorderBuffer {
+				for i, rec := range recs {
+					if rec.ID != fmt.Sprint(i) {
+						t.Fatalf("record %d is %s: not in the order the relays ended", i, rec.ID)
+					}
+				}
+			}
+			goroutinesAtMost(t, "the recorder ends", baseline)
+		})
+	}
+}
+
+// TestLineGate: the shed warning passes once per window.
+func TestLineGate(t *testing.T) {
+	var g lineGate
+	t0 := time.Unix(1000, 0)
+	for _, c := range []struct {
+		at   time.Duration
+		want bool
+	}{{0, true}, {time.Millisecond, false}, {999 * time.Millisecond, false}, {time.Second, true}, {1500 * time.Millisecond, false}, {5 * time.Second, true}} {
+		if got := g.open(t0.Add(c.at), time.Second); got != c.want {
+			t.Errorf("at +%v: open %v, want %v", c.at, got, c.want)
+		}
 	}
 }
