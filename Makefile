@@ -82,7 +82,8 @@ soak: tools ## A bounded soak: kproxy under mixed HTTP/2 load for SOAK (default 
 	KPROXY_SOAK_DURATION=$(SOAK) $(GO) test -count=1 -timeout=24h -run '^TestSoak$$' -v ./internal/e2e/
 
 .PHONY: bench
-bench: tools ## Benchmarks: direct vs kproxy vs kubectl proxy against the real apiserver (KPROXY_BENCH_SCALE=0.2 for a quick run).
+bench: tools ## Benchmarks: direct vs kproxy vs kubectl proxy vs nginx against the real apiserver (KPROXY_BENCH_SCALE=0.2 for a quick run).
+	@.ci/install-tool nginx || echo "bench: nginx could not be installed: the tables go without their TLS-proxy peer"
 	$(GO) test -run='^$$' -bench=. -benchtime=1x -count=1 -timeout=60m -v ./internal/bench/...
 	$(GO) test -run='^$$' -bench=. -benchtime=2x -count=1 ./internal/tui/
 

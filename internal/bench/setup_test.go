@@ -110,6 +110,13 @@ func setup() (*env, error) {
 		return e, err
 	}
 	e.targets = []*target{direct, kp, kc}
+	ng, err := e.startNginx()
+	if err != nil {
+		return e, err
+	}
+	if ng != nil {
+		e.targets = append(e.targets, ng)
+	}
 	return e, nil
 }
 
