@@ -649,9 +649,9 @@ func (p *Proxy) complete(ex *exchange) {
 }
 
 // completeLater writes the record of an exchange whose replay ended
-// before its relay, on the recorder: one goroutine kept while records
-// come (it ends after workerLinger without one), which writes them in
-// the order their relays ended. A goroutine per record (as before) grew
+// before its relay, on the recorder: one goroutine, kept while records
+// come (once per workerLinger it ends if none waits), which writes them
+// in the order their relays ended. A goroutine per record (as before) grew
 // a fresh stack through the span's end for each: 2.4% of kproxy's CPU
 // under overload, where every record is a shed request's. Past the
 // recorder's buffer (a sink that stalls) a record gets a goroutine of
