@@ -357,6 +357,7 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 			res = p.protect(s.Name(), req, func() Result { return s.report(ctx, req, run) })
 		}
 		at, d := p.recordSpans(ctx, s.Name(), res, now)
+		now = at.Add(d) // a stage that did not run sits where the last one ended
 		steps = append(steps, step{s.Name(), res, at, d})
 		if res.Outcome == record.Reject {
 			break // the stages after it were not reached
@@ -366,11 +367,21 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 }
 
 // recordSpans makes a handler stage's span and its children's after the
-// fact and returns when the stage began and how long it took.
-func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, now time.Time) (time.Time, time.Duration) {
+// fact and returns when the stage began and how long it took. A stage
+// with no times of its own is one the handler's run did not time: a
+// stage that did not apply or was not reached (a GET's admission) is a
+// point at after, where the stage before it ended; any other lasts from
+// after until now. (It was always "until now", so that a GET's three
+// admission stages each showed the whole handler's time, storage's read
+// included, in the record, the waterfall and the trace.)
+func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, after time.Time) (time.Time, time.Duration) {
 	began, ended := res.Began, res.Ended
-	if began.IsZero() {
-		began, ended = now, p.clock.Now()
+	switch {
+	case !began.IsZero():
+	case res.Outcome == record.Skip:
+		began, ended = after, after
+	default:
+		began, ended = after, p.clock.Now()
 	}
 	sctx, span := p.tracer.Start(ctx, name, trace.WithTimestamp(began))
 	for _, c := range res.Spans {
