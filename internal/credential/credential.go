@@ -21,6 +21,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -106,8 +107,15 @@ func Inspect(r *http.Request) Presented {
 	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
 		p.Certificate = r.TLS.PeerCertificates[0]
 	}
-	// The authenticators only read headers and the context.
-	probe := &http.Request{Method: r.Method, URL: r.URL, Header: r.Header.Clone()}
+	// The authenticators read these headers and the context; a copy of
+	// only these (every request is inspected on its way upstream, and
+	// again by the replay's explanation) is enough for them to strip.
+	probe := &http.Request{Method: r.Method, URL: r.URL, Header: make(http.Header, len(probedHeaders))}
+	for _, k := range probedHeaders {
+		if v, ok := r.Header[k]; ok {
+			probe.Header[k] = slices.Clone(v)
+		}
+	}
 	probe = probe.WithContext(context.Background())
 
 	var seen string
@@ -151,6 +159,11 @@ func Inspect(r *http.Request) Presented {
 	}
 	return p
 }
+
+// probedHeaders are the headers the bearer-token and WebSocket-protocol
+// authenticators read (canonical keys): the token, and what makes a
+// request a WebSocket upgrade.
+var probedHeaders = []string{"Authorization", "Connection", "Upgrade", "Sec-Websocket-Protocol"}
 
 // errNoted stops the apiserver's authenticators after the token was noted.
 var errNoted = errors.New("token noted")
