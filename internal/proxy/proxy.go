@@ -128,7 +128,7 @@ type Proxy struct {
 	captureBodies       bool
 	bodyIdle            time.Duration
 	perRequestLog       *slog.Logger // p.log, rate-limited
-	shedLine            lineGate     // the replay-shed warning
+	shedLine            logging.Gate // the replay-shed warning
 	recorder            recorder     // see completeLater
 	pool                *replayPool
 	bodies              *bodyBudget
@@ -577,7 +577,7 @@ func (p *Proxy) submitReplay(ex *exchange) {
 	if p.pool.submit(func() { p.replayAndRecord(ex) }, stages.IsWrite(ex.info)) {
 		return
 	}
-	if p.shedLine.open(p.clock.Now(), logging.DefaultWindow) {
+	if p.shedLine.Open(p.clock.Now(), logging.DefaultWindow) {
 		p.perRequestLog.Warn("replay shed: the replay workers and their queue are full; the request is forwarded and recorded, its prediction unknown (raise --replay-workers or --replay-queue, or give kproxy more CPU)",
 			"id", ex.rec.ID, "workers", p.pool.workers, "queue", p.pool.capacity, "shedTotal", p.pool.stats().Shed)
 	}
@@ -611,17 +611,6 @@ func (p *Proxy) shedOverBudget(ex *exchange) {
 func (p *Proxy) recordShed(ex *exchange, o stages.Outcome) {
 	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
 	p.replayDone(ex, o)
-}
-
-// lineGate lets a log line through at most once per window, before slog
-// builds its record: under overload every request is shed, and building
-// a record for each (the caller's frames, the attributes) cost about 8 µs
-// a request for lines the rate limiter then dropped.
-type lineGate struct{ next atomic.Int64 }
-
-func (g *lineGate) open(now time.Time, window time.Duration) bool {
-	next := g.next.Load()
-	return now.UnixNano() >= next && g.next.CompareAndSwap(next, now.Add(window).UnixNano())
 }
 
 // replayDone files the replay's outcome, and writes the record when the

@@ -555,17 +555,3 @@ func TestRecorder(t *testing.T) {
 		})
 	}
 }
-
-// TestLineGate: the shed warning passes once per window.
-func TestLineGate(t *testing.T) {
-	var g lineGate
-	t0 := time.Unix(1000, 0)
-	for _, c := range []struct {
-		at   time.Duration
-		want bool
-	}{{0, true}, {time.Millisecond, false}, {999 * time.Millisecond, false}, {time.Second, true}, {1500 * time.Millisecond, false}, {5 * time.Second, true}} {
-		if got := g.open(t0.Add(c.at), time.Second); got != c.want {
-			t.Errorf("at +%v: open %v, want %v", c.at, got, c.want)
-		}
-	}
-}
