@@ -130,6 +130,17 @@ func TestTracing(t *testing.T) {
 					t.Errorf("write trace %s lacks span %q; has %v", wrec.TraceID, w, wspans)
 				}
 			}
+			// The authenticators before the token's (x509 on this
+			// cluster) found nothing to read: no span of their own, named
+			// with their time on the stage's span.
+			for _, s := range wtrace {
+				if s.OperationName != "authentication" {
+					continue
+				}
+				if quiet := s.tag("kproxy.authenticators.no_opinion"); !strings.Contains(quiet, "x509 ") || slices.Contains(wspans, "authenticator x509") {
+					t.Errorf("write trace %s: authentication's kproxy.authenticators.no_opinion = %q, want x509 named there and not as a span; spans %v", wrec.TraceID, quiet, wspans)
+				}
+			}
 			// The plugins that admitted without change, quickly, share
 			// one span per phase that names each with its time.
 			var folded string

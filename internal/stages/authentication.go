@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/endpoints/filters"
@@ -71,9 +73,11 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		return Unknown("the cluster state (service accounts, pods, nodes) has not synced yet")
 	}
 	tr := &authnTrace{}
-	ch := &authnChildren{tracer: a.m.tracer}
-	ctx = context.WithValue(ctx, authnChildrenKey{}, ch)
-	out := a.f.run(requestFor(context.WithValue(ctx, authnTraceKey{}, tr), req, nil))
+	ch := &authnChildren{tracer: a.m.tracer, clock: a.m.clock}
+	out := a.f.run(requestFor(context.WithValue(context.WithValue(ctx, authnChildrenKey{}, ch), authnTraceKey{}, tr), req, nil))
+	if len(ch.quiet) > 0 {
+		trace.SpanFromContext(ctx).SetAttributes(attribute.String(noOpinionAttr, strings.Join(ch.quiet, ", ")))
+	}
 	children := a.notAsked(ch.results)
 	if out.passed {
 		u, _ := apirequest.UserFrom(out.req.Context())

@@ -7,12 +7,16 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace/noop"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -72,23 +76,38 @@ func TestAuthorizerChainChildren(t *testing.T) {
 
 // TestAuthenticatorChildren checks each authenticator's child: the one
 // that accepted says so (the stage names the identity), the others why
-// they had nothing to say; a rejection keeps its error.
+// they had nothing to say; a rejection keeps its error. In the trace, an
+// authenticator that found no credential it reads in under slowPlugin
+// has no span and is named, with its time, in the stage's
+// noOpinionAttr; the others have a span over the time they took.
 func TestAuthenticatorChildren(t *testing.T) {
-	authn := func(ok bool, err error) authenticator.Request {
+	clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
+	authn := func(ok bool, err error, took time.Duration) authenticator.Request {
 		return authenticator.RequestFunc(func(*http.Request) (*authenticator.Response, bool, error) {
+			clk.Step(took)
 			if !ok {
 				return nil, false, err
 			}
 			return &authenticator.Response{User: &user.DefaultInfo{Name: "alice", Groups: []string{"devs"}}}, true, nil
 		})
 	}
-	ch := &authnChildren{tracer: noop.NewTracerProvider().Tracer("test")}
+	sr := tracetest.NewSpanRecorder()
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr)).Tracer("test")
+	ctx, stage := tracer.Start(context.Background(), "authentication")
+	ch := &authnChildren{tracer: tracer, clock: clk}
 	r := httptest.NewRequest("GET", "/api", nil)
-	r = r.WithContext(context.WithValue(r.Context(), authnChildrenKey{}, ch))
-	for _, m := range []authenticatorMember{{"x509", authn(false, nil)}, {"token-webhook", authn(false, errors.New("unknown token"))}, {"token-file", authn(true, nil)}} {
+	r = r.WithContext(context.WithValue(ctx, authnChildrenKey{}, ch))
+	for _, m := range []authenticatorMember{
+		{"front-proxy", authn(false, nil, 3*time.Microsecond)},
+		{"x509", authn(false, nil, 2*time.Millisecond)},
+		{"token-webhook", authn(false, errors.New("unknown token"), 5*time.Microsecond)},
+		{"token-file", authn(true, nil, 7*time.Microsecond)},
+	} {
 		_, _, _ = tracedAuthenticator{m}.AuthenticateRequest(r)
 	}
+	stage.End()
 	want := []record.StageResult{
+		{Name: "front-proxy", Outcome: record.Skip, Explanation: "no credential it reads"},
 		{Name: "x509", Outcome: record.Skip, Explanation: "no credential it reads"},
 		{Name: "token-webhook", Outcome: record.Reject, Explanation: "rejected: unknown token"},
 		{Name: "token-file", Outcome: record.Pass, Explanation: "accepted"},
@@ -98,6 +117,37 @@ func TestAuthenticatorChildren(t *testing.T) {
 	}
 	if got := passedChild(ch.results); got != "token-file" {
 		t.Errorf("passedChild: %q", got)
+	}
+	if d := cmp.Diff([]string{"front-proxy 3µs"}, ch.quiet); d != "" {
+		t.Errorf("quiet authenticators (-want +got):\n%s", d)
+	}
+	type span struct {
+		Name, Explanation string
+		Took              time.Duration
+	}
+	var spans []span
+	for _, s := range sr.Ended() {
+		if s.Name() == "authentication" {
+			continue
+		}
+		var expl string
+		for _, kv := range s.Attributes() {
+			if kv.Key == "kproxy.authenticator.explanation" {
+				expl = kv.Value.AsString()
+			}
+		}
+		if s.Parent().SpanID() != stage.SpanContext().SpanID() {
+			t.Errorf("span %s is not the stage's child", s.Name())
+		}
+		spans = append(spans, span{s.Name(), expl, s.EndTime().Sub(s.StartTime())})
+	}
+	wantSpans := []span{
+		{"authenticator x509", "no opinion: the request carries no credential it reads", 2 * time.Millisecond},
+		{"authenticator token-webhook", "rejected: unknown token", 5 * time.Microsecond},
+		{"authenticator token-file", `accepted: user "alice" in groups [devs]`, 7 * time.Microsecond},
+	}
+	if d := cmp.Diff(wantSpans, spans); d != "" {
+		t.Errorf("authenticator spans (-want +got):\n%s", d)
 	}
 }
 
