@@ -74,6 +74,63 @@ func TestAuthorizerChainChildren(t *testing.T) {
 	}
 }
 
+// TestQuietAuthorizers: in the authorization stage (a quiet list in the
+// context), a member with no opinion, no reason and under slowPlugin has
+// no span and is named with its time; every other member has a span over
+// the time it took. Elsewhere (impersonation's checks) every member asked
+// has its span.
+func TestQuietAuthorizers(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
+	member := func(name string, d authorizer.Decision, reason string, took time.Duration) chainMember {
+		return chainMember{name: name, kind: "Test", authz: authorizer.AuthorizerFunc(func(context.Context, authorizer.Attributes) (authorizer.Decision, string, error) {
+			clk.Step(took)
+			return d, reason, nil
+		})}
+	}
+	members := []chainMember{
+		member("node", authorizer.DecisionNoOpinion, "", 4*time.Microsecond),
+		member("webhook", authorizer.DecisionNoOpinion, "webhook: not mine", 6*time.Microsecond),
+		member("slow", authorizer.DecisionNoOpinion, "", 3*time.Millisecond),
+		member("rbac", authorizer.DecisionAllow, "", 9*time.Microsecond),
+	}
+	for _, tc := range []struct {
+		name      string
+		inStage   bool
+		wantQuiet []string
+		wantSpans []string
+	}{
+		{"authorization stage", true, []string{"node 4µs"}, []string{"authorizer webhook 6µs", "authorizer slow 3ms", "authorizer rbac 9µs"}},
+		{"elsewhere", false, nil, []string{"authorizer node 4µs", "authorizer webhook 6µs", "authorizer slow 3ms", "authorizer rbac 9µs"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sr := tracetest.NewSpanRecorder()
+			tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr)).Tracer("test")
+			ctx, stage := tracer.Start(context.Background(), "authorization")
+			var quiet []string
+			if tc.inStage {
+				ctx = context.WithValue(ctx, quietAuthorizersKey{}, &quiet)
+			}
+			c := &authorizerChain{members: members, tracer: tracer, clock: clk}
+			if d, _, _ := c.Authorize(ctx, authorizer.AttributesRecord{User: &user.DefaultInfo{Name: "u"}, Verb: "get"}); d != authorizer.DecisionAllow {
+				t.Fatalf("decision %v, want allow", d)
+			}
+			stage.End()
+			var spans []string
+			for _, s := range sr.Ended() {
+				if s.Name() != "authorization" {
+					spans = append(spans, s.Name()+" "+s.EndTime().Sub(s.StartTime()).String())
+				}
+			}
+			if d := cmp.Diff(tc.wantQuiet, quiet); d != "" {
+				t.Errorf("quiet members (-want +got):\n%s", d)
+			}
+			if d := cmp.Diff(tc.wantSpans, spans); d != "" {
+				t.Errorf("spans (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
 // TestAuthenticatorChildren checks each authenticator's child: the one
 // that accepted says so (the stage names the identity), the others why
 // they had nothing to say; a rejection keeps its error. In the trace, an

@@ -294,7 +294,7 @@ func (m *machinery) buildAuthorization(ctx context.Context, o *apiserver.Options
 	if err != nil {
 		return fmt.Errorf("authorization flags: %w", err)
 	}
-	chain := &authorizerChain{members: []chainMember{privilegedGroup()}, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages")}
+	chain := &authorizerChain{members: []chainMember{privilegedGroup()}, tracer: tp.Tracer("github.com/kproxy/kproxy/internal/stages"), clock: m.clock}
 	var resolvers []authorizer.RuleResolver
 	for _, a := range azc.AuthorizationConfiguration.Authorizers {
 		one := *azc
