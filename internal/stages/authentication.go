@@ -8,8 +8,6 @@ import (
 	"sort"
 	"strings"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/endpoints/filters"
@@ -75,9 +73,7 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	tr := &authnTrace{}
 	ch := &authnChildren{tracer: a.m.tracer, clock: a.m.clock}
 	out := a.f.run(requestFor(context.WithValue(context.WithValue(ctx, authnChildrenKey{}, ch), authnTraceKey{}, tr), req, nil))
-	if len(ch.quiet) > 0 {
-		trace.SpanFromContext(ctx).SetAttributes(attribute.String(noOpinionAttr, strings.Join(ch.quiet, ", ")))
-	}
+	ch.quiet.annotate(ctx, noOpinionAttr)
 	children := a.notAsked(ch.results)
 	if out.passed {
 		u, _ := apirequest.UserFrom(out.req.Context())

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -112,10 +111,9 @@ type authnChildren struct {
 	tracer  trace.Tracer
 	clock   clock.PassiveClock
 	results []record.StageResult
-	// quiet names the authenticators that found no credential they read,
-	// in under slowPlugin, each with its time: they get no span of their
-	// own (see AuthenticateRequest).
-	quiet []string
+	// quiet are the authenticators that found no credential they read,
+	// quickly: no span of their own (see member_trace.go).
+	quiet quietMembers
 }
 
 // authnAccepted is the child of the authenticator that accepted the
@@ -127,13 +125,8 @@ const authnAccepted = "accepted"
 const noOpinionAttr = "kproxy.authenticators.no_opinion"
 
 // tracedAuthenticator runs one member and records what it said: a child
-// in the record, and a span made after the fact (nothing of kproxy's runs
-// under it) for an authenticator that accepted, rejected, or took
-// slowPlugin or more. One that found no credential it reads in less time
-// (front-proxy and x509 before every token, on every request) is named,
-// with its time, in the stage span's noOpinionAttr instead, as admission
-// folds its unremarkable plugins: two spans fewer on most requests, for
-// kproxy's export and for the trace's reader.
+// in the record and, unless it found no credential it reads (quiet, see
+// member_trace.go), a span.
 type tracedAuthenticator struct{ m authenticatorMember }
 
 func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticator.Response, bool, error) {
@@ -160,8 +153,7 @@ func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticato
 	if !trace.SpanFromContext(r.Context()).IsRecording() {
 		return resp, ok, err
 	}
-	if res.Outcome == record.Skip && took < slowPlugin {
-		ch.quiet = append(ch.quiet, t.m.name+" "+took.Round(time.Microsecond).String())
+	if res.Outcome == record.Skip && ch.quiet.fold(t.m.name, took) {
 		return resp, ok, err
 	}
 	detail := res.Explanation
@@ -171,9 +163,8 @@ func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticato
 	case record.Skip:
 		detail = "no opinion: the request carries no credential it reads"
 	}
-	_, span := ch.tracer.Start(r.Context(), "authenticator "+t.m.name, trace.WithTimestamp(start), trace.WithAttributes(
-		attribute.String("kproxy.authenticator.outcome", res.Outcome), attribute.String("kproxy.authenticator.explanation", detail)))
-	span.End(trace.WithTimestamp(start.Add(took)))
+	memberSpan(r.Context(), ch.tracer, "authenticator "+t.m.name, start, took,
+		attribute.String("kproxy.authenticator.outcome", res.Outcome), attribute.String("kproxy.authenticator.explanation", detail))
 	return resp, ok, err
 }
 

@@ -6,10 +6,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strings"
-
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
@@ -67,12 +63,10 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	}
 	tr := &authzTrace{}
 	var children []record.StageResult
-	var quiet []string
+	var quiet quietMembers
 	out := a.f.run(readOnlyRequestFor(context.WithValue(context.WithValue(context.WithValue(ctx,
 		childrenKey{}, &children), quietAuthorizersKey{}, &quiet), authzTraceKey{}, tr), req, req.User))
-	if len(quiet) > 0 {
-		trace.SpanFromContext(ctx).SetAttributes(attribute.String(quietAuthorizersAttr, strings.Join(quiet, ", ")))
-	}
+	quiet.annotate(ctx, quietAuthorizersAttr)
 	if out.passed {
 		// The identity is the record's request.user and groups, unless
 		// the request impersonates: then it is said here.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -24,20 +23,16 @@ import (
 // configuration), asked in the configured order behind the
 // system:masters authorizer, with union.Authorize's own semantics: the
 // first allow or deny decides; otherwise no opinion with every reason and
-// error. Each member reports a child result and has a span over the time
-// it took, made after the fact (nothing of kproxy's runs under it), except
-// in the authorization stage a member that had no opinion, gave no reason
-// and took under slowPlugin (the Node authorizer, for anyone not a node):
-// the stage's span names it, with its time, in kproxy.authorizers.no_opinion,
-// as authentication does its quiet authenticators.
+// error. Each member reports a child result and has a span (see
+// member_trace.go), except in the authorization stage a quiet one: no
+// opinion, no reason, no error, quickly (Node, for anyone not a node).
 type authorizerChain struct {
 	members []chainMember
 	tracer  trace.Tracer
-	clock   clock.PassiveClock // nil: the real clock
+	clock   clock.PassiveClock
 }
 
-// quietAuthorizersKey carries a *[]string, where Authorize names the
-// members it folds into the stage's span (see authorizerChain).
+// quietAuthorizersKey carries the authorization stage's *quietMembers.
 type quietAuthorizersKey struct{}
 
 // quietAuthorizersAttr is the authorization stage span's attribute that
@@ -75,25 +70,19 @@ func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes
 		reason string
 	}
 	var why []noOpinion
-	clk := c.clock
-	if clk == nil {
-		clk = clock.RealClock{}
-	}
-	quiet, _ := ctx.Value(quietAuthorizersKey{}).(*[]string)
+	quiet, _ := ctx.Value(quietAuthorizersKey{}).(*quietMembers)
 	recording := trace.SpanFromContext(ctx).IsRecording()
 	for i, m := range c.members {
-		start := clk.Now()
+		start := c.clock.Now()
 		d, reason, err := m.authz.Authorize(ctx, a)
-		took := clk.Since(start)
+		took := c.clock.Since(start)
 		verdict := verdicts[d]
 		switch {
 		case !recording:
-		case quiet != nil && d == authorizer.DecisionNoOpinion && reason == "" && err == nil && took < slowPlugin:
-			*quiet = append(*quiet, m.name+" "+took.Round(time.Microsecond).String())
+		case quiet != nil && d == authorizer.DecisionNoOpinion && reason == "" && err == nil && quiet.fold(m.name, took):
 		default:
-			_, span := c.tracer.Start(ctx, "authorizer "+m.name, trace.WithTimestamp(start), trace.WithAttributes(
-				attribute.String("kproxy.authorizer.type", m.kind), attribute.String("kproxy.authorizer.decision", verdict), attribute.String("kproxy.authorizer.reason", reason)))
-			span.End(trace.WithTimestamp(start.Add(took)))
+			memberSpan(ctx, c.tracer, "authorizer "+m.name, start, took,
+				attribute.String("kproxy.authorizer.type", m.kind), attribute.String("kproxy.authorizer.decision", verdict), attribute.String("kproxy.authorizer.reason", reason))
 		}
 		if children != nil {
 			res := record.StageResult{Name: m.name, Outcome: record.Pass, Explanation: verdict}

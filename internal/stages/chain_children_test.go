@@ -16,6 +16,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -52,7 +53,7 @@ func TestAuthorizerChainChildren(t *testing.T) {
 			[]child{{"node", record.Skip, "no opinion"}, {"rbac", record.Skip, "no opinion (error: lister down)"}}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &authorizerChain{members: tc.members, tracer: noop.NewTracerProvider().Tracer("test")}
+			c := &authorizerChain{members: tc.members, tracer: noop.NewTracerProvider().Tracer("test"), clock: clock.RealClock{}}
 			// A child of an earlier call (the impersonation check) stays.
 			children := []record.StageResult{{Name: "earlier", Explanation: "no opinion: kept"}}
 			ctx := context.WithValue(context.Background(), childrenKey{}, &children)
@@ -96,7 +97,7 @@ func TestQuietAuthorizers(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		inStage   bool
-		wantQuiet []string
+		wantQuiet quietMembers
 		wantSpans []string
 	}{
 		{"authorization stage", true, []string{"node 4µs"}, []string{"authorizer webhook 6µs", "authorizer slow 3ms", "authorizer rbac 9µs"}},
@@ -106,7 +107,7 @@ func TestQuietAuthorizers(t *testing.T) {
 			sr := tracetest.NewSpanRecorder()
 			tracer := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr)).Tracer("test")
 			ctx, stage := tracer.Start(context.Background(), "authorization")
-			var quiet []string
+			var quiet quietMembers
 			if tc.inStage {
 				ctx = context.WithValue(ctx, quietAuthorizersKey{}, &quiet)
 			}
@@ -175,7 +176,7 @@ func TestAuthenticatorChildren(t *testing.T) {
 	if got := passedChild(ch.results); got != "token-file" {
 		t.Errorf("passedChild: %q", got)
 	}
-	if d := cmp.Diff([]string{"front-proxy 3µs"}, ch.quiet); d != "" {
+	if d := cmp.Diff(quietMembers{"front-proxy 3µs"}, ch.quiet); d != "" {
 		t.Errorf("quiet authenticators (-want +got):\n%s", d)
 	}
 	type span struct {

@@ -174,7 +174,7 @@ func foldSpans(spans []childSpan, quiet []bool) []childSpan {
 func foldRun(run []childSpan) childSpan {
 	names := make([]string, len(run))
 	for i, sp := range run {
-		names[i] = strings.TrimPrefix(sp.Name, "admission ") + " " + sp.End.Sub(sp.Start).Round(time.Microsecond).String()
+		names[i] = timedName(strings.TrimPrefix(sp.Name, "admission "), sp.End.Sub(sp.Start))
 	}
 	return childSpan{Name: fmt.Sprintf("admission: %d more plugins", len(run)), Start: run[0].Start, End: run[len(run)-1].End,
 		Outcome: record.Pass, Attrs: []attribute.KeyValue{
