@@ -116,6 +116,10 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 			return "", "the apiserver answered 409 (the object existed), and the replay found it absent: it was deleted after this request, before the replay read it, so the state on arrival is not known"
 		case aw.Status == http.StatusNotFound && r.Subresource == "" && found && r.Verb != "create":
 			return "", "the apiserver answered 404 (no such object), and the replay found the object: it was created after this request, before the replay read it, so the state on arrival is not known"
+		case !found && ownWriteOf(r) != nil && (aw.Status == http.StatusConflict || aw.Status == http.StatusTooManyRequests):
+			// A binding refused as already assigned, an eviction refused
+			// for its disruption budget: the apiserver read the pod.
+			return "", "the apiserver answered " + strconv.Itoa(aw.Status) + " to this " + r.Subresource + ", which it gives a pod it found, and the replay found no pod: it was deleted after this request, before the replay read it, so the state on arrival is not known"
 		}
 		return "", ""
 	}
@@ -412,6 +416,9 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		}
 	} else if !run.Read {
 		run.Object = resp.Body.Bytes()
+		if why := run.allowedLate(ctx); why != "" {
+			run.markUnknown(why)
+		}
 	}
 	return run
 }

@@ -26,27 +26,36 @@ func TestSnapshotRevision(t *testing.T) {
 		rv       string // the object's resourceVersion when the replay reads it
 		at       string
 		why      string // contains
+		sub      string // a pods subresource
 	}{
-		{"update, its own write visible", "update", "", 200, "10", true, "10", "9", ""},
-		{"update that named the rv it left (no-op)", "update", "10", 200, "10", true, "10", "", ""},
-		{"update, changed again since (a late replay)", "patch", "", 200, "10", true, "12", "9", ""},
-		{"update, deleted since (a late replay)", "patch", "", 200, "10", false, "", "9", ""},
-		{"no-op that named its rv, changed since", "update", "10", 200, "10", true, "12", "10", ""},
-		{"no-op that named its rv, deleted since", "update", "10", 200, "10", false, "", "10", ""},
-		{"create, its own write visible", "create", "", 201, "10", true, "10", "9", ""},
-		{"create, changed since (a controller)", "create", "", 201, "10", true, "15", "9", ""},
-		{"delete, gone", "delete", "", 200, "10", false, "", "9", ""},
-		{"refused: nothing written", "update", "", 409, "", true, "12", "", ""},
-		{"create refused as existing, found", "create", "", 409, "", true, "12", "", ""},
-		{"create refused as existing, gone since (a late replay)", "create", "", 409, "", false, "", "", "deleted after this request"},
-		{"update of a missing object, still missing", "update", "", 404, "", false, "", "", ""},
-		{"update of a missing object, created since (a late replay)", "patch", "", 404, "", true, "12", "", "created after this request"},
-		{"delete of a missing object, created since", "delete", "", 404, "", true, "12", "", "created after this request"},
+		{"update, its own write visible", "update", "", 200, "10", true, "10", "9", "", ""},
+		{"update that named the rv it left (no-op)", "update", "10", 200, "10", true, "10", "", "", ""},
+		{"update, changed again since (a late replay)", "patch", "", 200, "10", true, "12", "9", "", ""},
+		{"update, deleted since (a late replay)", "patch", "", 200, "10", false, "", "9", "", ""},
+		{"no-op that named its rv, changed since", "update", "10", 200, "10", true, "12", "10", "", ""},
+		{"no-op that named its rv, deleted since", "update", "10", 200, "10", false, "", "10", "", ""},
+		{"create, its own write visible", "create", "", 201, "10", true, "10", "9", "", ""},
+		{"create, changed since (a controller)", "create", "", 201, "10", true, "15", "9", "", ""},
+		{"delete, gone", "delete", "", 200, "10", false, "", "9", "", ""},
+		{"refused: nothing written", "update", "", 409, "", true, "12", "", "", ""},
+		{"create refused as existing, found", "create", "", 409, "", true, "12", "", "", ""},
+		{"create refused as existing, gone since (a late replay)", "create", "", 409, "", false, "", "", "deleted after this request", ""},
+		{"update of a missing object, still missing", "update", "", 404, "", false, "", "", "", ""},
+		{"update of a missing object, created since (a late replay)", "patch", "", 404, "", true, "12", "", "created after this request", ""},
+		{"delete of a missing object, created since", "delete", "", 404, "", true, "12", "", "created after this request", ""},
+		{"eviction refused for its budget, pod deleted since", "create", "", 429, "", false, "", "", "deleted after this request", "eviction"},
+		{"eviction refused for its budget, pod still there", "create", "", 429, "", true, "12", "", "", "eviction"},
+		{"eviction of a missing pod, still missing", "create", "", 404, "", false, "", "", "", "eviction"},
+		{"binding refused as already assigned, pod deleted since", "create", "", 409, "", false, "", "", "deleted after this request", "binding"},
+		{"binding refused otherwise (403), pod deleted since", "create", "", 403, "", false, "", "", "", "binding"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Run{Verb: tc.verb, BodyRV: tc.bodyRV, actual: func(context.Context) (ActualWrite, bool) {
+			r := &Run{Verb: tc.verb, BodyRV: tc.bodyRV, Subresource: tc.sub, actual: func(context.Context) (ActualWrite, bool) {
 				return ActualWrite{Status: tc.status, ResourceVersion: tc.answerRV}, true
 			}}
+			if tc.sub != "" {
+				r.Resource = "pods"
+			}
 			at, why := r.snapshotRevision(context.Background(), tc.found, tc.rv)
 			if at != tc.at || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
 				t.Errorf("snapshotRevision = %q, %q; want %q and a reason saying %q", at, why, tc.at, tc.why)

@@ -1,0 +1,232 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestEvictionRefusedReplayedLate: an eviction the apiserver refused with
+// 429 for its PodDisruptionBudget, replayed after the budget was
+// replenished (the disruption controller's doing when a pod turns healthy
+// again). The replay reads the budget as it is now and would allow the
+// eviction: before, the record predicted 201 for the apiserver's 429, a
+// confident miss. The race is made on demand: the one replay worker is
+// held while the request is answered and the budget replenished.
+func TestEvictionRefusedReplayedLate(t *testing.T) {
+	recs, r, c := oneReplayWorker(t)
+	hold := startReplayHold(t, r, c, recs)
+	run := fmt.Sprintf("evict-late-%d", time.Now().UnixNano())
+	ns := "/api/v1/namespaces/" + testNS
+	pdb := "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets/" + run
+	budget := func(allowed int) request {
+		return request{method: "PATCH", path: pdb + "/status", contentType: "application/merge-patch+json",
+			body: fmt.Sprintf(`{"status":{"observedGeneration":1,"disruptionsAllowed":%d,"currentHealthy":1,"desiredHealthy":%d,"expectedPods":1}}`, allowed, 1-allowed)}
+	}
+	evict := request{method: "POST", path: ns + "/pods/" + run + "/eviction", body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"` + run + `"}}`}
+	send := func(q request, want int) {
+		t.Helper()
+		q.user = "admin"
+		if got := do(t, c, r.base, q); got.status != want {
+			t.Fatalf("%s %s: %d %s, want %d", q.method, q.path, got.status, got.body, want)
+		}
+	}
+	// A running, ready pod guarded by a budget that allows no disruption.
+	send(request{method: "POST", path: ns + "/pods", body: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + run + `","labels":{"pdb":"` + run + `"}},"spec":{"nodeName":"node-1","containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`}, 201)
+	send(request{method: "PATCH", path: ns + "/pods/" + run + "/status", contentType: "application/merge-patch+json",
+		body: `{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`}, 200)
+	send(request{method: "POST", path: "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets",
+		body: `{"apiVersion":"policy/v1","kind":"PodDisruptionBudget","metadata":{"name":"` + run + `"},"spec":{"maxUnavailable":1,"selector":{"matchLabels":{"pdb":"` + run + `"}}}}`}, 201)
+	send(budget(0), 200)
+	for range 4 {
+		nextRecord(t, recs)
+	}
+
+	// Replayed in time: the replay meets the budget the request met.
+	send(evict, 429)
+	if rec := nextRecord(t, recs); rec.Predicted.Status != 429 {
+		t.Errorf("eviction refused for its budget, replayed in time: predicted %d at %s (%s), the apiserver answered 429", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+	}
+
+	// Replayed late: the budget is replenished before the replay reads it.
+	hold.hold(t)
+	send(evict, 429)
+	send(budget(1), 200)
+	hold.release()
+	for range 3 {
+		rec := nextRecord(t, recs)
+		if rec.Request.Method != "POST" || !strings.HasSuffix(rec.Request.Path, "/eviction") {
+			continue
+		}
+		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "refused the eviction with 429") {
+			t.Errorf("eviction refused (429), replayed after the budget was replenished: predicted %d at %s (%s), want unknown: the budget was read late", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+		}
+	}
+
+	// Replayed after the pod was deleted: before, predicted 404.
+	send(budget(0), 200)
+	nextRecord(t, recs)
+	hold.hold(t)
+	send(evict, 429)
+	send(request{method: "DELETE", path: ns + "/pods/" + run + "?gracePeriodSeconds=0"}, 200)
+	hold.release()
+	for range 3 {
+		rec := nextRecord(t, recs)
+		if rec.Request.Method != "POST" || !strings.HasSuffix(rec.Request.Path, "/eviction") {
+			continue
+		}
+		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "deleted after this request") {
+			t.Errorf("eviction refused (429), replayed after the pod was deleted: predicted %d at %s (%s), want unknown: the pod was deleted since", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+		}
+	}
+}
+
+// replayHold holds kproxy's replays on demand, for tests that need a
+// replay to run after a later change (a race, made to happen): a
+// validating webhook on configmaps labelled with the hold's name answers
+// the apiserver at once and holds the replay's call (a dry run) while the
+// hold is on. With one replay worker, every replay queued behind the held
+// one waits too.
+type replayHold struct {
+	r       route
+	c       *http.Client
+	recs    <-chan *record.Record
+	label   string
+	mu      sync.Mutex
+	on      chan struct{} // closed to release; nil when not holding
+	dryRuns chan struct{} // a dry-run call arrived
+	n       int
+}
+
+// startReplayHold registers the hold's webhook and waits until kproxy's
+// replay calls it.
+func startReplayHold(t *testing.T, r route, c *http.Client, recs <-chan *record.Record) *replayHold {
+	t.Helper()
+	h := &replayHold{r: r, c: c, recs: recs, label: fmt.Sprintf("hold-%d", time.Now().UnixNano()), dryRuns: make(chan struct{}, 64)}
+	ca, err := pki.NewCA("e2e-hold-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.Leaf{CommonName: "e2e-hold", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}},
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			var ar admissionv1.AdmissionReview
+			b, _ := io.ReadAll(req.Body)
+			if err := json.Unmarshal(b, &ar); err != nil || ar.Request == nil {
+				http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
+				return
+			}
+			if ar.Request.DryRun != nil && *ar.Request.DryRun {
+				h.mu.Lock()
+				on := h.on
+				h.mu.Unlock()
+				h.dryRuns <- struct{}{}
+				if on != nil {
+					select {
+					case <-on:
+					case <-req.Context().Done():
+						return
+					}
+				}
+			}
+			ar.Response, ar.Request = &admissionv1.AdmissionResponse{UID: ar.Request.UID, Allowed: true}, nil
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(ar)
+		})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { h.release(); _ = srv.Close() })
+
+	url := "https://" + ln.Addr().String() + "/hold"
+	none, ignore := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.Ignore
+	timeout := int32(30)
+	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-e2e-" + h.label},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name: "hold.e2e.kproxy.test", ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: pki.CertPEM(ca.Cert), URL: &url},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+			}},
+			FailurePolicy: &ignore, SideEffects: &none, TimeoutSeconds: &timeout, AdmissionReviewVersions: []string{"v1"},
+			ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kproxy-e2e-hold": h.label}},
+		}}}
+	ctx := context.Background()
+	ar := adminClient().AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if _, err := ar.Create(ctx, vwc, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ar.Delete(ctx, vwc.Name, metav1.DeleteOptions{}) })
+
+	// kproxy reads webhook configurations from an informer: until it has
+	// this one, a replay does not call it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		h.create(t)
+		nextRecord(t, recs)
+		select {
+		case <-h.dryRuns:
+			return h
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kproxy's replay never called the hold webhook (ValidatingWebhookConfiguration " + vwc.Name + ") within 30s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// create sends a configmap create the hold's webhook sees.
+func (h *replayHold) create(t *testing.T) {
+	t.Helper()
+	h.n++
+	body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"%s-%d","labels":{"kproxy-e2e-hold":"%s"}}}`, h.label, h.n, h.label)
+	if got := do(t, h.c, h.r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "admin", body: body}); got.status != 201 {
+		t.Fatalf("the hold's configmap: %d %s", got.status, got.body)
+	}
+}
+
+// hold holds the replay worker: it returns once a replay waits in the
+// webhook. Its record comes after release.
+func (h *replayHold) hold(t *testing.T) {
+	t.Helper()
+	h.mu.Lock()
+	h.on = make(chan struct{})
+	h.mu.Unlock()
+	h.create(t)
+	select {
+	case <-h.dryRuns:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the hold's replay did not reach its webhook within 30s")
+	}
+}
+
+// release lets the held replay, and those queued behind it, run.
+func (h *replayHold) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.on != nil {
+		close(h.on)
+		h.on = nil
+	}
+}
