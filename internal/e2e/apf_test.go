@@ -22,7 +22,8 @@ import (
 // answers 429, and checks what kproxy records of it: the classification
 // it predicted (the same FlowSchema and PriorityLevel as the apiserver's
 // headers), the 429 itself with its Retry-After, and an explanation that
-// says admission depends on load, which kproxy does not predict.
+// says admission depends on load, which kproxy does not predict; the
+// prediction is unknown (shed for load), not the later stages' 200.
 func TestAPFRejection(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
@@ -120,5 +121,11 @@ func TestAPFRejection(t *testing.T) {
 	// kproxy does not predict load: flowcontrol passes, and says why.
 	if fc.Outcome != record.Pass {
 		t.Errorf("flowcontrol %s, want pass (admission under load is not predicted)", fc.Outcome)
+	}
+	// The stages after it allow the list; the apiserver shed it for load,
+	// which kproxy does not predict: the prediction is unknown, not 200.
+	if p.Stage != record.StageUnknown || !strings.Contains(p.Message, `shed the request for load (429 from API Priority and Fairness, priority level "e2e-tiny")`) ||
+		!strings.Contains(p.Message, "the stages after flowcontrol allow the request (200)") {
+		t.Errorf("prediction %+v: want unknown, shed for load by e2e-tiny, the later stages allowing it", p)
 	}
 }

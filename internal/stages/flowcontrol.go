@@ -3,6 +3,8 @@ package stages
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"strings"
 
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -107,4 +109,41 @@ func describeVerb(req *Request) string {
 		return req.Info.Verb + " " + req.Info.Resource + "/" + req.Info.Subresource
 	}
 	return req.Info.Verb + " " + req.Info.Resource
+}
+
+// shedBody begins the plain-text answer API Priority and Fairness and
+// max-in-flight give a request they reject for load (the apiserver's
+// tooManyRequests), which no Status carries.
+const shedBody = "Too many requests, please try again later."
+
+// ShedForLoad is the prediction to record once the apiserver's answer is
+// known: p, unless the apiserver shed the request for load (a 429 from
+// API Priority and Fairness or max-in-flight). The flowcontrol stage
+// cannot predict that (it depends on the apiserver's load at that
+// instant), so whatever the stages after it predicted is not what the
+// request met: the prediction becomes unknown, saying what they would
+// have answered. A refusal predicted before flowcontrol (authentication,
+// impersonation) stands: the apiserver decides those first, and a 429
+// contradicts it.
+func ShedForLoad(p record.Prediction, a record.Actual) record.Prediction {
+	if a.Status != http.StatusTooManyRequests || a.Reason != "" || !strings.HasPrefix(a.Message, shedBody) {
+		return p
+	}
+	switch p.Stage {
+	case record.StageUnknown, record.StageAuthentication, record.StageImpersonation:
+		return p
+	}
+	by := "max-in-flight (--max-requests-inflight, --max-mutating-requests-inflight)"
+	switch {
+	case a.PriorityLevel != "":
+		by = fmt.Sprintf("API Priority and Fairness, priority level %q", a.PriorityLevel)
+	case a.PriorityLevelUID != "":
+		by = "API Priority and Fairness, priority level uid " + a.PriorityLevelUID
+	}
+	then := fmt.Sprintf("the stages after flowcontrol allow the request (%d)", p.Status)
+	if p.Stage != "" {
+		then = fmt.Sprintf("the stages after flowcontrol refuse it at %s (%d)", p.Stage, p.Status)
+	}
+	return record.Prediction{Stage: record.StageUnknown, FlowSchema: p.FlowSchema, PriorityLevel: p.PriorityLevel,
+		Message: "cannot predict: the apiserver shed the request for load (429 from " + by + "); whether a request is shed depends on the apiserver's load at that instant, which kproxy does not predict; " + then}
 }
