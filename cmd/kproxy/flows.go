@@ -54,7 +54,9 @@ input (-), or from a running kproxy serve's flow API (--connect URL; with
 neither FILE nor --connect, ` + defaultFlowAPI + `, the default of
 kproxy serve --api-listen). --follow keeps printing new flows as they are
 recorded, until Ctrl-C: a file is followed as tail -F follows it
-(truncation and rotation included), the API's live stream is read.
+(truncation and rotation included), the API's live stream is read. A
+rotated file gzipped by --capture-compress (FILE-TIME.jsonl.gz) is read as
+it is.
 
 Columns: TIME, CALLER (the user, or how kproxy forwarded a caller without
 one), VERB, RESOURCE (resource[/subresource] and namespace/name, or the

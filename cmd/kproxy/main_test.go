@@ -31,6 +31,9 @@ func TestFlags(t *testing.T) {
 		{"nothing near", []string{"explain", "GET", "/api", "--zzzzzzzzzz"}, "neither a kproxy flag nor a kube-apiserver flag"},
 		{"etcd subcommands too", []string{"etcd", "get", "/registry/x", "--etcd-server", "http://127.0.0.1:1"}, "did you mean --etcd-servers?"},
 		{"a kube-apiserver flag kproxy does not use is accepted", []string{"explain", "GET", "/api", "--secure-port", "6443", "--profiling=false", "--upstream", "https://127.0.0.1:1", "--upstream-kubeconfig", "/nonexistent"}, ""},
+		{"capture rotation: a size", []string{"serve", "--capture-maxsize", "-1"}, "want a number of MiB, e.g. 64 (0: off)"},
+		{"capture rotation: 0 is off", []string{"serve", "--capture-maxsize", "0", "--capture-maxbackup", "2", "--capture", "c.jsonl"}, "give --capture-maxsize MiB too"},
+		{"capture rotation: days", []string{"serve", "--capture-maxage", "1.5"}, "want a whole number of days, e.g. 7 (0: keep)"},
 		{"explain takes METHOD PATH", []string{"explain", "GET"}, "want METHOD PATH"},
 		{"explain -o", []string{"explain", "GET", "/api", "-o", "csv"}, `-o "csv": use table, json, yaml, jsonpath=..., go-template=...`},
 		{"explain -o jsonpath is kubectl's", []string{"explain", "GET", "/api", "-o", "jsonpath={.predicted.status}", "--upstream-kubeconfig", "/nonexistent"}, "the mirrored kube-apiserver flags are not valid"}, // past -o

@@ -84,6 +84,10 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.Capture, "capture", "", "append one JSON record per request to this file (JSON Lines)")
 	f.DurationVar(&o.BodyIdleTimeout, "request-body-idle-timeout", time.Minute, "end a request whose body stops arriving for this long (a client that never finishes its body holds a connection otherwise); 0 for no limit")
 	f.IntVar(&o.MaxConnections, "max-connections", 0, "client connections kproxy holds at once; past it, new ones wait to be accepted (0: no limit)")
+	f.Var(mebibytes{bytes: &o.CaptureRotation.MaxSize, zero: true}, "capture-maxsize", "rotate the --capture file when it would pass this size in MiB, as kube-apiserver's --audit-log-maxsize: it is renamed FILE-TIME.EXT (TIME in UTC, 2006-01-02T15-04-05.000) and a new one started (default 0: never)")
+	f.IntVar(&o.CaptureRotation.MaxBackups, "capture-maxbackup", 0, "with --capture-maxsize: how many rotated capture files to keep, the newest (0: all)")
+	f.Var(days{&o.CaptureRotation.MaxAge}, "capture-maxage", "with --capture-maxsize: remove rotated capture files older than this many days, by the time in their names (0: keep)")
+	f.BoolVar(&o.CaptureRotation.Compress, "capture-compress", false, "with --capture-maxsize: gzip rotated capture files (FILE-TIME.EXT.gz; kproxy flows and kproxy tui read them as they are)")
 	f.BoolVar(&o.CaptureBodies, "capture-bodies", false, "also record each write's body (as JSON; Secret data, tokens and keys redacted) and its Impersonate-* headers")
 	f.StringVar(&o.Mode, "mode", "reverse", "reverse (clients connect to kproxy) or forward (clients use kproxy as HTTPS proxy)")
 	f.StringVar(&o.Telemetry.Endpoint, "otlp-endpoint", "", "OTLP endpoint for traces (overrides OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4318 or 127.0.0.1:4317 with --otlp-protocol grpc")
@@ -96,7 +100,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.APIClientCAFile, "api-client-ca-file", "", "flow API clients must present a certificate signed by this CA (or the --api-token-file token)")
 	f.StringVar(&o.APITokenFile, "api-token-file", "", "flow API clients must send this file's content as a bearer token (or a certificate for --api-client-ca-file)")
 	f.IntVar(&o.APIRerunKeep, "api-rerun-keep", serve.DefaultAPIRerunKeep, "how many of the newest flows the flow API can re-run; their requests, credentials included, are kept in memory only (never written), and only while the API is on; 0 turns re-runs off")
-	f.Var(mebibytes{&o.APIRerunKeepBytes}, "api-rerun-keep-mib", "bound, in MiB, on the request bodies kept for re-runs (default 16)")
+	f.Var(mebibytes{bytes: &o.APIRerunKeepBytes}, "api-rerun-keep-mib", "bound, in MiB, on the request bodies kept for re-runs (default 16)")
 	f.BoolVar(&o.LogFlows, "log-flows", false, "log one line per finished flow: method, path, user, predicted status@stage, actual status, agreement, latency")
 	f.StringVar(&o.OTLPReceiverListen, "otlp-receiver-listen", "", "receive the apiserver's own spans (OTLP/gRPC) on this address, e.g. 127.0.0.1:4317, and record where each request spent its time in the apiserver (server.layers); point the endpoint of the apiserver's --tracing-config-file here (see the README); the spans are passed on to kproxy's own OTLP endpoint; off by default")
 	f.DurationVar(&o.ServerTraceWait, "server-trace-wait", serve.DefaultServerTraceWait, "with --otlp-receiver-listen, --audit-webhook-listen or --audit-log-follow: how long a record waits for the apiserver's own account of its request (spans or audit annotations) before it is written without it")
@@ -108,7 +112,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.MetricsListen, "metrics-listen", "", "serve kproxy's own Prometheus metrics (/metrics: requests, replays run and shed, stage durations, prediction agreement, records, the replay pool) on this address, e.g. 127.0.0.1:9090; plain HTTP, counts only; off by default")
 	f.StringVar(&o.Replica, "replica", "", "this kproxy's name in its records (record field replica), when several run behind one load balancer, e.g. --replica=$(POD_NAME)")
 	f.IntVar(&o.ReplayWorkers, "replay-workers", 0, "how many replays run at once (0: one per CPU, GOMAXPROCS); past them and --replay-queue a request is still forwarded and recorded, its prediction unknown (replay shed)")
-	f.Var(mebibytes{&o.ReplayBodyBudget}, "replay-body-budget-mib", fmt.Sprintf("bound, in MiB, on the request bodies held for replays at once (default %d); past it a write is still forwarded and recorded, its prediction unknown (replay shed)", serve.DefaultReplayBodyBudget>>20))
+	f.Var(mebibytes{bytes: &o.ReplayBodyBudget}, "replay-body-budget-mib", fmt.Sprintf("bound, in MiB, on the request bodies held for replays at once (default %d); past it a write is still forwarded and recorded, its prediction unknown (replay shed)", serve.DefaultReplayBodyBudget>>20))
 	f.IntVar(&o.ReplayQueue, "replay-queue", 0, "how many replays may wait for a free replay worker (0: 16 per worker); each holds a copy of its request, body included")
 	f.Var(inverted{&o.NoReplay}, "replay", "replay each request through the apiserver's stages to predict its outcome; --replay=false only forwards and records (every prediction unknown) and reads nothing of the cluster for the replay")
 	f.Lookup("replay").NoOptDefVal = "true"
@@ -133,7 +137,11 @@ func (v inverted) Set(s string) error {
 func (inverted) Type() string { return "bool" }
 
 // mebibytes is a size flag given in MiB, held in bytes.
-type mebibytes struct{ bytes *int64 }
+type mebibytes struct {
+	bytes *int64
+	// zero allows 0, the flag's "off".
+	zero bool
+}
 
 func (m mebibytes) String() string {
 	if m.bytes == nil || *m.bytes == 0 {
@@ -144,7 +152,12 @@ func (m mebibytes) String() string {
 
 func (m mebibytes) Set(s string) error {
 	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 || n > 1<<20 {
+	switch {
+	case m.zero && err == nil && n == 0:
+	case err != nil || n <= 0 || n > 1<<20:
+		if m.zero {
+			return fmt.Errorf("want a number of MiB, e.g. 64 (0: off)")
+		}
 		return fmt.Errorf("want a positive number of MiB, e.g. 64")
 	}
 	*m.bytes = n << 20
@@ -152,6 +165,27 @@ func (m mebibytes) Set(s string) error {
 }
 
 func (mebibytes) Type() string { return "MiB" }
+
+// days is a whole number of days, held as a duration.
+type days struct{ d *time.Duration }
+
+func (v days) String() string {
+	if v.d == nil {
+		return "0"
+	}
+	return strconv.FormatInt(int64(*v.d/(24*time.Hour)), 10)
+}
+
+func (v days) Set(s string) error {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > 100*365 {
+		return fmt.Errorf("want a whole number of days, e.g. 7 (0: keep)")
+	}
+	*v.d = time.Duration(n) * 24 * time.Hour
+	return nil
+}
+
+func (days) Type() string { return "days" }
 
 func newLogger(level string) *slog.Logger { return newLoggerTo(os.Stderr, level) }
 

@@ -22,8 +22,8 @@ func newTUICommand() *cobra.Command {
 		Short: "The incident cockpit: watch flows live, filter them, open one to see which stage decides it and why",
 		Long: `Show kproxy's flows in the terminal: live from a running kproxy serve (its
 flow API, --api-listen, by default ` + defaultFlowAPI + `), or from a capture
-file, followed like tail -F (through truncation and rotation), or from
-stdin (-).
+file, followed like tail -F (through truncation and rotation; a rotated
+file gzipped by --capture-compress is read as it is), or from stdin (-).
 
 The list shows each flow's caller, verb, resource, the predicted verdict
 (403 @authorization), the apiserver's actual status, whether they agree

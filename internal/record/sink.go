@@ -44,6 +44,10 @@ type FileSink struct {
 	stuck   bool   // a partial line could not be taken back (logged once)
 	lost    uint64 // records dropped since the failure began
 	total   uint64 // records dropped since the sink opened
+
+	rot         *rotator // nil: the file is never rotated
+	size        int64    // the file's size, as this sink wrote it
+	notRotating bool     // a rotation failed (logged once)
 }
 
 // captureFile is what the sink needs of its file (tests inject a full
@@ -55,12 +59,13 @@ type captureFile interface {
 	Close() error
 }
 
-// OpenFile opens (creating or appending to) a capture file. log receives
-// the failures and recoveries; the proxy keeps serving regardless.
-func OpenFile(path string, log *slog.Logger) (*FileSink, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+// OpenFile opens (creating or appending to) a capture file, rotated by rot
+// when rot.MaxSize is set. log receives the failures and
+// recoveries; the proxy keeps serving regardless.
+func OpenFile(path string, log *slog.Logger, rot Rotation) (*FileSink, error) {
+	f, err := openCapture(path)
 	if err != nil {
-		return nil, fmt.Errorf("open capture file %s: %w (check the directory exists and is writable)", path, err)
+		return nil, err
 	}
 	s := newFileSink(f, path, log)
 	// A previous kproxy may have stopped between a short write and its
@@ -71,7 +76,23 @@ func OpenFile(path string, log *slog.Logger) (*FileSink, error) {
 	} else if n > 0 {
 		s.log.Warn("capture file ended in a partial line (a previous writer stopped mid-record); removed it", "file", path, "bytes", n)
 	}
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+		s.size = st.Size()
+		if rot.MaxSize > 0 {
+			s.rot = newRotator(path, rot, func(what string, err error) {
+				s.log.Error("capture: "+what+" failed", "file", path, "error", err)
+			})
+		}
+	}
 	return s, nil
+}
+
+func openCapture(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open capture file %s: %w (check the directory exists and is writable)", path, err)
+	}
+	return f, nil
 }
 
 // cutPartialLine truncates a regular file back to just after its last
@@ -134,7 +155,11 @@ func (s *FileSink) Write(r *Record) {
 		s.drop(nil)
 		return
 	}
+	if s.rot.due(s.size, len(b)) {
+		s.rotate(len(b))
+	}
 	n, err := s.f.Write(b)
+	s.size += int64(n)
 	if err != nil {
 		s.partial = n
 		s.drop(err)
@@ -192,6 +217,7 @@ func (s *FileSink) takeBack() error {
 		if err := s.f.Truncate(size); err != nil {
 			return err
 		}
+		s.size = size
 	}
 	s.partial = 0
 	return nil
@@ -211,7 +237,48 @@ func (s *FileSink) Close() error {
 	if err := s.takeBack(); err != nil {
 		s.log.Error("capture: a partial line remains at the end of the file", "file", s.path, "bytes", s.partial, "error", err)
 	}
-	return s.f.Close()
+	err := s.f.Close()
+	s.rot.close()
+	return err
+}
+
+// rotate moves the full file aside and starts a new one at the path, for
+// a record of n bytes. Should that fail, the record goes to the file as
+// it is (past its size): a rotation never costs a record.
+func (s *FileSink) rotate(n int) {
+	// The size this sink counted may be stale (the file truncated, or
+	// rotated by copy and truncate, by someone else).
+	if st, err := s.f.Stat(); err == nil {
+		if s.size = st.Size(); !s.rot.due(s.size, n) {
+			return
+		}
+	}
+	backup, err := s.rot.rotate()
+	var f *os.File
+	if err == nil {
+		if f, err = openCapture(s.path); err != nil {
+			// Put the file back where readers look for it.
+			if rerr := os.Rename(backup, s.path); rerr != nil {
+				err = fmt.Errorf("%w; and moving %s back failed: %v", err, backup, rerr)
+			}
+		}
+	}
+	if err != nil {
+		if !s.notRotating {
+			s.notRotating = true
+			s.log.Error("capture file not rotated: records go on to the file past --capture-maxsize until a rotation succeeds", "file", s.path, "error", err)
+		}
+		return
+	}
+	if err := s.f.Close(); err != nil {
+		s.log.Warn("capture: closing the rotated file failed", "file", backup, "error", err)
+	}
+	s.f, s.size = f, 0
+	s.rot.rotated()
+	if s.notRotating {
+		s.notRotating = false
+		s.log.Warn("capture file rotating again", "file", s.path)
+	}
 }
 
 // Stream is an in-process event stream: every subscriber gets every record

@@ -19,7 +19,7 @@ import (
 // line to be one whole record.
 func TestFileSinkConcurrent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "c.jsonl")
-	s, err := OpenFile(path, nil)
+	s, err := OpenFile(path, nil, Rotation{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestFileSinkConcurrent(t *testing.T) {
 }
 
 func TestOpenFileError(t *testing.T) {
-	_, err := OpenFile(filepath.Join(t.TempDir(), "missing-dir", "c.jsonl"), nil)
+	_, err := OpenFile(filepath.Join(t.TempDir(), "missing-dir", "c.jsonl"), nil, Rotation{})
 	if err == nil {
 		t.Fatal("want an error for a missing directory")
 	}

@@ -54,8 +54,10 @@ type Options struct {
 	TLSKeyFile         string
 	PKIDir             string // kproxy's CA, created on first use
 	Capture            string
-	Mode               string // reverse | forward
-	DebugAddr          string // pprof and expvar, off when empty
+	// CaptureRotation bounds the capture file (--capture-max*).
+	CaptureRotation record.Rotation
+	Mode            string // reverse | forward
+	DebugAddr       string // pprof and expvar, off when empty
 
 	// APIServer are the mirrored kube-apiserver flags (parsed by its own
 	// option structs); nil means none were given.
@@ -153,6 +155,9 @@ func (o *Options) Validate() error {
 	case "reverse", "forward":
 	default:
 		return fmt.Errorf("--mode=%q: use reverse (clients point their kubeconfig at kproxy) or forward (clients use kproxy as HTTPS_PROXY)", o.Mode)
+	}
+	if err := o.checkCaptureRotation(); err != nil {
+		return err
 	}
 	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
 		return errors.New("--tls-cert-file and --tls-private-key-file go together: give both, or neither to have kproxy make a certificate with its own CA")
@@ -361,7 +366,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		sinks = append(sinks, logs)
 	}
 	if o.Capture != "" {
-		fs, err := record.OpenFile(o.Capture, log)
+		fs, err := record.OpenFile(o.Capture, log, o.CaptureRotation)
 		if err != nil {
 			return nil, err
 		}
@@ -682,4 +687,28 @@ func serveDebug(ctx context.Context, addr string, log *slog.Logger) {
 	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Error("--debug-addr", "error", err)
 	}
+}
+
+// checkCaptureRotation refuses --capture-max* flags that would do nothing.
+func (o *Options) checkCaptureRotation() error {
+	r := o.CaptureRotation
+	var given []string
+	if r.MaxBackups != 0 {
+		given = append(given, "--capture-maxbackup")
+	}
+	if r.MaxAge != 0 {
+		given = append(given, "--capture-maxage")
+	}
+	if r.Compress {
+		given = append(given, "--capture-compress")
+	}
+	switch {
+	case r.MaxBackups < 0:
+		return fmt.Errorf("--capture-maxbackup=%d: want 0 (keep every rotated file) or more", r.MaxBackups)
+	case (r.MaxSize > 0 || len(given) > 0) && o.Capture == "":
+		return fmt.Errorf("--capture-maxsize, --capture-maxbackup, --capture-maxage and --capture-compress rotate the capture file: give --capture FILE too")
+	case r.MaxSize == 0 && len(given) > 0:
+		return fmt.Errorf("%s: capture files rotate only past a size: give --capture-maxsize MiB too", strings.Join(given, ", "))
+	}
+	return nil
 }

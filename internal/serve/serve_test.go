@@ -104,6 +104,19 @@ func TestValidate(t *testing.T) {
 		{"replay pool: sized by hand", func(o *Options) { o.ReplayWorkers, o.ReplayQueue = 1, 1 }, ""},
 		{"replay pool: negative workers", func(o *Options) { o.ReplayWorkers = -1 }, "--replay-workers=-1"},
 		{"replay pool: negative queue", func(o *Options) { o.ReplayQueue = -2 }, "--replay-queue=-2"},
+		// Capture rotation: the --capture-max* flags need --capture and a size.
+		{"capture: rotated", func(o *Options) {
+			o.Capture, o.CaptureRotation = "c.jsonl", record.Rotation{MaxSize: 64 << 20, MaxBackups: 5, MaxAge: 24 * time.Hour, Compress: true}
+		}, ""},
+		{"capture: a size without a file", func(o *Options) { o.CaptureRotation.MaxSize = 64 << 20 }, "give --capture FILE too"},
+		{"capture: backups without a size", func(o *Options) { o.Capture, o.CaptureRotation.MaxBackups = "c.jsonl", 3 },
+			"--capture-maxbackup: capture files rotate only past a size: give --capture-maxsize MiB too"},
+		{"capture: compress and age without a size", func(o *Options) {
+			o.Capture, o.CaptureRotation.Compress, o.CaptureRotation.MaxAge = "c.jsonl", true, time.Hour
+		}, "--capture-maxage, --capture-compress: capture files rotate only past a size"},
+		{"capture: negative backups", func(o *Options) {
+			o.Capture, o.CaptureRotation = "c.jsonl", record.Rotation{MaxSize: 1 << 20, MaxBackups: -1}
+		}, "--capture-maxbackup=-1"},
 		{"replay: off", func(o *Options) { o.NoReplay = true }, ""},
 		{"replay: off, with a pool sized by hand", func(o *Options) { o.NoReplay, o.ReplayWorkers, o.ReplayQueue = true, 4, 8 }, ""},
 	} {

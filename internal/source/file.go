@@ -1,6 +1,7 @@
 package source
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -79,6 +80,19 @@ func (s *fileSource) Run(ctx context.Context, out chan<- Event) error {
 		defer f.Close()
 		return (&readerSource{name: s.path, r: f}).Run(ctx, out)
 	}
+	if gz, err := gzipped(f); err != nil {
+		f.Close()
+		return fmt.Errorf("capture file %s: %w", s.path, err)
+	} else if gz {
+		// A capture file rotated with --capture-compress: whole, it no
+		// longer grows.
+		defer f.Close()
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return fmt.Errorf("capture file %s: %w (a gzip file cut short? decompress what is there with gunzip -c)", s.path, err)
+		}
+		return (&readerSource{name: s.path, r: zr}).Run(ctx, out)
+	}
 	t := &tail{path: s.path, b: b, f: f, info: info, lines: lines{max: MaxLine}, buf: make([]byte, readChunk), idle: s.waiting}
 	defer func() { t.f.Close() }()
 	err = t.run(ctx, s.follow, ticks)
@@ -86,6 +100,16 @@ func (s *fileSource) Run(ctx context.Context, out chan<- Event) error {
 		return nil
 	}
 	return err
+}
+
+// gzipped reports a gzip file (its magic number), leaving f at its start.
+func gzipped(f *os.File) (bool, error) {
+	var magic [2]byte
+	n, err := f.ReadAt(magic[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	return n == 2 && magic == [2]byte{0x1f, 0x8b}, nil
 }
 
 // waiting calls the idle hook, if any.

@@ -1,12 +1,15 @@
 package source
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -520,5 +523,38 @@ func TestAPIRefusedFilter(t *testing.T) {
 	var apiErr *flowapi.APIError
 	if !errors.As(err, &apiErr) || apiErr.Code != 400 {
 		t.Errorf("Run: %v, want the API's 400", err)
+	}
+}
+
+// TestFileGzip: a capture file rotated with --capture-compress is read as
+// it is, with or without follow (whole, it no longer grows); one cut short
+// says so and how to recover what is there.
+func TestFileGzip(t *testing.T) {
+	dir := t.TempDir()
+	var plain bytes.Buffer
+	for i := range 3 {
+		plain.WriteString(recordJSON(t, &record.Record{ID: fmt.Sprint("gz-", i)}) + "\n")
+	}
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	zw.Write(plain.Bytes())
+	zw.Close()
+	path := filepath.Join(dir, "capture-2026-12-02T09-00-00.000.jsonl.gz")
+	if err := os.WriteFile(path, zipped.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := expected(t, plain.Bytes())
+	for _, follow := range []bool{false, true} {
+		if got := collect(t, File(path, follow)); !reflect.DeepEqual(got, want) {
+			t.Errorf("follow=%v: delivered %+v, want %+v", follow, got, want)
+		}
+	}
+	short := filepath.Join(dir, "short.jsonl.gz")
+	if err := os.WriteFile(short, zipped.Bytes()[:5], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := File(short, false).Run(context.Background(), make(chan Event, 16))
+	if err == nil || !strings.Contains(err.Error(), "gunzip -c") {
+		t.Errorf("a gzip file cut short: %v, want an error saying how to read what is there", err)
 	}
 }
