@@ -38,10 +38,10 @@ func TestMaxInFlight(t *testing.T) {
 }
 
 // TestShedForLoad: a request the apiserver shed for load (APF's or
-// max-in-flight's plain-text 429) has an unknown prediction saying what
-// the later stages would answer; a refusal predicted before flowcontrol,
-// a 429 that is a Status (an eviction's disruption budget), or any other
-// answer keeps the replay's prediction.
+// max-in-flight's plain-text 429), or refused with another 429 the replay
+// allowed, has an unknown prediction saying what the later stages would
+// answer; a refusal predicted before flowcontrol, a 429 the replay
+// predicted, or any other answer keeps the replay's prediction.
 func TestShedForLoad(t *testing.T) {
 	shed := record.Actual{Status: 429, Message: "Too many requests, please try again later.", PriorityLevel: "workload-low", FlowSchema: "service-accounts"}
 	allowed := record.Prediction{Status: 200, FlowSchema: "service-accounts", PriorityLevel: "workload-low"}
@@ -59,7 +59,10 @@ func TestShedForLoad(t *testing.T) {
 		{name: "refused by authentication first", p: record.Prediction{Status: 401, Stage: record.StageAuthentication}, a: shed},
 		{name: "refused by impersonation first", p: record.Prediction{Status: 403, Stage: record.StageImpersonation}, a: shed},
 		{name: "already unknown", p: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: x"}, a: shed},
-		{name: "an eviction's budget (a Status)", p: allowed, a: record.Actual{Status: 429, Reason: "TooManyRequests", Message: "Cannot evict pod as it would violate the pod's disruption budget."}},
+		{name: "a watch cache initializing, the replay allowing", p: allowed, a: record.Actual{Status: 429, Reason: "TooManyRequests", Message: "storage is (re)initializing"},
+			want: `the apiserver refused the request with 429 ("storage is (re)initializing"), a limit of that instant`, wantFS: "service-accounts"},
+		{name: "a Status 429, the replay refusing at authorization", p: record.Prediction{Status: 403, Stage: record.StageAuthorization}, a: record.Actual{Status: 429, Reason: "TooManyRequests", Message: "storage is (re)initializing"}},
+		{name: "an eviction's budget, predicted", p: record.Prediction{Status: 429, Stage: record.StageStorage, Reason: "TooManyRequests"}, a: record.Actual{Status: 429, Reason: "TooManyRequests", Message: "Cannot evict pod as it would violate the pod's disruption budget."}},
 		{name: "answered 200", p: allowed, a: record.Actual{Status: 200}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,7 +73,7 @@ func TestShedForLoad(t *testing.T) {
 				}
 				return
 			}
-			if got.Stage != record.StageUnknown || !strings.HasPrefix(got.Message, "cannot predict: the apiserver shed the request for load") || !strings.Contains(got.Message, tc.want) {
+			if got.Stage != record.StageUnknown || !strings.HasPrefix(got.Message, "cannot predict: the apiserver ") || !strings.Contains(got.Message, tc.want) {
 				t.Errorf("ShedForLoad = %+v, want unknown saying %q", got, tc.want)
 			}
 			if got.FlowSchema != tc.wantFS || got.Status != 0 {
