@@ -239,6 +239,7 @@ func (s *FileSink) Close() error {
 	}
 	err := s.f.Close()
 	s.rot.close()
+	s.rot = nil // a write after Close rotates nothing
 	return err
 }
 

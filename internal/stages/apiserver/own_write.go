@@ -150,9 +150,11 @@ func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi s
 }
 
 // refusedLate says why a refusal of the replay says nothing about the
-// request, or "". The apiserver admitted the write (2xx), and the replay
-// refused it from state it read after the request, which the request
-// itself (or the write after it) had changed:
+// request, or "". The replay's NamespaceLifecycle found no namespace that
+// the apiserver's had found (it answered otherwise than 404); or the
+// apiserver admitted the write (2xx), and the replay refused it from
+// state it read after the request, which the request itself (or the write
+// after it) had changed:
 //   - an eviction refused for the pod's disruption budget: the replay
 //     reads the PodDisruptionBudget as it is now, through the apiserver,
 //     and the request had used the budget's allowed disruption before;
@@ -162,7 +164,20 @@ func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi s
 //     empties it right after), or the apiserver's informer had not yet
 //     seen it.
 func (r *Run) refusedLate(ctx context.Context) string {
-	if r.Read || r.DryRun || r.actual == nil || r.Status == nil {
+	if r.Read || r.actual == nil || r.Status == nil {
+		return ""
+	}
+	if r.Status.Code == http.StatusNotFound && r.PluginErrName == "NamespaceLifecycle" {
+		// The namespace is gone for the replay. The apiserver's own
+		// NamespaceLifecycle, which runs first among its mutating plugins,
+		// answers that 404 too: any other answer means it found the
+		// namespace (terminating, most likely), deleted since.
+		if aw, ok := r.actual(ctx); ok && aw.Status != http.StatusNotFound {
+			return fmt.Sprintf(namespaceGoneLateWhy, aw.Status)
+		}
+		return ""
+	}
+	if r.DryRun {
 		return ""
 	}
 	var why string
@@ -215,5 +230,6 @@ func disruptionBudgetCause(st *metav1.Status) bool {
 const (
 	evictionBudgetReadLateWhy   = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
 	evictionBudgetReadEarlyWhy  = "the apiserver refused the eviction with 429 (the pod's PodDisruptionBudget allowed no disruption, or API Priority and Fairness shed the request), and the replay, reading the budget after the request, allows it: the budget was replenished since, or the 429 was for load, which kproxy does not predict; the budget as the request met it was not read, so the state on arrival is not known"
+	namespaceGoneLateWhy        = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
 	namespaceTerminatingLateWhy = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"
 )

@@ -145,3 +145,38 @@ func TestAllowedLate(t *testing.T) {
 		})
 	}
 }
+
+// TestRefusedLate: a refusal of the replay that the apiserver's answer
+// shows came from state changed after the request is unknown: a namespace
+// gone for the replay that the apiserver found, a budget or a namespace's
+// termination met only by the replay. Otherwise the refusal stands.
+func TestRefusedLate(t *testing.T) {
+	nsGone := &metav1.Status{Code: 404, Reason: metav1.StatusReasonNotFound, Message: `namespaces "kcm-1" not found`}
+	terminating := &metav1.Status{Code: 403, Message: `configmaps "x" is forbidden: unable to create new content in namespace kcm-1 because it is being terminated`}
+	budget := &metav1.Status{Code: 429, Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: "DisruptionBudget"}}}}
+	for _, tc := range []struct {
+		name     string
+		run      *Run
+		answered int
+		want     string // contains; "" keeps the refusal
+	}{
+		{"namespace gone, the apiserver refused 403 (terminating)", &Run{Verb: "create", Resource: "configmaps", Status: nsGone, PluginErrName: "NamespaceLifecycle"}, 403, "the apiserver answered 403, so its NamespaceLifecycle found the namespace"},
+		{"namespace gone, the apiserver admitted it", &Run{Verb: "create", Resource: "events", Status: nsGone, PluginErrName: "NamespaceLifecycle"}, 201, "deleted after this request"},
+		{"namespace gone, a dry run the apiserver admitted", &Run{Verb: "create", Resource: "configmaps", DryRun: true, Status: nsGone, PluginErrName: "NamespaceLifecycle"}, 201, "deleted after this request"},
+		{"namespace gone for both", &Run{Verb: "create", Resource: "configmaps", Status: nsGone, PluginErrName: "NamespaceLifecycle"}, 404, ""},
+		{"terminating for the replay, admitted by the apiserver", &Run{Verb: "create", Resource: "configmaps", Status: terminating, PluginErrName: "NamespaceLifecycle"}, 201, "began terminating after this request"},
+		{"terminating for both", &Run{Verb: "create", Resource: "configmaps", Status: terminating, PluginErrName: "NamespaceLifecycle"}, 403, ""},
+		{"budget used by the request itself", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget}, 201, "the budget as the request met it was not read"},
+		{"budget refused for both", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget}, 429, ""},
+		{"a 404 from another plugin", &Run{Verb: "create", Resource: "configmaps", Status: nsGone, PluginErrName: "SomethingElse"}, 403, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.run
+			r.actual = func(context.Context) (ActualWrite, bool) { return ActualWrite{Status: tc.answered}, true }
+			why := r.refusedLate(context.Background())
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("refusedLate = %q, want %q", why, tc.want)
+			}
+		})
+	}
+}

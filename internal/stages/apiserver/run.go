@@ -116,6 +116,10 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 			return "", "the apiserver answered 409 (the object existed), and the replay found it absent: it was deleted after this request, before the replay read it, so the state on arrival is not known"
 		case aw.Status == http.StatusNotFound && r.Subresource == "" && found && r.Verb != "create":
 			return "", "the apiserver answered 404 (no such object), and the replay found the object: it was created after this request, before the replay read it, so the state on arrival is not known"
+		case aw.Status == http.StatusConflict && (r.Verb == "update" || r.Verb == "patch") && !found:
+			// An update's conflict is with the stored object (its
+			// resourceVersion or uid): the apiserver found it.
+			return "", "the apiserver answered 409 (a conflict with the stored object), and the replay found no object: it was deleted after this request, before the replay read it, so the state on arrival is not known"
 		case !found && ownWriteOf(r) != nil && (aw.Status == http.StatusConflict || aw.Status == http.StatusTooManyRequests):
 			// A binding refused as already assigned, an eviction refused
 			// for its disruption budget: the apiserver read the pod.

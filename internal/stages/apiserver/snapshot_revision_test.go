@@ -47,6 +47,9 @@ func TestSnapshotRevision(t *testing.T) {
 		{"eviction refused for its budget, pod still there", "create", "", 429, "", true, "12", "", "", "eviction"},
 		{"eviction of a missing pod, still missing", "create", "", 404, "", false, "", "", "", "eviction"},
 		{"binding refused as already assigned, pod deleted since", "create", "", 409, "", false, "", "", "deleted after this request", "binding"},
+		{"update refused 409 (a conflict), deleted since", "update", "", 409, "", false, "", "", "deleted after this request", ""},
+		{"namespace finalize refused 409, deleted since", "update", "", 409, "", false, "", "", "deleted after this request", "finalize"},
+		{"update refused 409, still there", "update", "", 409, "", true, "12", "", "", ""},
 		{"binding refused otherwise (403), pod deleted since", "create", "", 403, "", false, "", "", "", "binding"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/pki"
@@ -228,5 +229,68 @@ func (h *replayHold) release() {
 	if h.on != nil {
 		close(h.on)
 		h.on = nil
+	}
+}
+
+// TestNamespaceGoneReplayedLate: writes the apiserver refused in a
+// terminating namespace (403, and a finalize's 409), replayed after the
+// namespace was finalized away. Before, the replay met no namespace and
+// predicted 404, a confident miss (seen in TestControllerSession, whose
+// namespace controller empties and removes namespaces while replays
+// queue).
+func TestNamespaceGoneReplayedLate(t *testing.T) {
+	recs, r, c := oneReplayWorker(t)
+	hold := startReplayHold(t, r, c, recs)
+	ctx := context.Background()
+	cs := adminClient()
+	name := fmt.Sprintf("gone-late-%d", time.Now().UnixNano())
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	// No namespace controller runs here: deleted, the namespace stays
+	// terminating, its "kubernetes" finalizer in place, until finalized.
+	if err := cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	finalize := func(rv string) request {
+		return request{method: "PUT", path: "/api/v1/namespaces/" + name + "/finalize", user: "admin",
+			body: `{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"` + name + `","resourceVersion":"` + rv + `"},"spec":{"finalizers":[]}}`}
+	}
+	hold.hold(t)
+	sent := []struct {
+		req  request
+		want int
+		why  string // the prediction's unknown says
+	}{
+		{request{method: "POST", path: "/api/v1/namespaces/" + name + "/configmaps", user: "admin",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"late"}}`}, 403, "so its NamespaceLifecycle found the namespace"},
+		{finalize("1"), 409, "the apiserver answered 409 (a conflict with the stored object), and the replay found no object"},
+		{finalize(ns.ResourceVersion), 200, ""},
+	}
+	for _, s := range sent {
+		if got := do(t, c, r.base, s.req); got.status != s.want {
+			hold.release()
+			t.Fatalf("%s %s: %d %s, want %d", s.req.method, s.req.path, got.status, got.body, s.want)
+		}
+	}
+	if _, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); err == nil {
+		t.Log("the namespace is still there after its finalize: the replays may not run late")
+	}
+	hold.release()
+	nextRecord(t, recs) // the hold's own
+	for _, s := range sent {
+		rec := nextRecord(t, recs)
+		switch {
+		case s.why != "" && (rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, s.why)):
+			t.Errorf("%s %s (answered %d), replayed after the namespace was gone: predicted %d at %s (%s), want unknown saying %q",
+				rec.Request.Method, rec.Request.Path, rec.Actual.Status, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, s.why)
+		case s.why == "" && rec.Predicted.Status != rec.Actual.Status:
+			t.Errorf("%s %s: predicted %d at %s (%s), the apiserver answered %d",
+				rec.Request.Method, rec.Request.Path, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, rec.Actual.Status)
+		}
 	}
 }
