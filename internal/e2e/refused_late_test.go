@@ -69,14 +69,8 @@ func TestEvictionRefusedReplayedLate(t *testing.T) {
 	send(evict, 429)
 	send(budget(1), 200)
 	hold.release()
-	for range 3 {
-		rec := nextRecord(t, recs)
-		if rec.Request.Method != "POST" || !strings.HasSuffix(rec.Request.Path, "/eviction") {
-			continue
-		}
-		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "refused the eviction with 429") {
-			t.Errorf("eviction refused (429), replayed after the budget was replenished: predicted %d at %s (%s), want unknown: the budget was read late", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
-		}
+	if rec := evictionAmong(t, recs, 3); rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "refused the eviction with 429") {
+		t.Errorf("eviction refused (429), replayed after the budget was replenished: predicted %d at %s (%s), want unknown: the budget was read late", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
 	}
 
 	// Replayed after the pod was deleted: before, predicted 404.
@@ -86,15 +80,24 @@ func TestEvictionRefusedReplayedLate(t *testing.T) {
 	send(evict, 429)
 	send(request{method: "DELETE", path: ns + "/pods/" + run + "?gracePeriodSeconds=0"}, 200)
 	hold.release()
-	for range 3 {
-		rec := nextRecord(t, recs)
-		if rec.Request.Method != "POST" || !strings.HasSuffix(rec.Request.Path, "/eviction") {
-			continue
-		}
-		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "deleted after this request") {
-			t.Errorf("eviction refused (429), replayed after the pod was deleted: predicted %d at %s (%s), want unknown: the pod was deleted since", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+	if rec := evictionAmong(t, recs, 3); rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "deleted after this request") {
+		t.Errorf("eviction refused (429), replayed after the pod was deleted: predicted %d at %s (%s), want unknown: the pod was deleted since", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+	}
+}
+
+// evictionAmong is the one eviction's record among the next n.
+func evictionAmong(t *testing.T, recs <-chan *record.Record, n int) *record.Record {
+	t.Helper()
+	var found *record.Record
+	for range n {
+		if rec := nextRecord(t, recs); rec.Request.Method == "POST" && strings.HasSuffix(rec.Request.Path, "/eviction") {
+			found = rec
 		}
 	}
+	if found == nil {
+		t.Fatalf("no eviction among the next %d records", n)
+	}
+	return found
 }
 
 // replayHold holds kproxy's replays on demand, for tests that need a
@@ -119,14 +122,7 @@ type replayHold struct {
 func startReplayHold(t *testing.T, r route, c *http.Client, recs <-chan *record.Record) *replayHold {
 	t.Helper()
 	h := &replayHold{r: r, c: c, recs: recs, label: fmt.Sprintf("hold-%d", time.Now().UnixNano()), dryRuns: make(chan struct{}, 64)}
-	ca, err := pki.NewCA("e2e-hold-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Issue(pki.Leaf{CommonName: "e2e-hold", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, leaf := loopbackServerCert(t, "e2e-hold")
 	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}},
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			var ar admissionv1.AdmissionReview

@@ -28,14 +28,7 @@ const webhookNS = "adm-webhook"
 // Fail and Ignore. The configurations are removed when the test ends.
 func startAdmissionWebhooks(t *testing.T) {
 	t.Helper()
-	ca, err := pki.NewCA("e2e-webhook-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Issue(pki.Leaf{CommonName: "e2e-webhook", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, leaf := loopbackServerCert(t, "e2e-webhook")
 	mux := http.NewServeMux()
 	review := func(w http.ResponseWriter, r *http.Request, answer func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse)) {
 		var ar admissionv1.AdmissionReview
@@ -181,4 +174,19 @@ func startAdmissionWebhooks(t *testing.T) {
 		_ = ar.ValidatingWebhookConfigurations().Delete(ctx, vwc.Name, metav1.DeleteOptions{})
 		_ = ar.MutatingWebhookConfigurations().Delete(ctx, mwc.Name, metav1.DeleteOptions{})
 	})
+}
+
+// loopbackServerCert makes a CA (name-ca) and a serving certificate of it
+// for 127.0.0.1: what a webhook the apiserver calls on loopback presents.
+func loopbackServerCert(t *testing.T, name string) (*pki.CA, *pki.Issued) {
+	t.Helper()
+	ca, err := pki.NewCA(name + "-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.Leaf{CommonName: name, Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, leaf
 }
