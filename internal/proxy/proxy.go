@@ -750,7 +750,7 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	if n, ok := p.replayer.(apfNamer); ok {
 		rec.Actual.FlowSchema, rec.Actual.PriorityLevel = n.APFNames(rec.Actual.FlowSchemaUID, rec.Actual.PriorityLevelUID)
 	}
-	rec.Predicted = stages.ShedForLoad(rec.Predicted, rec.Actual)
+	rec.Predicted = stages.OfTheMoment(rec.Predicted, rec.Actual)
 	rec.Request.Query = record.RedactQuery(rec.Request.Query)
 	// The span ends before the sinks see the record: whoever reads the
 	// record finds its trace complete.

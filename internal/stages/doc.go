@@ -19,7 +19,9 @@
 // apiserver would answer with. The first reject decides the prediction; the
 // stages after it are skipped as "not reached". A stage that fails, panics,
 // runs past the replay budget, or is not modelled yet makes the prediction
-// unknown: an honest "unknown" beats a confident guess.
+// unknown: an honest "unknown" beats a confident guess. So does an answer
+// of the apiserver's own instant that the replay cannot meet (its load, a
+// limit, a failure: moment.go), once the answer is known.
 //
 // # Fidelity
 //

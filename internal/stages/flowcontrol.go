@@ -3,8 +3,6 @@ package stages
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"strings"
 
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -109,55 +107,4 @@ func describeVerb(req *Request) string {
 		return req.Info.Verb + " " + req.Info.Resource + "/" + req.Info.Subresource
 	}
 	return req.Info.Verb + " " + req.Info.Resource
-}
-
-// shedBody begins the plain-text answer API Priority and Fairness and
-// max-in-flight give a request they reject for load (the apiserver's
-// tooManyRequests), which no Status carries.
-const shedBody = "Too many requests, please try again later."
-
-// ShedForLoad is the prediction to record once the apiserver's answer is
-// known: p, unless the apiserver refused the request with 429 for a limit
-// of that instant that the replay does not share.
-//   - Shed for load by API Priority and Fairness or max-in-flight (their
-//     plain-text 429): the flowcontrol stage cannot predict that (it
-//     depends on the apiserver's load at that instant), so whatever the
-//     stages after it predicted is not what the request met. A refusal
-//     predicted before flowcontrol (authentication, impersonation) stands:
-//     the apiserver decides those first, and a 429 contradicts it.
-//   - Any other 429 (a Status: a watch cache still initializing or behind
-//     the revision asked for, a rate-limiting admission plugin, a
-//     disruption budget) where the replay predicted success: the replay
-//     runs later, on kproxy's own state, and cannot have met that limit.
-//
-// The prediction becomes unknown, saying what the replay's stages answer.
-func ShedForLoad(p record.Prediction, a record.Actual) record.Prediction {
-	if a.Status != http.StatusTooManyRequests || p.Stage == record.StageUnknown {
-		return p
-	}
-	var why string
-	switch {
-	case a.Reason == "" && strings.HasPrefix(a.Message, shedBody):
-		if p.Stage == record.StageAuthentication || p.Stage == record.StageImpersonation {
-			return p
-		}
-		by := "max-in-flight (--max-requests-inflight, --max-mutating-requests-inflight)"
-		switch {
-		case a.PriorityLevel != "":
-			by = fmt.Sprintf("API Priority and Fairness, priority level %q", a.PriorityLevel)
-		case a.PriorityLevelUID != "":
-			by = "API Priority and Fairness, priority level uid " + a.PriorityLevelUID
-		}
-		why = "the apiserver shed the request for load (429 from " + by + "); whether a request is shed depends on the apiserver's load at that instant, which kproxy does not predict"
-	case p.Stage == "" && p.Status != http.StatusTooManyRequests:
-		why = fmt.Sprintf("the apiserver refused the request with 429 (%q), a limit of that instant (a watch cache not ready or behind, a rate limit, a disruption budget) that kproxy's replay, run after it on kproxy's own state, does not meet", a.Message)
-	default:
-		return p
-	}
-	then := fmt.Sprintf("the stages after flowcontrol allow the request (%d)", p.Status)
-	if p.Stage != "" {
-		then = fmt.Sprintf("the stages after flowcontrol refuse it at %s (%d)", p.Stage, p.Status)
-	}
-	return record.Prediction{Stage: record.StageUnknown, FlowSchema: p.FlowSchema, PriorityLevel: p.PriorityLevel,
-		Message: "cannot predict: " + why + "; " + then}
 }
