@@ -221,10 +221,6 @@ func (d decode) conditionalIndex(ctx context.Context, req *Request, header strin
 		res := Pass(what + ": the client's copy is current, 304 Not Modified")
 		res.Answer = http.StatusNotModified
 		return res
-	case w.Code < 300 && changedSinceArrival(mod, req.Arrival):
-		// Read after the request, the index may have changed since the
-		// apiserver answered from the older one (304).
-		return Unknown(what + ": the index changed at or after this request's arrival (" + req.Arrival.UTC().Format(time.RFC3339) + "), so the apiserver may have answered from the one before; the state on arrival is not known")
 	case w.Code < 300:
 		return Pass(what + ": the index is sent again")
 	}
@@ -248,13 +244,4 @@ func conditionalHeader(h http.Header) string {
 		}
 	}
 	return ""
-}
-
-// changedSinceArrival reports a document last modified at mod (an HTTP
-// date: whole seconds, so it really changed within the second after) that
-// may have changed after a request that arrived at arrival, allowing a
-// second more for the clocks of kproxy and the apiserver. Without an
-// arrival time (kproxy explain) nothing came after it.
-func changedSinceArrival(mod, arrival time.Time) bool {
-	return !arrival.IsZero() && mod.After(arrival.Add(-2*time.Second))
 }
