@@ -69,7 +69,7 @@ func TestEvictionRefusedReplayedLate(t *testing.T) {
 	send(evict, 429)
 	send(budget(1), 200)
 	hold.release()
-	if rec := evictionAmong(t, recs, 3); rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "refused the eviction with 429") {
+	if rec := evictionAmong(t, recs, 3); rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, `refused the request with 429 ("Cannot evict pod as it would violate the pod's disruption budget.")`) {
 		t.Errorf("eviction refused (429), replayed after the budget was replenished: predicted %d at %s (%s), want unknown: the budget was read late", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
 	}
 

@@ -45,9 +45,10 @@ func OfTheMoment(p record.Prediction, a record.Actual) record.Prediction {
 	if p.Stage == record.StageUnknown || a.Error != "" {
 		return p
 	}
+	shed := a.Status == http.StatusTooManyRequests && a.Reason == "" && strings.HasPrefix(a.Message, shedBody)
 	var why string
 	switch {
-	case a.Status == http.StatusTooManyRequests && a.Reason == "" && strings.HasPrefix(a.Message, shedBody):
+	case shed:
 		if p.Stage == record.StageAuthentication || p.Stage == record.StageImpersonation {
 			return p
 		}
@@ -72,7 +73,7 @@ func OfTheMoment(p record.Prediction, a record.Actual) record.Prediction {
 	switch {
 	case p.Stage != "":
 		then = fmt.Sprintf("the stages after flowcontrol refuse it at %s (%d)", p.Stage, p.Status)
-	case a.Status == http.StatusTooManyRequests && a.Reason == "":
+	case shed:
 		then = fmt.Sprintf("the stages after flowcontrol allow the request (%d)", p.Status)
 	}
 	return record.Prediction{Stage: record.StageUnknown, FlowSchema: p.FlowSchema, PriorityLevel: p.PriorityLevel,

@@ -33,6 +33,9 @@ func TestOfTheMoment(t *testing.T) {
 		{name: "a watch cache initializing, the replay allowing", p: allowed, a: record.Actual{Status: 429, Reason: "TooManyRequests", Message: "storage is (re)initializing"},
 			want: `the apiserver refused the request with 429 ("storage is (re)initializing"), a limit of that instant`, wantFS: "service-accounts"},
 		{name: "a Status 429, the replay refusing at authorization", p: record.Prediction{Status: 403, Stage: record.StageAuthorization}, a: record.Actual{Status: 429, Reason: "TooManyRequests", Message: "storage is (re)initializing"}},
+		{name: "an eviction refused for its budget, the replay (reading it later) allowing", p: allowed,
+			a:    record.Actual{Status: 429, Reason: "TooManyRequests", Message: "Cannot evict pod as it would violate the pod's disruption budget."},
+			want: `the apiserver refused the request with 429 ("Cannot evict pod as it would violate the pod's disruption budget."), a limit of that instant`, wantFS: "service-accounts"},
 		{name: "an eviction's budget, predicted", p: record.Prediction{Status: 429, Stage: record.StageStorage, Reason: "TooManyRequests"}, a: record.Actual{Status: 429, Reason: "TooManyRequests", Message: "Cannot evict pod as it would violate the pod's disruption budget."}},
 		{name: "answered 200", p: allowed, a: record.Actual{Status: 200}},
 		{name: "etcd failing (500)", p: allowed, a: record.Actual{Status: 500, Reason: "InternalError", Message: "etcdserver: request timed out"},
@@ -42,7 +45,7 @@ func TestOfTheMoment(t *testing.T) {
 		{name: "a backend gone (503)", p: allowed, a: record.Actual{Status: 503, Reason: "ServiceUnavailable", Message: "service unavailable"}, want: "failed the request with 503", wantFS: "service-accounts"},
 		{name: "a 500 the replay predicted (etcd's size limit)", p: record.Prediction{Status: 500, Stage: record.StageStorage}, a: record.Actual{Status: 500, Message: "etcdserver: request is too large"}},
 		{name: "a 500 the replay refused otherwise", p: record.Prediction{Status: 422, Stage: record.StageValidation}, a: record.Actual{Status: 500, Message: "x"}},
-		{name: "a 501 (not implemented: not of the moment)", p: allowed, a: record.Actual{Status: 501}},
+		{name: "a 501 (a fixed answer, not one of the moment)", p: allowed, a: record.Actual{Status: 501}},
 		{name: "kproxy's own 502", p: allowed, a: record.Actual{Status: 502, Error: "kproxy could not reach the apiserver at 127.0.0.1:6443"}},
 		{name: "kproxy's own answer, a 504", p: allowed, a: record.Actual{Status: 504, Error: "client canceled the request"}},
 	} {

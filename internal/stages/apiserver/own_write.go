@@ -195,26 +195,6 @@ func (r *Run) refusedLate(ctx context.Context) string {
 	return ""
 }
 
-// allowedLate is refusedLate's mirror: why the replay's admitting an
-// eviction says nothing about the request, or "". The apiserver refused
-// it with 429, for its disruption budget (the PodDisruptionBudget allowed
-// no disruption then) or for load (API Priority and Fairness), and the
-// replay, which reads the budget as it is now, allows it: the disruption
-// controller replenished the budget after the request (a pod became
-// healthy again), and kproxy does not predict load. Either way the
-// replay's 201 is not what the request met. The answer's status is all
-// the replay has (its body is not kept), and both causes call for the
-// same unknown.
-func (r *Run) allowedLate(ctx context.Context) string {
-	if r.Read || r.actual == nil || r.Verb != "create" || r.Resource != "pods" || r.Subresource != "eviction" {
-		return ""
-	}
-	if aw, ok := r.actual(ctx); ok && aw.Status == http.StatusTooManyRequests {
-		return evictionBudgetReadEarlyWhy
-	}
-	return ""
-}
-
 func disruptionBudgetCause(st *metav1.Status) bool {
 	if st.Details == nil {
 		return false
@@ -229,7 +209,6 @@ func disruptionBudgetCause(st *metav1.Status) bool {
 
 const (
 	evictionBudgetReadLateWhy   = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
-	evictionBudgetReadEarlyWhy  = "the apiserver refused the eviction with 429 (the pod's PodDisruptionBudget allowed no disruption, or API Priority and Fairness shed the request), and the replay, reading the budget after the request, allows it: the budget was replenished since, or the 429 was for load, which kproxy does not predict; the budget as the request met it was not read, so the state on arrival is not known"
 	namespaceGoneLateWhy        = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
 	namespaceTerminatingLateWhy = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"
 )

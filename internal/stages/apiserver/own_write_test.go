@@ -110,42 +110,6 @@ func TestReadBeforeOwnWrite(t *testing.T) {
 	}
 }
 
-// TestAllowedLate: an eviction the apiserver refused with 429 (its
-// disruption budget, or load) and the replay allowed, reading the budget
-// after the request, is unknown; any other answer, or another write,
-// keeps the replay's verdict.
-func TestAllowedLate(t *testing.T) {
-	for _, tc := range []struct {
-		name                   string
-		verb, resource, sub    string
-		status                 int
-		answered, withAnswerFn bool
-		want                   bool
-	}{
-		{name: "eviction refused 429, replay allows", verb: "create", resource: "pods", sub: "eviction", status: 429, answered: true, withAnswerFn: true, want: true},
-		{name: "eviction allowed (201)", verb: "create", resource: "pods", sub: "eviction", status: 201, answered: true, withAnswerFn: true},
-		{name: "eviction refused otherwise (403)", verb: "create", resource: "pods", sub: "eviction", status: 403, answered: true, withAnswerFn: true},
-		{name: "eviction, no answer within the budget", verb: "create", resource: "pods", sub: "eviction", status: 429, withAnswerFn: true},
-		{name: "eviction, no live request (kproxy explain)", verb: "create", resource: "pods", sub: "eviction", status: 429},
-		{name: "binding refused 429 (load)", verb: "create", resource: "pods", sub: "binding", status: 429, answered: true, withAnswerFn: true},
-		{name: "configmap create refused 429 (load)", verb: "create", resource: "configmaps", status: 429, answered: true, withAnswerFn: true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := &Run{Verb: tc.verb, Resource: tc.resource, Subresource: tc.sub}
-			if tc.withAnswerFn {
-				r.actual = func(context.Context) (ActualWrite, bool) { return ActualWrite{Status: tc.status}, tc.answered }
-			}
-			why := r.allowedLate(context.Background())
-			switch {
-			case tc.want && !strings.Contains(why, "the budget as the request met it was not read"):
-				t.Errorf("allowedLate = %q, want the budget read late", why)
-			case !tc.want && why != "":
-				t.Errorf("allowedLate = %q, want none", why)
-			}
-		})
-	}
-}
-
 // TestRefusedLate: a refusal of the replay that the apiserver's answer
 // shows came from state changed after the request is unknown: a namespace
 // gone for the replay that the apiserver found, a budget or a namespace's

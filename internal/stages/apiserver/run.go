@@ -111,19 +111,15 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		// replay reads the latest. Where that contradicts the answer, a
 		// later write came between them and the state on arrival is not
 		// known.
+		var meant string // what the refusal says of an object it found
+		if !found {
+			meant = answeredFound(r, aw.Status)
+		}
 		switch {
-		case aw.Status == http.StatusConflict && r.Verb == "create" && r.Subresource == "" && !found:
-			return "", "the apiserver answered 409 (the object existed), and the replay found it absent: it was deleted after this request, before the replay read it, so the state on arrival is not known"
+		case meant != "":
+			return "", "the apiserver answered " + strconv.Itoa(aw.Status) + " (" + meant + "), and the replay found no object: it was deleted after this request, before the replay read it, so the state on arrival is not known"
 		case aw.Status == http.StatusNotFound && r.Subresource == "" && found && r.Verb != "create":
 			return "", "the apiserver answered 404 (no such object), and the replay found the object: it was created after this request, before the replay read it, so the state on arrival is not known"
-		case aw.Status == http.StatusConflict && (r.Verb == "update" || r.Verb == "patch") && !found:
-			// An update's conflict is with the stored object (its
-			// resourceVersion or uid): the apiserver found it.
-			return "", "the apiserver answered 409 (a conflict with the stored object), and the replay found no object: it was deleted after this request, before the replay read it, so the state on arrival is not known"
-		case !found && ownWriteOf(r) != nil && (aw.Status == http.StatusConflict || aw.Status == http.StatusTooManyRequests):
-			// A binding refused as already assigned, an eviction refused
-			// for its disruption budget: the apiserver read the pod.
-			return "", "the apiserver answered " + strconv.Itoa(aw.Status) + " to this " + r.Subresource + ", which it gives a pod it found, and the replay found no pod: it was deleted after this request, before the replay read it, so the state on arrival is not known"
 		}
 		return "", ""
 	}
@@ -164,6 +160,22 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		return strconv.FormatUint(n-1, 10), ""
 	}
 	return "", ""
+}
+
+// answeredFound says what a refusal the apiserver gives only for an object
+// it found means, or "" for any other status.
+func answeredFound(r *Run, status int) string {
+	switch {
+	case status == http.StatusConflict && r.Verb == "create" && r.Subresource == "":
+		return "the object existed"
+	case status == http.StatusConflict && (r.Verb == "update" || r.Verb == "patch"):
+		return "a conflict with the stored object" // its resourceVersion or uid
+	case (status == http.StatusConflict || status == http.StatusTooManyRequests) && ownWriteOf(r) != nil:
+		// A binding refused as already assigned, an eviction refused for
+		// its disruption budget: the apiserver read the pod.
+		return "to this " + r.Subresource + ", refused for the pod it found"
+	}
+	return ""
 }
 
 // newerThan reports a resourceVersion later than revision n.
@@ -420,9 +432,6 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		}
 	} else if !run.Read {
 		run.Object = resp.Body.Bytes()
-		if why := run.allowedLate(ctx); why != "" {
-			run.markUnknown(why)
-		}
 	}
 	return run
 }
