@@ -198,9 +198,11 @@ func TestKubectlSession(t *testing.T) {
 		t.Errorf("confidently wrong: %s", w)
 	}
 	// What may stay unknown: only what another party answers (a kubelet,
-	// a proxied backend).
+	// a proxied backend), and kubectl's conditional read of the OpenAPI
+	// index when the index changed around it (the apiserver's OpenAPI
+	// controller updates it as the cluster's APIs settle).
 	for why, n := range res.unknowns {
-		if !strings.Contains(why, "only it answers from here") {
+		if !strings.Contains(why, "only it answers from here") && !strings.Contains(why, ": the index changed ") {
 			t.Errorf("%d records unknown for a reason the session does not expect: %s", n, why)
 		}
 	}

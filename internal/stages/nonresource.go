@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -203,8 +205,19 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 // the apiserver does, with net/http's ServeContent over the index's ETag
 // and modification time, read from the apiserver now (kubectl asks with
 // If-Modified-Since).
+//
+// Read after the request, the index may have changed since the apiserver
+// answered (its OpenAPI controller updates it as the cluster's APIs
+// settle). The answer is known when the index did not change since the
+// request arrived (the last read kproxy had before the arrival shows the
+// same version, or by its Last-Modified it changed before), or when the
+// version kproxy last saw before the arrival and the current one get the
+// same answer: every version in between is newer than the first and
+// older than the second, and ServeContent's answer moves one way with
+// the version's age. Otherwise the record is unknown.
 func (d decode) conditionalIndex(ctx context.Context, req *Request, header string) Result {
-	doc, err := d.m.writer().Served().Read(ctx, "/openapi/v3", "")
+	served := d.m.writer().Served()
+	doc, err := served.Read(ctx, "/openapi/v3", "")
 	if err != nil {
 		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
 	}
@@ -212,10 +225,12 @@ func (d decode) conditionalIndex(ctx context.Context, req *Request, header strin
 	if doc.Status != http.StatusOK || err != nil {
 		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d without a Last-Modified time", doc.Status))
 	}
-	w := httptest.NewRecorder()
-	w.Header().Set("Etag", doc.Header.Get("Etag"))
-	http.ServeContent(w, req.HTTP.Clone(ctx), "/openapi/v3", mod, bytes.NewReader(doc.Body))
+	w := serveIndex(ctx, req, doc.Header.Get("Etag"), mod, doc.Body)
 	what := fmt.Sprintf("the OpenAPI v3 index last changed at %s (ETag %.12s…); the request's %s: %s", mod.UTC().Format(time.RFC3339), strings.Trim(doc.Header.Get("Etag"), `"`), header, req.HTTP.Header.Get(header))
+	seen, ok := served.SeenBefore("/openapi/v3", req.Arrival)
+	if why := indexChangedSinceArrival(ctx, req, doc, mod, w.Code, seen, ok); why != "" {
+		return Unknown(what + ": " + why)
+	}
 	switch {
 	case w.Code == http.StatusNotModified:
 		res := Pass(what + ": the client's copy is current, 304 Not Modified")
@@ -226,6 +241,61 @@ func (d decode) conditionalIndex(ctx context.Context, req *Request, header strin
 	}
 	st := &metav1.Status{Status: metav1.StatusFailure, Code: int32(w.Code), Message: strings.TrimSpace(w.Body.String())}
 	return Reject(st, what+": "+http.StatusText(w.Code))
+}
+
+// serveIndex is the apiserver's answer to req for an index of that
+// version.
+func serveIndex(ctx context.Context, req *Request, etag string, mod time.Time, body []byte) *httptest.ResponseRecorder {
+	w := httptest.NewRecorder()
+	w.Header().Set("Etag", etag)
+	http.ServeContent(w, req.HTTP.Clone(ctx), "/openapi/v3", mod, bytes.NewReader(body))
+	return w
+}
+
+// indexChangedSinceArrival says why the answer code, from doc (the index
+// read now, last modified at mod), may not be the one the apiserver gave
+// on req's arrival, or "". seen is kproxy's last read of the index before
+// the arrival, if ok.
+func indexChangedSinceArrival(ctx context.Context, req *Request, doc apiserver.ServedDoc, mod time.Time, code int, seen apiserver.Seen, ok bool) string {
+	if req.Arrival.IsZero() || !changedSinceArrival(mod, req.Arrival) {
+		return "" // kproxy explain asks about now; or it changed before
+	}
+	if ok && seen.ETag == doc.Header.Get("Etag") && seen.LastModified == doc.Header.Get("Last-Modified") {
+		return "" // the version kproxy saw before the arrival is still current
+	}
+	if byTimeOnly(req.HTTP.Header) {
+		if code == http.StatusNotModified {
+			return "" // not modified since: nor was any older version
+		}
+		if before, err := http.ParseTime(seen.LastModified); ok && err == nil && serveIndex(ctx, req, seen.ETag, before, doc.Body).Code == code {
+			return "" // the versions before and after get the same answer
+		}
+	}
+	if !ok {
+		return "the index changed at or after this request's arrival (" + req.Arrival.UTC().Format(time.RFC3339) + "), and kproxy had not read it before: the apiserver may have answered from the one before"
+	}
+	return fmt.Sprintf("the index changed between kproxy's last read before this request's arrival (at %s, when it had last changed at %s) and the replay's read, and the two versions get different answers: which one the apiserver answered from is not known",
+		seen.At.UTC().Format(time.RFC3339), seen.LastModified)
+}
+
+// byTimeOnly reports a request conditional on the document's time alone
+// (If-Modified-Since, If-Unmodified-Since): its answer moves one way as
+// the document gets newer. An ETag matches one version only.
+func byTimeOnly(h http.Header) bool {
+	for _, k := range []string{"If-None-Match", "If-Match", "Range", "If-Range"} {
+		if h.Get(k) != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// changedSinceArrival reports a document last modified at mod (an HTTP
+// date: whole seconds, so it really changed within the second after) that
+// may have changed after a request that arrived at arrival, allowing a
+// second more for the clocks of kproxy and the apiserver.
+func changedSinceArrival(mod, arrival time.Time) bool {
+	return mod.After(arrival.Add(-2 * time.Second))
 }
 
 // openAPIAcceptable reports an Accept header the OpenAPI handlers serve

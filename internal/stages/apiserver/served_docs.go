@@ -41,7 +41,22 @@ type ServedDocs struct {
 	mu      sync.Mutex
 	docs    map[string]ServedDoc
 	changed time.Time // the last change of what the documents list
+	seen    map[string][]Seen
 }
+
+// Seen is what one read of a document showed of its version (its ETag
+// and Last-Modified headers), and when kproxy had the answer: the
+// document was at least that new from then on.
+type Seen struct {
+	At           time.Time
+	ETag         string
+	LastModified string
+}
+
+// seenKept is how many reads of each document are remembered: a replay
+// asks for the last read before its request arrived, and replays run
+// moments after their requests.
+const seenKept = 8
 
 // ServedDoc is one read: its status, the headers that matter, the body.
 type ServedDoc struct {
@@ -134,7 +149,37 @@ func (d *ServedDocs) Read(ctx context.Context, path, accept string) (ServedDoc, 
 	if resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusUnauthorized {
 		return ServedDoc{}, fmt.Errorf("kproxy's identity may not read %s (%s): grant it get on that nonResourceURL (the README's ClusterRole)", path, resp.Status)
 	}
+	if resp.StatusCode == http.StatusOK && resp.Header.Get("Last-Modified") != "" {
+		d.remember(path, Seen{At: d.now(), ETag: resp.Header.Get("Etag"), LastModified: resp.Header.Get("Last-Modified")})
+	}
 	return ServedDoc{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
+}
+
+func (d *ServedDocs) remember(path string, s Seen) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.seen == nil {
+		d.seen = map[string][]Seen{}
+	}
+	kept := append(d.seen[path], s)
+	if len(kept) > seenKept {
+		kept = kept[len(kept)-seenKept:]
+	}
+	d.seen[path] = kept
+}
+
+// SeenBefore is the last read of path that kproxy had by t: at t the
+// document was that version or a newer one.
+func (d *ServedDocs) SeenBefore(path string, t time.Time) (Seen, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	kept := d.seen[path]
+	for i := len(kept) - 1; i >= 0; i-- {
+		if !kept[i].At.After(t) {
+			return kept[i], true
+		}
+	}
+	return Seen{}, false
 }
 
 // etag returns the apiserver's current ETag of the aggregated discovery

@@ -1,0 +1,37 @@
+package apiserver
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSeenBefore: the last read of a document kproxy had by a time, from
+// the few it keeps.
+func TestSeenBefore(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)
+	d := &ServedDocs{}
+	if _, ok := d.SeenBefore("/openapi/v3", t0); ok {
+		t.Fatal("a read before any was made")
+	}
+	for i := range seenKept + 2 {
+		d.remember("/openapi/v3", Seen{At: t0.Add(time.Duration(i) * time.Second), ETag: string(rune('a' + i))})
+	}
+	for _, tc := range []struct {
+		name string
+		at   time.Duration
+		want string // ETag; "" for none
+	}{
+		{"before every read kept", 1 * time.Second, ""},
+		{"at a read", 5 * time.Second, "f"},
+		{"between two reads", 5*time.Second + time.Millisecond, "f"},
+		{"after the last", time.Hour, string(rune('a' + seenKept + 1))},
+	} {
+		s, ok := d.SeenBefore("/openapi/v3", t0.Add(tc.at))
+		if got := map[bool]string{true: s.ETag}[ok]; got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	if _, ok := d.SeenBefore("/openapi/v2", t0.Add(time.Hour)); ok {
+		t.Error("a read of another document")
+	}
+}
