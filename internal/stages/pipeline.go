@@ -146,6 +146,8 @@ type step struct {
 	res  Result
 	at   time.Time // when the stage's work began
 	d    time.Duration
+	// spanless: the stage did not apply and has no span (see recordSpans)
+	spanless bool
 }
 
 // Outcome is the replay's result for one request.
@@ -184,7 +186,7 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	for _, s := range p.stages {
 		elements = append(elements, func() []step {
 			res, at, d := p.runStage(ctx, s, req)
-			return []step{{s.Name(), res, at, d}}
+			return []step{{name: s.Name(), res: res, at: at, d: d}}
 		})
 		names = append(names, []string{s.Name()})
 	}
@@ -196,10 +198,12 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		})
 		names = append(names, p.handler.names())
 	}
+	var spanless []string // stages in the record with no span of their own
 	for i, element := range elements {
 		if decided != nil || stopped != "" {
 			for _, name := range names[i] {
 				out.Stages = append(out.Stages, notReachedResult(name, decidedBy, stopped))
+				spanless = append(spanless, name)
 			}
 			continue
 		}
@@ -207,7 +211,11 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		for _, st := range steps {
 			if decided != nil || stopped != "" {
 				out.Stages = append(out.Stages, notReachedResult(st.name, decidedBy, stopped))
+				spanless = append(spanless, st.name)
 				continue
+			}
+			if st.spanless {
+				spanless = append(spanless, st.name)
 			}
 			res := st.res
 			if ctx.Err() != nil && res.Outcome != record.Error {
@@ -235,6 +243,7 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		// were not reached.
 		for _, name := range names[i][len(steps):] {
 			out.Stages = append(out.Stages, notReachedResult(name, decidedBy, stopped))
+			spanless = append(spanless, name)
 		}
 	}
 	if decided == nil && len(unknown) == 0 {
@@ -249,6 +258,9 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	span.SetAttributes(
 		attribute.Int("kproxy.predicted.status", out.Predicted.Status),
 		attribute.String("kproxy.predicted.stage", out.Predicted.Stage))
+	if len(spanless) > 0 {
+		span.SetAttributes(attribute.String(skippedAttr, strings.Join(spanless, ", ")))
+	}
 	return out
 }
 
@@ -356,9 +368,9 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 		} else {
 			res = p.protect(s.Name(), req, func() Result { return s.report(ctx, req, run) })
 		}
-		at, d := p.recordSpans(ctx, s.Name(), res, now)
+		at, d, spanless := p.recordSpans(ctx, s.Name(), res, now)
 		now = at.Add(d) // a stage that did not run sits where the last one ended
-		steps = append(steps, step{s.Name(), res, at, d})
+		steps = append(steps, step{s.Name(), res, at, d, spanless})
 		if res.Outcome == record.Reject {
 			break // the stages after it were not reached
 		}
@@ -374,7 +386,13 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 // after until now. (It was always "until now", so that a GET's three
 // admission stages each showed the whole handler's time, storage's read
 // included, in the record, the waterfall and the trace.)
-func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, after time.Time) (time.Time, time.Duration) {
+//
+// A stage that did not apply, with nothing under it, has no span, as a
+// stage not reached has none: the replay span names them (skippedAttr)
+// and the record says why. A GET's three admission stages were three of
+// its trace's sixteen spans, each a point in time saying "a get is not
+// admitted", and spans are most of what kproxy allocates for a request.
+func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, after time.Time) (began time.Time, took time.Duration, spanless bool) {
 	began, ended := res.Began, res.Ended
 	switch {
 	case !began.IsZero():
@@ -382,6 +400,9 @@ func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, aft
 		began, ended = after, after
 	default:
 		began, ended = after, p.clock.Now()
+	}
+	if res.Outcome == record.Skip && !res.Unknown && len(res.Spans) == 0 {
+		return began, ended.Sub(began), true
 	}
 	sctx, span := p.tracer.Start(ctx, name, trace.WithTimestamp(began))
 	for _, c := range res.Spans {
@@ -395,8 +416,12 @@ func (p *Pipeline) recordSpans(ctx context.Context, name string, res Result, aft
 	}
 	endStageSpan(span, res)
 	span.End(trace.WithTimestamp(ended))
-	return began, ended.Sub(began)
+	return began, ended.Sub(began), false
 }
+
+// skippedAttr, on the replay span, names the stages with no span of their
+// own: those that did not apply to the request and those not reached.
+const skippedAttr = "kproxy.stages.skipped"
 
 // notReachedResult is a stage after the one that decided, or after the
 // replay stopped.
