@@ -401,6 +401,12 @@ func BenchmarkIdleWatches(b *testing.B) {
 		time.Sleep(time.Second)
 		_, rss0 := procStat(kp.pid)
 		heap0, stacks0 := liveMemory(b, kp, debug)
+		if d := os.Getenv("KPROXY_BENCH_PAUSE"); d != "" {
+			// Time to take a heap profile before the watches, the base
+			// to diff the one taken after them against (pprof -base).
+			pause, _ := time.ParseDuration(d)
+			time.Sleep(pause)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		var bodies []io.Closer
 		for i := 0; i < watches; i++ {

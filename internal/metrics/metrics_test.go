@@ -30,8 +30,9 @@ type lossy struct {
 	lost    uint64
 }
 
-func (l *lossy) Write(*record.Record) { l.written++ }
-func (l *lossy) Lost() uint64         { return l.lost }
+func (l *lossy) Write(*record.Record)             { l.written++ }
+func (l *lossy) Lost() uint64                     { return l.lost }
+func (l *lossy) Rotations() (done, failed uint64) { return 3, 1 }
 
 type buffer struct{}
 
@@ -100,12 +101,19 @@ kproxy_capture_records_dropped_total 2
 # HELP kproxy_capture_records_total Records handed to the capture file (--capture); kproxy_capture_records_dropped_total of them were not written.
 # TYPE kproxy_capture_records_total counter
 kproxy_capture_records_total 1
+# HELP kproxy_capture_rotation_failures_total Rotations of the capture file that failed: records went on to the file past --capture-maxsize; tried again 10s later.
+# TYPE kproxy_capture_rotation_failures_total counter
+kproxy_capture_rotation_failures_total 1
+# HELP kproxy_capture_rotations_total Times the capture file was rotated (--capture-maxsize).
+# TYPE kproxy_capture_rotations_total counter
+kproxy_capture_rotations_total 3
 # HELP kproxy_flow_api_buffer_evicted_total Records the flow API's buffer evicted to make room for newer ones.
 # TYPE kproxy_flow_api_buffer_evicted_total counter
 kproxy_flow_api_buffer_evicted_total 7
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
-		"kproxy_capture_records_dropped_total", "kproxy_capture_records_total", "kproxy_flow_api_buffer_evicted_total"); err != nil {
+		"kproxy_capture_records_dropped_total", "kproxy_capture_records_total", "kproxy_capture_rotations_total",
+		"kproxy_capture_rotation_failures_total", "kproxy_flow_api_buffer_evicted_total"); err != nil {
 		t.Error(err)
 	}
 	problems, err := testutil.GatherAndLint(reg)

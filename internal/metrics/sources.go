@@ -19,6 +19,9 @@ type lossyFile interface {
 	// Lost is how many records the file could not take: each failed
 	// write (a full disk) drops its record.
 	Lost() uint64
+	// Rotations is how many times the file was rotated, and how many
+	// rotations failed.
+	Rotations() (done, failed uint64)
 }
 
 // CaptureSink counts the records handed to the capture file, and exposes
@@ -36,7 +39,15 @@ func (m *Metrics) CaptureSink(f lossyFile) record.Sink {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kproxy_capture_records_dropped_total",
 			Help: "Records the capture file could not take: a write failed (a full disk), and the record was dropped; so also the count of failed writes.",
-		}, func() float64 { return float64(f.Lost()) }))
+		}, func() float64 { return float64(f.Lost()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kproxy_capture_rotations_total",
+			Help: "Times the capture file was rotated (--capture-maxsize).",
+		}, func() float64 { done, _ := f.Rotations(); return float64(done) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kproxy_capture_rotation_failures_total",
+			Help: "Rotations of the capture file that failed: records went on to the file past --capture-maxsize; tried again 10s later.",
+		}, func() float64 { _, failed := f.Rotations(); return float64(failed) }))
 	return c
 }
 

@@ -153,8 +153,15 @@ func TestFileSinkRotationFails(t *testing.T) {
 	if n := strings.Count(logs.String(), "capture file not rotated"); n != 1 || !strings.Contains(logs.String(), "exists already") {
 		t.Errorf("want the failure logged once, saying why: %s", logs.String())
 	}
-	now = now.Add(time.Second)
+	// Tried once, not once per record: the next try is rotationRetry on.
+	if done, failed := s.Rotations(); done != 0 || failed != 1 {
+		t.Errorf("rotations %d, failed %d; want 0 and 1 (no retry before %v)", done, failed, rotationRetry)
+	}
+	now = now.Add(rotationRetry)
 	s.Write(&Record{ID: "r4"})
+	if done, failed := s.Rotations(); done != 1 || failed != 1 {
+		t.Errorf("rotations %d, failed %d; want 1 and 1", done, failed)
+	}
 	s.Close()
 	if !strings.Contains(logs.String(), "capture file rotating again") {
 		t.Errorf("want the recovery logged: %s", logs.String())

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"time"
 )
 
 // Sink receives finished records. Implementations must be safe for
@@ -48,7 +49,16 @@ type FileSink struct {
 	rot         *rotator // nil: the file is never rotated
 	size        int64    // the file's size, as this sink wrote it
 	notRotating bool     // a rotation failed (logged once)
+	retryAt     time.Time
+	rotations   uint64 // files rotated since the sink opened
+	failed      uint64 // rotations that failed
 }
+
+// rotationRetry is how long after a failed rotation the sink tries
+// again: a rotation that keeps failing (the backup's name taken, a
+// read-only directory) costs a stat and a rename per interval, not per
+// record.
+const rotationRetry = 10 * time.Second
 
 // captureFile is what the sink needs of its file (tests inject a full
 // disk).
@@ -155,7 +165,7 @@ func (s *FileSink) Write(r *Record) {
 		s.drop(nil)
 		return
 	}
-	if s.rot.due(s.size, len(b)) {
+	if s.rot.due(s.size, len(b)) && !s.rot.Now().Before(s.retryAt) {
 		s.rotate(len(b))
 	}
 	n, err := s.f.Write(b)
@@ -230,6 +240,14 @@ func (s *FileSink) Lost() uint64 {
 	return s.total
 }
 
+// Rotations is how many times the file was rotated (--capture-maxsize),
+// and how many rotations failed (the records went on to the full file).
+func (s *FileSink) Rotations() (done, failed uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rotations, s.failed
+}
+
 // Close closes the file, with a last try at removing a partial line.
 func (s *FileSink) Close() error {
 	s.mu.Lock()
@@ -265,12 +283,15 @@ func (s *FileSink) rotate(n int) {
 		}
 	}
 	if err != nil {
+		s.failed++
+		s.retryAt = s.rot.Now().Add(rotationRetry)
 		if !s.notRotating {
 			s.notRotating = true
-			s.log.Error("capture file not rotated: records go on to the file past --capture-maxsize until a rotation succeeds", "file", s.path, "error", err)
+			s.log.Error("capture file not rotated: records go on to the file past --capture-maxsize until a rotation succeeds (tried again every "+rotationRetry.String()+")", "file", s.path, "error", err)
 		}
 		return
 	}
+	s.rotations++
 	if err := s.f.Close(); err != nil {
 		s.log.Warn("capture: closing the rotated file failed", "file", backup, "error", err)
 	}
