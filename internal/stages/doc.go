@@ -53,6 +53,8 @@
 // # Collaborators
 //
 // Clocks and tracer providers are injected through [Config]; no stage keeps
-// hidden global state. Every stage runs inside its own span, a child of the
-// "replay" span, so a trace shows where the time went.
+// hidden global state. Every stage that runs has its own span, a child of
+// the "replay" span, so a trace shows where the time went; a stage that
+// does not apply to the request (a read's admission) or is not reached has
+// none, and the replay span names it (kproxy.stages.skipped).
 package stages
