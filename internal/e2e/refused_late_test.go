@@ -219,6 +219,27 @@ func (h *replayHold) hold(t *testing.T) {
 }
 
 // release lets the held replay, and those queued behind it, run.
+// releaseAndCheck releases the hold and reads the hold's own record, then
+// the records of the requests sent while it held, in order: each is
+// unknown saying why[i] or, where why[i] is "", predicted as the
+// apiserver answered. after names what the replays ran after.
+func (h *replayHold) releaseAndCheck(t *testing.T, after string, why ...string) {
+	t.Helper()
+	h.release()
+	nextRecord(t, h.recs) // the hold's own
+	for i, w := range why {
+		rec := nextRecord(t, h.recs)
+		switch {
+		case w != "" && (rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, w)):
+			t.Errorf("request %d, %s %s (answered %d), replayed after %s: predicted %d at %s (%s), want unknown saying %q",
+				i, rec.Request.Method, rec.Request.Path, rec.Actual.Status, after, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, w)
+		case w == "" && rec.Predicted.Status != rec.Actual.Status:
+			t.Errorf("request %d, %s %s, replayed after %s: predicted %d at %s (%s), the apiserver answered %d",
+				i, rec.Request.Method, rec.Request.Path, after, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, rec.Actual.Status)
+		}
+	}
+}
+
 func (h *replayHold) release() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -276,17 +297,9 @@ func TestNamespaceGoneReplayedLate(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{}); err == nil {
 		t.Log("the namespace is still there after its finalize: the replays may not run late")
 	}
-	hold.release()
-	nextRecord(t, recs) // the hold's own
-	for _, s := range sent {
-		rec := nextRecord(t, recs)
-		switch {
-		case s.why != "" && (rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, s.why)):
-			t.Errorf("%s %s (answered %d), replayed after the namespace was gone: predicted %d at %s (%s), want unknown saying %q",
-				rec.Request.Method, rec.Request.Path, rec.Actual.Status, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, s.why)
-		case s.why == "" && rec.Predicted.Status != rec.Actual.Status:
-			t.Errorf("%s %s: predicted %d at %s (%s), the apiserver answered %d",
-				rec.Request.Method, rec.Request.Path, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, rec.Actual.Status)
-		}
+	whys := make([]string, len(sent))
+	for i, s := range sent {
+		whys[i] = s.why
 	}
+	hold.releaseAndCheck(t, "the namespace was gone", whys...)
 }
