@@ -2,11 +2,7 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -18,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 )
 
@@ -122,45 +117,31 @@ type replayHold struct {
 func startReplayHold(t *testing.T, r route, c *http.Client, recs <-chan *record.Record) *replayHold {
 	t.Helper()
 	h := &replayHold{r: r, c: c, recs: recs, label: fmt.Sprintf("hold-%d", time.Now().UnixNano()), dryRuns: make(chan struct{}, 64)}
-	ca, leaf := loopbackServerCert(t, "e2e-hold")
-	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}},
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			var ar admissionv1.AdmissionReview
-			b, _ := io.ReadAll(req.Body)
-			if err := json.Unmarshal(b, &ar); err != nil || ar.Request == nil {
-				http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
+	base, caPEM := serveWebhooks(t, "e2e-hold", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		reviewAdmission(w, req, func(ar *admissionv1.AdmissionRequest, _ *admissionv1.AdmissionResponse) {
+			if ar.DryRun == nil || !*ar.DryRun {
 				return
 			}
-			if ar.Request.DryRun != nil && *ar.Request.DryRun {
-				h.mu.Lock()
-				on := h.on
-				h.mu.Unlock()
-				h.dryRuns <- struct{}{}
-				if on != nil {
-					select {
-					case <-on:
-					case <-req.Context().Done():
-						return
-					}
+			h.mu.Lock()
+			on := h.on
+			h.mu.Unlock()
+			h.dryRuns <- struct{}{}
+			if on != nil {
+				select {
+				case <-on:
+				case <-req.Context().Done():
 				}
 			}
-			ar.Response, ar.Request = &admissionv1.AdmissionResponse{UID: ar.Request.UID, Allowed: true}, nil
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(ar)
-		})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { h.release(); _ = srv.Close() })
+		})
+	}))
+	t.Cleanup(h.release) // before the server closes
 
-	url := "https://" + ln.Addr().String() + "/hold"
+	url := base + "/hold"
 	none, ignore := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.Ignore
 	timeout := int32(30)
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-e2e-" + h.label},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name: "hold.e2e.kproxy.test", ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: pki.CertPEM(ca.Cert), URL: &url},
+			Name: "hold.e2e.kproxy.test", ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: caPEM, URL: &url},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},

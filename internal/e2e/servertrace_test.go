@@ -5,8 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -23,7 +21,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
-	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/telemetry"
@@ -263,45 +260,21 @@ func startTracedKproxy(t *testing.T, c *localcluster.Cluster, receiver string, s
 // allows: the slow layer the apiserver's own account must point at.
 func registerSlowWebhook(t *testing.T, admin kubernetes.Interface, name, ns string, sleep time.Duration) {
 	t.Helper()
-	ca, err := pki.NewCA(ns + "-webhook-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Issue(pki.Leaf{CommonName: ns + "-webhook", Server: true, IPs: []net.IP{net.ParseIP("127.0.0.1")}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
-		var ar admissionv1.AdmissionReview
-		b, _ := io.ReadAll(r.Body)
-		if err := json.Unmarshal(b, &ar); err != nil || ar.Request == nil {
-			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
-			return
-		}
 		select {
 		case <-time.After(sleep):
 		case <-r.Context().Done():
 			return
 		}
-		ar.Response = &admissionv1.AdmissionResponse{UID: ar.Request.UID, Allowed: true}
-		ar.Request = nil
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(ar)
+		reviewAdmission(w, r, func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse) {})
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}}}
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
-	url := "https://" + ln.Addr().String() + "/slow"
+	base, caPEM := serveWebhooks(t, ns+"-webhook", mux)
+	url := base + "/slow"
 	none, fail, ten := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.Fail, int32(10)
 	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "kproxy-" + ns},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name: name, ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: pki.CertPEM(ca.Cert), URL: &url},
+			Name: name, ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: caPEM, URL: &url},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
 				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
 				Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},

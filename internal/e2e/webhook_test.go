@@ -28,21 +28,8 @@ const webhookNS = "adm-webhook"
 // Fail and Ignore. The configurations are removed when the test ends.
 func startAdmissionWebhooks(t *testing.T) {
 	t.Helper()
-	ca, leaf := loopbackServerCert(t, "e2e-webhook")
 	mux := http.NewServeMux()
-	review := func(w http.ResponseWriter, r *http.Request, answer func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse)) {
-		var ar admissionv1.AdmissionReview
-		b, _ := io.ReadAll(r.Body)
-		if err := json.Unmarshal(b, &ar); err != nil || ar.Request == nil {
-			http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
-			return
-		}
-		resp := &admissionv1.AdmissionResponse{UID: ar.Request.UID, Allowed: true}
-		answer(ar.Request, resp)
-		ar.Response, ar.Request = resp, nil
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(ar)
-	}
+	review := reviewAdmission
 	mux.HandleFunc("/allow", func(w http.ResponseWriter, r *http.Request) {
 		review(w, r, func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse) {})
 	})
@@ -76,15 +63,7 @@ func startAdmissionWebhooks(t *testing.T) {
 		}
 		review(w, r, func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse) {})
 	})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}}}
-	go func() { _ = srv.ServeTLS(ln, "", "") }()
-	t.Cleanup(func() { _ = srv.Close() })
-	base := "https://" + ln.Addr().String()
+	base, caPEM := serveWebhooks(t, "e2e-webhook", mux)
 	// An address nothing listens on: the "unreachable" webhooks.
 	dead, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -93,7 +72,6 @@ func startAdmissionWebhooks(t *testing.T) {
 	deadURL := "https://" + dead.Addr().String() + "/allow"
 	dead.Close()
 
-	caPEM := pki.CertPEM(ca.Cert)
 	// admissionregistration/v1 allows only None and NoneOnDryRun.
 	none, onDryRun := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.SideEffectClassNoneOnDryRun
 	fail, ignore := admissionregistrationv1.Fail, admissionregistrationv1.Ignore
@@ -176,9 +154,10 @@ func startAdmissionWebhooks(t *testing.T) {
 	})
 }
 
-// loopbackServerCert makes a CA (name-ca) and a serving certificate of it
-// for 127.0.0.1: what a webhook the apiserver calls on loopback presents.
-func loopbackServerCert(t *testing.T, name string) (*pki.CA, *pki.Issued) {
+// serveWebhooks serves h over TLS on loopback until the test ends, as
+// admission webhooks the apiserver calls: it returns the base URL and the
+// CA bundle that verifies the server (a CA named name-ca of its own).
+func serveWebhooks(t *testing.T, name string, h http.Handler) (base string, caBundle []byte) {
 	t.Helper()
 	ca, err := pki.NewCA(name + "-ca")
 	if err != nil {
@@ -188,5 +167,29 @@ func loopbackServerCert(t *testing.T, name string) (*pki.CA, *pki.Issued) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ca, leaf
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLSCertificate()}}}
+	go func() { _ = srv.ServeTLS(ln, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return "https://" + ln.Addr().String(), pki.CertPEM(ca.Cert)
+}
+
+// reviewAdmission answers one AdmissionReview: allowed, as answer leaves
+// or changes the response.
+func reviewAdmission(w http.ResponseWriter, r *http.Request, answer func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse)) {
+	var ar admissionv1.AdmissionReview
+	b, _ := io.ReadAll(r.Body)
+	if err := json.Unmarshal(b, &ar); err != nil || ar.Request == nil {
+		http.Error(w, "not an AdmissionReview", http.StatusBadRequest)
+		return
+	}
+	resp := &admissionv1.AdmissionResponse{UID: ar.Request.UID, Allowed: true}
+	answer(ar.Request, resp)
+	ar.Response, ar.Request = resp, nil
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(ar)
 }

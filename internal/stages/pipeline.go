@@ -258,7 +258,7 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	span.SetAttributes(
 		attribute.Int("kproxy.predicted.status", out.Predicted.Status),
 		attribute.String("kproxy.predicted.stage", out.Predicted.Stage))
-	if len(spanless) > 0 {
+	if len(spanless) > 0 && span.IsRecording() {
 		span.SetAttributes(attribute.String(skippedAttr, strings.Join(spanless, ", ")))
 	}
 	return out

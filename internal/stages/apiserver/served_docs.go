@@ -149,7 +149,9 @@ func (d *ServedDocs) Read(ctx context.Context, path, accept string) (ServedDoc, 
 	if resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusUnauthorized {
 		return ServedDoc{}, fmt.Errorf("kproxy's identity may not read %s (%s): grant it get on that nonResourceURL (the README's ClusterRole)", path, resp.Status)
 	}
-	if resp.StatusCode == http.StatusOK && resp.Header.Get("Last-Modified") != "" {
+	// A path with a query (a health check's, the client's own) is not a
+	// document whose versions are compared, and would grow the map.
+	if resp.StatusCode == http.StatusOK && resp.Header.Get("Last-Modified") != "" && !strings.Contains(path, "?") {
 		d.remember(path, Seen{At: d.now(), ETag: resp.Header.Get("Etag"), LastModified: resp.Header.Get("Last-Modified")})
 	}
 	return ServedDoc{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
