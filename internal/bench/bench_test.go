@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -143,7 +144,7 @@ func report(b *testing.B, res map[string]*result, cpu bool) {
 		r := res[t.name]
 		b.ReportMetric(float64(r.median().Microseconds()), t.name+"-p50-µs")
 		b.ReportMetric(r.rps(), t.name+"-req/s")
-		line := fmt.Sprintf("%-14s p50 %8v  %8.1f req/s", t.name, r.median().Round(time.Microsecond), r.rps())
+		line := fmt.Sprintf("%-16s p50 %8v  %8.1f req/s", t.name, r.median().Round(time.Microsecond), r.rps())
 		if t.name != "direct" {
 			added := r.median() - d.median()
 			ratio := r.rps() / d.rps()
@@ -197,12 +198,39 @@ func BenchmarkGetPod(b *testing.B) {
 		b.Fatal(err)
 	}
 	start := time.Now()
+	defer withFiltered(b)()
 	res := interleave(b, count(500), 1, 5, func(t *target, _ int) *http.Request {
 		req, _ := http.NewRequest("GET", t.base+"/api/v1/namespaces/bench/pods/bench-pod", nil)
 		return req
 	})
 	report(b, res, false)
 	reportPredicted(b, "bench", start, res["kproxy"].requests)
+}
+
+// filteredName is the kproxy whose --replay-filter leaves the GET and
+// POST benchmarks' requests out: forwarded, recorded and traced, not
+// replayed. Beside "kproxy" (every request replayed) it shows what the
+// replay costs, and what an operator saves by narrowing it.
+const filteredName = "kproxy-filtered"
+
+var filtered *target
+
+// withFiltered adds the kproxy-filtered target to the benchmark's
+// targets, started on first use, and returns the function that takes it
+// out again.
+func withFiltered(b *testing.B) func() {
+	b.Helper()
+	if filtered == nil {
+		var err error
+		filtered, err = e.startKproxy(filteredName, true, "--replay-filter=~n elsewhere",
+			"--capture="+filepath.Join(e.dir, filteredName+"-capture.jsonl"))
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	saved := e.targets
+	e.targets = append(slices.Clone(saved), filtered)
+	return func() { e.targets = saved }
 }
 
 // BenchmarkCreateConfigMap: POST configmap, concurrency 8 (targets: added
@@ -212,6 +240,7 @@ func BenchmarkCreateConfigMap(b *testing.B) {
 	start := time.Now()
 	var seq int64
 	var mu sync.Mutex
+	defer withFiltered(b)()
 	res := interleave(b, count(1000), 8, 5, func(t *target, _ int) *http.Request {
 		mu.Lock()
 		seq++

@@ -48,6 +48,8 @@ type Metrics struct {
 const (
 	ReplayRun  = "run"
 	ReplayShed = "shed"
+	// ReplayFiltered: outside kproxy serve --replay-filter, not replayed.
+	ReplayFiltered = "filtered"
 )
 
 // The agreement label of kproxy_predictions_total.
@@ -73,7 +75,7 @@ func New(reg *prometheus.Registry) *Metrics {
 		}, []string{"verb", "code_class"}),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kproxy_replays_total",
-			Help: "Replays by result: run (the prediction comes from the replay), shed (the replay pool and its queue were full: the request was forwarded and recorded, its prediction unknown).",
+			Help: "Replays by result: run (the prediction comes from the replay), shed (the replay pool and its queue were full: the request was forwarded and recorded, its prediction unknown), filtered (outside --replay-filter: forwarded and recorded, not replayed).",
 		}, []string{"result"}),
 		replayDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kproxy_replay_duration_seconds",
@@ -121,7 +123,7 @@ func New(reg *prometheus.Registry) *Metrics {
 	// Every label value a dashboard expects is there from the start, at
 	// zero: a rate over a series that appears late misses its first
 	// increase.
-	for _, r := range []string{ReplayRun, ReplayShed} {
+	for _, r := range []string{ReplayRun, ReplayShed, ReplayFiltered} {
 		m.replays.WithLabelValues(r)
 	}
 	for _, a := range []string{Agree, Disagree, Unknown} {
@@ -171,6 +173,15 @@ func (m *Metrics) ReplayShed() {
 		return
 	}
 	m.replays.WithLabelValues(ReplayShed).Inc()
+}
+
+// ReplayFiltered counts a request not replayed (or replayed only as far
+// as its user) because it is outside --replay-filter.
+func (m *Metrics) ReplayFiltered() {
+	if m == nil {
+		return
+	}
+	m.replays.WithLabelValues(ReplayFiltered).Inc()
 }
 
 // ReplayPool sets the pool's bounds: its workers and its queue.

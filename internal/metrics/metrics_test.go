@@ -56,6 +56,7 @@ func TestMetrics(t *testing.T) {
 		{Name: record.StageStorage, Outcome: record.Skip},
 	})
 	m.ReplayShed()
+	m.ReplayFiltered()
 	m.ReplayPool(2, 32)
 	m.ReplayQueued(1)
 	m.ReplayStarted(time.Millisecond)
@@ -79,6 +80,7 @@ func TestMetrics(t *testing.T) {
 		{m.records, 5},
 		{m.replays.WithLabelValues(ReplayRun), 1},
 		{m.replays.WithLabelValues(ReplayShed), 1},
+		{m.replays.WithLabelValues(ReplayFiltered), 1},
 		{m.workers, 2},
 		{m.queueCapacity, 32},
 		{m.queueDepth, 1},
@@ -132,6 +134,7 @@ func TestNilMetrics(t *testing.T) {
 	m.Record(rec("get", 200, 200, ""))
 	m.ReplayRan(time.Second, nil)
 	m.ReplayShed()
+	m.ReplayFiltered()
 	m.ReplayPool(1, 1)
 	m.ReplayQueued(1)
 	m.ReplayStarted(0)

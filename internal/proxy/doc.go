@@ -14,7 +14,11 @@
 // the request in a bounded pool of workers (replaypool.go): it never
 // delays the response; when the pool and its queue are full the replay is
 // shed ("replay shed: kproxy is over its replay budget"), and when it is
-// shed or fails the record says "unknown".
+// shed or fails the record says "unknown". Before the pool, --replay-filter
+// (selectReplay) picks what is replayed at all, from what the request
+// carries; a filter on a user that only the replay's authentication can
+// name (a bearer token) travels with the request as its Gate, and the
+// pipeline asks it once the identity stages have passed.
 //
 // # Identity
 //

@@ -69,6 +69,14 @@ func TestNoReplayer(t *testing.T) {
 		if p := rec.Predicted; p.Stage != record.StageUnknown || p.Status != 0 || p.Message != "cannot predict: the replay is disabled" {
 			t.Errorf("%s %s: predicted %+v, want unknown: the replay is disabled", rec.Request.Method, rec.Request.Path, p)
 		}
+		if len(rec.Stages) != len(record.StageOrder) {
+			t.Errorf("%s: %d stages, want the contract's nine, skipped", rec.Request.Method, len(rec.Stages))
+		}
+		for i, s := range rec.Stages {
+			if s.Name != record.StageOrder[i] || s.Outcome != record.Skip || !strings.Contains(s.Explanation, "--replay=false") {
+				t.Errorf("%s: stage %d %+v, want %s skipped: not replayed (--replay=false)", rec.Request.Method, i, s, record.StageOrder[i])
+			}
+		}
 		if want := map[string]int{http.MethodGet: 200, http.MethodPost: 201}[rec.Request.Method]; rec.Actual.Status != want {
 			t.Errorf("%s: actual %d, want %d", rec.Request.Method, rec.Actual.Status, want)
 		}

@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kproxy/kproxy/internal/decode"
+	"github.com/kproxy/kproxy/internal/filter"
 	"github.com/kproxy/kproxy/internal/flowview"
 	"github.com/kproxy/kproxy/internal/logging"
 	"github.com/kproxy/kproxy/internal/metrics"
@@ -101,6 +102,10 @@ type Config struct {
 	Metrics *metrics.Metrics
 	// Replica names this kproxy in its records ("": not named).
 	Replica string
+	// ReplayFilter picks the requests replayed (filter.ParseRequestOnly);
+	// the others are forwarded and recorded, their prediction unknown.
+	// nil: every request is replayed.
+	ReplayFilter *filter.Expr
 	// Log receives operational messages (never secrets).
 	Log *slog.Logger
 }
@@ -134,6 +139,11 @@ type Proxy struct {
 	bodies              *bodyBudget
 	replica             string
 	metrics             *metrics.Metrics // nil: none
+	// replayFilter picks the requests replayed (nil: all); filtered is
+	// the outcome of those it leaves out on arrival, shared by their
+	// records as the shed outcomes are.
+	replayFilter *filter.Expr
+	filtered     stages.Outcome
 }
 
 // Drain waits until every record of a finished request has been written:
@@ -166,6 +176,10 @@ func New(cfg Config) (*Proxy, error) {
 		bodyIdle:           cfg.BodyIdleTimeout,
 		metrics:            cfg.Metrics,
 		replica:            cfg.Replica,
+		replayFilter:       cfg.ReplayFilter,
+	}
+	if f := cfg.ReplayFilter; f != nil {
+		p.filtered = notReplayedOutcome(filteredMessage(f))
 	}
 	tp := cfg.TracerProvider
 	if tp == nil {
@@ -574,6 +588,12 @@ func (p *Proxy) submitReplay(ex *exchange) {
 		p.replayDone(ex, p.replay(ex.replayCtx, ex.replayReq))
 		return
 	}
+	if p.replayFilter != nil && !p.selectReplay(ex) {
+		p.metrics.ReplayFiltered()
+		ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
+		p.replayDone(ex, p.filtered)
+		return
+	}
 	if p.pool.submit(func() { p.replayAndRecord(ex) }, stages.IsWrite(ex.info)) {
 		return
 	}
@@ -593,8 +613,52 @@ func (p *Proxy) replayAndRecord(ex *exchange) {
 	// taken on arrival), redacted here, off the client's path.
 	ex.headers = record.RedactHeaders(req.HTTP.Header)
 	o := p.replay(ex.replayCtx, req)
-	p.metrics.ReplayRan(o.Duration, o.Stages)
+	if o.Gated {
+		p.metrics.ReplayFiltered()
+	} else {
+		p.metrics.ReplayRan(o.Duration, o.Stages)
+	}
 	p.replayDone(ex, o)
+}
+
+// selectReplay decides on arrival whether --replay-filter picks the
+// request: from its own fields, and from its caller when kproxy knows it
+// already (a certificate caller not impersonating anyone). When the
+// answer hangs on a user kproxy learns only by replaying authentication
+// (a bearer token), the replay runs that far and the gate decides.
+func (p *Proxy) selectReplay(ex *exchange) bool {
+	userKnown := ex.ident.user != nil && !hasImpersonation(ex.replayReq.HTTP.Header)
+	match, decided := p.replayFilter.MatchRequest(ex.rec, userKnown)
+	if decided {
+		return match
+	}
+	q := &ex.rec.Request
+	probe := record.Record{Request: record.Request{
+		Method: q.Method, Path: q.Path, Query: q.Query, Verb: q.Verb, APIGroup: q.APIGroup,
+		Resource: q.Resource, Subresource: q.Subresource, Namespace: q.Namespace,
+	}}
+	outside := " is outside --replay-filter " + p.replayFilter.String()
+	ex.replayReq.Gate = func(caller, actingAs user.Info) string {
+		probe.Request.User, probe.Request.Groups = caller.GetName(), caller.GetGroups()
+		if actingAs.GetName() != caller.GetName() {
+			probe.Request.ActingAs = actingAs.GetName()
+		}
+		if p.replayFilter.Match(&probe) {
+			return ""
+		}
+		who := fmt.Sprintf("user %q", caller.GetName())
+		if probe.Request.ActingAs != "" {
+			who += fmt.Sprintf(" acting as %q", probe.Request.ActingAs)
+		}
+		return "replayed only as far as impersonation: " + who + outside
+	}
+	return true
+}
+
+// filteredMessage is the prediction's message on the record of a request
+// --replay-filter leaves out on arrival.
+func filteredMessage(f *filter.Expr) string {
+	return "not replayed: the request is outside --replay-filter " + f.String()
 }
 
 // shedOverBudget records a request whose body the body budget could not
@@ -709,7 +773,7 @@ func shortRead(req *stages.Request) bool {
 
 func (p *Proxy) replay(ctx context.Context, req *stages.Request) (o stages.Outcome) {
 	if p.replayer == nil {
-		return stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: the replay is disabled"}}
+		return disabledOutcome
 	}
 	defer func() {
 		if v := recover(); v != nil {

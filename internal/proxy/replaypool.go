@@ -283,9 +283,18 @@ func (q *replayPool) stats() replayPoolStats {
 // once and shared by their records, which nothing changes once written
 // (the stages' slice is full: an append copies).
 func shedOutcome(msg string) stages.Outcome {
+	return unreplayed(msg, "not replayed: "+msg)
+}
+
+// notReplayedOutcome is the outcome of a request not replayed by choice
+// (--replay-filter), msg saying why, on the prediction and every stage.
+func notReplayedOutcome(msg string) stages.Outcome { return unreplayed(msg, msg) }
+
+// unreplayed is an outcome with nothing replayed: the prediction unknown
+// (msg), every stage skipped (why).
+func unreplayed(msg, why string) stages.Outcome {
 	o := stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: msg}}
 	o.Stages = make([]record.StageResult, 0, len(record.StageOrder))
-	why := "not replayed: " + msg
 	for _, name := range record.StageOrder {
 		o.Stages = append(o.Stages, record.StageResult{Name: name, Outcome: record.Skip, Explanation: why})
 	}
@@ -296,4 +305,6 @@ func shedOutcome(msg string) stages.Outcome {
 var (
 	shedQueueOutcome = shedOutcome(ShedMessage)
 	shedBodyOutcome  = shedOutcome(ShedBodyMessage)
+	// disabledOutcome is every record's with --replay=false.
+	disabledOutcome = unreplayed("cannot predict: the replay is disabled", "not replayed: the replay is disabled (--replay=false)")
 )

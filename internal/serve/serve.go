@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kproxy/kproxy/internal/filter"
 	"github.com/kproxy/kproxy/internal/flowapi"
 	"github.com/kproxy/kproxy/internal/metrics"
 	"github.com/kproxy/kproxy/internal/pki"
@@ -131,6 +132,11 @@ type Options struct {
 	// disabled"), and kproxy reads nothing of the cluster for it (no
 	// informers, no discovery). The zero value keeps the replay on.
 	NoReplay bool
+	// ReplayFilter (--replay-filter) picks the requests replayed, in the
+	// flow filter language restricted to a request's own terms; the
+	// others are forwarded and recorded, their prediction unknown. ""
+	// replays every request.
+	ReplayFilter string
 	// Replica names this kproxy in its records, when several run behind
 	// one load balancer ("": not named).
 	Replica string
@@ -199,6 +205,9 @@ func (o *Options) validateMetrics() error {
 	if o.ReplayQueue < 0 {
 		return fmt.Errorf("--replay-queue=%d: want how many replays may wait for a worker, e.g. %d, or 0 for %d per worker", o.ReplayQueue, proxy.DefaultReplayQueue(proxy.DefaultReplayWorkers()), proxy.DefaultReplayQueue(1))
 	}
+	if _, err := o.replayFilter(); err != nil {
+		return err
+	}
 	if !o.metricsOn() {
 		return nil
 	}
@@ -206,6 +215,25 @@ func (o *Options) validateMetrics() error {
 		return fmt.Errorf("--metrics-listen=%q: want host:port, e.g. 127.0.0.1:9090, or off (%v)", o.MetricsListen, err)
 	}
 	return nil
+}
+
+// replayFilter compiles --replay-filter (nil: replay every request).
+func (o *Options) replayFilter() (*filter.Expr, error) {
+	if strings.TrimSpace(o.ReplayFilter) == "" {
+		return nil, nil
+	}
+	if o.NoReplay {
+		return nil, fmt.Errorf("--replay-filter=%q with --replay=false: the replay is off, so there is nothing to filter; drop one of the two", o.ReplayFilter)
+	}
+	e, err := filter.ParseRequestOnly(o.ReplayFilter)
+	if err != nil {
+		var se *filter.SyntaxError
+		if errors.As(err, &se) {
+			return nil, fmt.Errorf("--replay-filter: %s\n%s\n(the filter language: kproxy flows --help)", se.Msg, se.Caret())
+		}
+		return nil, fmt.Errorf("--replay-filter=%q: %w", o.ReplayFilter, err)
+	}
+	return e, nil
 }
 
 // LoadUpstreamConfig reads kproxy's own client configuration the kubectl
@@ -426,6 +454,12 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		Metrics:           m,
 		Replica:           o.Replica,
 		Log:               log,
+	}
+	if pcfg.ReplayFilter, err = o.replayFilter(); err != nil {
+		return nil, err
+	}
+	if pcfg.ReplayFilter != nil {
+		log.Info("replaying only the requests --replay-filter picks; the others are forwarded and recorded, their predictions unknown", "filter", pcfg.ReplayFilter.String())
 	}
 	if o.NoReplay {
 		// Replayer stays nil (a nil *stages.Pipeline would not be a nil

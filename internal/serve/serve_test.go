@@ -104,6 +104,11 @@ func TestValidate(t *testing.T) {
 		{"replay pool: sized by hand", func(o *Options) { o.ReplayWorkers, o.ReplayQueue = 1, 1 }, ""},
 		{"replay pool: negative workers", func(o *Options) { o.ReplayWorkers = -1 }, "--replay-workers=-1"},
 		{"replay pool: negative queue", func(o *Options) { o.ReplayQueue = -2 }, "--replay-queue=-2"},
+		// --replay-filter: a request's own terms only.
+		{"replay filter: a namespace", func(o *Options) { o.ReplayFilter = "~n payments | ~u alice" }, ""},
+		{"replay filter: the answer", func(o *Options) { o.ReplayFilter = "~n payments & ~c 403" }, `--replay-filter="~n payments & ~c 403": ~c needs the apiserver's answer`},
+		{"replay filter: a syntax error", func(o *Options) { o.ReplayFilter = "~n (" }, "--replay-filter: ~n wants a namespace, got (\n~n (\n   ^"},
+		{"replay filter: replay off", func(o *Options) { o.ReplayFilter, o.NoReplay = "~n x", true }, "with --replay=false: the replay is off"},
 		// Capture rotation: the --capture-max* flags need --capture and a size.
 		{"capture: rotated", func(o *Options) {
 			o.Capture, o.CaptureRotation = "c.jsonl", record.Rotation{MaxSize: 64 << 20, MaxBackups: 5, MaxAge: 24 * time.Hour, Compress: true}

@@ -160,6 +160,8 @@ type Outcome struct {
 	// Caller is who authentication found; ActingAs who the request runs
 	// as after impersonation (nil when not replayed).
 	Caller, ActingAs user.Info
+	// Gated: Request.Gate ended the replay after the identity stages.
+	Gated bool
 }
 
 // Run replays req through every stage, one after another in the caller's
@@ -199,7 +201,15 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		names = append(names, p.handler.names())
 	}
 	var spanless []string // stages in the record with no span of their own
+	var gated string      // why the Gate ended the replay
 	for i, element := range elements {
+		if gated != "" {
+			for _, name := range names[i] {
+				out.Stages = append(out.Stages, record.StageResult{Name: name, Outcome: record.Skip, Explanation: gated})
+				spanless = append(spanless, name)
+			}
+			continue
+		}
 		if decided != nil || stopped != "" {
 			for _, name := range names[i] {
 				out.Stages = append(out.Stages, notReachedResult(name, decidedBy, stopped))
@@ -245,6 +255,20 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 			out.Stages = append(out.Stages, notReachedResult(name, decidedBy, stopped))
 			spanless = append(spanless, name)
 		}
+		if req.Gate != nil && names[i][0] == record.StageImpersonation && decided == nil && stopped == "" && len(unknown) == 0 && req.User != nil {
+			gated = req.Gate(req.Caller, req.User)
+		}
+	}
+	if gated != "" {
+		out.Predicted = record.Prediction{Stage: record.StageUnknown, Message: gated}
+		out.Gated = true
+		out.Caller, out.ActingAs = req.Caller, req.User
+		out.Duration = p.clock.Since(start)
+		span.SetAttributes(attribute.String("kproxy.predicted.stage", record.StageUnknown))
+		if span.IsRecording() {
+			span.SetAttributes(attribute.String(skippedAttr, strings.Join(spanless, ", ")))
+		}
+		return out
 	}
 	if decided == nil && len(unknown) == 0 {
 		if r, name := lateDecision(req, run, out.Stages); r != nil {

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -179,3 +180,68 @@ func TestSuccessStatus(t *testing.T) {
 
 // notModelled is a stage's honest answer when it cannot replay a request.
 func notModelled() Result { return Unknown("not modelled yet") }
+
+// identityStage is a fake identity stage: it passes and sets who the
+// request runs as, as authentication and impersonation do.
+type identityStage struct {
+	name string
+	u    user.Info
+}
+
+func (s identityStage) Name() string { return s.name }
+func (s identityStage) Run(_ context.Context, req *Request) Result {
+	if req.Caller == nil {
+		req.Caller = s.u
+	}
+	req.User = s.u
+	return Pass("ok")
+}
+
+// TestGate: Request.Gate is asked once the identity stages passed; its
+// answer ends the replay there (the stages after it skipped, saying why,
+// the prediction unknown), or lets it go on; a request refused before
+// has its verdict, and the gate is not asked.
+func TestGate(t *testing.T) {
+	bob := &user.DefaultInfo{Name: "bob"}
+	for _, tc := range []struct {
+		name         string
+		authn        Stage
+		gate         string // the gate's answer
+		wantAsked    bool
+		wantOutcomes []string
+		wantPred     record.Prediction
+	}{
+		{"picked", identityStage{"authentication", bob}, "", true,
+			[]string{"pass", "pass", "pass"}, record.Prediction{Status: 200}},
+		{"left out", identityStage{"authentication", bob}, "outside the filter", true,
+			[]string{"pass", "pass", "skip"}, record.Prediction{Stage: record.StageUnknown, Message: "outside the filter"}},
+		{"refused first", fake{name: "authentication", run: result(forbidden())}, "outside the filter", false,
+			[]string{"reject", "skip", "skip"}, record.Prediction{Status: 403, Stage: "authentication", Reason: "Forbidden", Message: "pods is forbidden: no rule"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPipeline(Config{}, tc.authn, identityStage{"impersonation", bob}, fake{name: "authorization", run: result(Pass("allowed"))})
+			var asked user.Info
+			req := &Request{HTTP: httptest.NewRequest("GET", "/api/v1/pods", nil), Gate: func(caller, _ user.Info) string {
+				asked = caller
+				return tc.gate
+			}}
+			out := p.Run(context.Background(), req)
+			var outcomes []string
+			for _, s := range out.Stages {
+				outcomes = append(outcomes, s.Outcome)
+			}
+			if !slices.Equal(outcomes, tc.wantOutcomes) || out.Predicted != tc.wantPred {
+				t.Errorf("outcomes %v, predicted %+v; want %v, %+v", outcomes, out.Predicted, tc.wantOutcomes, tc.wantPred)
+			}
+			if (asked != nil) != tc.wantAsked || asked != nil && asked.GetName() != "bob" {
+				t.Errorf("gate asked with %v, want asked %v (with bob)", asked, tc.wantAsked)
+			}
+			if out.Gated != (tc.gate != "" && tc.wantAsked) {
+				t.Errorf("Gated %v", out.Gated)
+			}
+			if out.Gated && out.Stages[2].Explanation != tc.gate {
+				t.Errorf("the stage after the gate says %q, want %q", out.Stages[2].Explanation, tc.gate)
+			}
+		})
+	}
+}

@@ -55,6 +55,13 @@ type Request struct {
 	// FlowSchema and PriorityLevel are APF's classification (flowcontrol).
 	FlowSchema, PriorityLevel string
 
+	// Gate, when set, is asked once the stages that decide who the
+	// request runs as have passed (authentication, impersonation): a
+	// non-empty answer ends the replay there, the stages after it not
+	// replayed and the prediction unknown, with that answer as the
+	// reason (kproxy serve --replay-filter on a user known only then).
+	Gate func(caller, actingAs user.Info) string
+
 	// Actual, for a write, waits for the apiserver's answer (false if ctx
 	// ends first). The replay uses it only to tell the request's own
 	// write from the state at arrival, never to predict.

@@ -1,0 +1,134 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/kproxy/kproxy/internal/filter"
+	"github.com/kproxy/kproxy/internal/metrics"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/stages"
+)
+
+// tokenReplayer stands in for the pipeline's identity stages: the bearer
+// token is the user's name. It asks the request's Gate, as the pipeline
+// does once impersonation has passed, and counts what it replayed.
+type tokenReplayer struct {
+	mu  sync.Mutex
+	ran map[string]bool // path, whether the gate was asked
+}
+
+func (r *tokenReplayer) Run(_ context.Context, req *stages.Request) stages.Outcome {
+	r.mu.Lock()
+	r.ran[req.HTTP.URL.Path] = req.Gate != nil
+	r.mu.Unlock()
+	if req.Gate != nil {
+		u := &user.DefaultInfo{Name: strings.TrimPrefix(req.HTTP.Header.Get("Authorization"), "Bearer ")}
+		if why := req.Gate(u, u); why != "" {
+			return stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: why}, Gated: true}
+		}
+	}
+	return stages.Outcome{Predicted: record.Prediction{Status: 200}}
+}
+
+// TestReplayFilter: --replay-filter replays the requests it picks; one it
+// leaves out on arrival never reaches the replayer, and is recorded with
+// its nine stages skipped and why; one whose answer hangs on a token's
+// user is replayed as far as its identity, and the gate decides.
+func TestReplayFilter(t *testing.T) {
+	up := tlsUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}`)
+	})
+	type want struct {
+		replayed, gateAsked bool
+		message             string // the prediction's, "" when predicted
+	}
+	for _, tc := range []struct {
+		filter string
+		// requests: token user and namespace
+		user, ns string
+		want     want
+	}{
+		{"~n payments", "bob", "payments", want{true, false, ""}},
+		{"~n payments", "bob", "other", want{false, false, "not replayed: the request is outside --replay-filter ~n payments"}},
+		{"~n payments | ~u alice", "bob", "payments", want{true, false, ""}},
+		{"~n payments | ~u alice", "alice", "other", want{true, true, ""}},
+		{"~n payments | ~u alice", "bob", "other", want{true, true, `replayed only as far as impersonation: user "bob" is outside --replay-filter ~n payments | ~u alice`}},
+		{"!~v get", "bob", "other", want{false, false, "not replayed: the request is outside --replay-filter !~v get"}},
+	} {
+		name := tc.filter + "/" + tc.user + "/" + tc.ns
+		t.Run(name, func(t *testing.T) {
+			f, err := filter.ParseRequestOnly(tc.filter)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink := &records{}
+			reg := prometheus.NewRegistry()
+			rp := &tokenReplayer{ran: map[string]bool{}}
+			p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, Replayer: rp, Sink: sink,
+				Metrics: metrics.New(reg), ReplayFilter: f})
+			if err != nil {
+				t.Fatal(err)
+			}
+			front := httptest.NewTLSServer(p)
+			defer front.Close()
+			client := front.Client()
+			client.Timeout = 10 * time.Second
+			path := "/api/v1/namespaces/" + tc.ns + "/configmaps/x"
+			req, _ := http.NewRequest(http.MethodGet, front.URL+path, nil)
+			req.Header.Set("Authorization", "Bearer "+tc.user)
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("forwarded: %d, want the upstream's 200", resp.StatusCode)
+			}
+			p.Drain()
+			recs := sink.list()
+			if len(recs) != 1 {
+				t.Fatalf("%d records, want 1", len(recs))
+			}
+			rec := recs[0]
+			gateAsked, replayed := rp.ran[path]
+			if replayed != tc.want.replayed || gateAsked != tc.want.gateAsked {
+				t.Errorf("replayed %v (gate asked %v), want %v (%v)", replayed, gateAsked, tc.want.replayed, tc.want.gateAsked)
+			}
+			switch {
+			case tc.want.message == "" && (rec.Predicted.Stage != "" || rec.Predicted.Status != 200):
+				t.Errorf("predicted %+v, want 200", rec.Predicted)
+			case tc.want.message != "" && (rec.Predicted.Stage != record.StageUnknown || rec.Predicted.Message != tc.want.message):
+				t.Errorf("predicted %+v, want unknown: %q", rec.Predicted, tc.want.message)
+			}
+			if !replayed {
+				if len(rec.Stages) != len(record.StageOrder) {
+					t.Fatalf("%d stages, want the nine", len(rec.Stages))
+				}
+				for i, s := range rec.Stages {
+					if s.Name != record.StageOrder[i] || s.Outcome != record.Skip || s.Explanation != tc.want.message {
+						t.Errorf("stage %d: %+v, want %s skipped: %s", i, s, record.StageOrder[i], tc.want.message)
+					}
+				}
+			}
+			filtered := 0.0
+			if tc.want.message != "" {
+				filtered = 1
+			}
+			if got := gauge(t, reg, "kproxy_replays_total", "result", "filtered"); got != filtered {
+				t.Errorf("kproxy_replays_total{result=filtered} = %v, want %v", got, filtered)
+			}
+		})
+	}
+}
