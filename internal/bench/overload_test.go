@@ -53,6 +53,7 @@ func scaled(d, floor time.Duration) time.Duration {
 	return max(floor, d)
 }
 
+// ensureBenchPod creates the pod the GET benchmarks read, if not there.
 func ensureBenchPod(b *testing.B) {
 	b.Helper()
 	ensureNamespace(b, "bench")
