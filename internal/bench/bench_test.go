@@ -190,28 +190,22 @@ func ensureNamespace(b *testing.B, name string) {
 }
 
 // BenchmarkGetPod: GET one pod, concurrency 1 (target: added p50 <= 0.35 ms).
-func BenchmarkGetPod(b *testing.B) {
-	ensureBenchPod(b)
-	start := time.Now()
-	defer withFiltered(b)()
-	res := interleave(b, count(500), 1, 5, func(t *target, _ int) *http.Request {
-		req, _ := http.NewRequest("GET", t.base+"/api/v1/namespaces/bench/pods/bench-pod", nil)
-		return req
-	})
-	report(b, res, false)
-	reportPredicted(b, "bench", start, res["kproxy"].requests)
-}
+func BenchmarkGetPod(b *testing.B) { benchGetPod(b, count(500), 1) }
 
 // BenchmarkGetPodConcurrent: GET one pod, concurrency 16 (target:
 // throughput >= 0.80x direct). At this rate the replays of every GET do
 // not keep up on 2 cores: the row says how many were predicted, and
 // kproxy-filtered shows the hop without them.
-func BenchmarkGetPodConcurrent(b *testing.B) {
+func BenchmarkGetPodConcurrent(b *testing.B) { benchGetPod(b, count(4000), 16) }
+
+// benchGetPod sends n GETs of the bench pod to each target, concurrency
+// at a time, and reports them.
+func benchGetPod(b *testing.B, n, concurrency int) {
 	ensureBenchPod(b)
 	start := time.Now()
 	defer withFiltered(b)()
-	res := interleave(b, count(4000), 16, 5, func(t *target, _ int) *http.Request {
-		req, _ := http.NewRequest("GET", t.base+"/api/v1/namespaces/bench/pods/bench-pod", nil)
+	res := interleave(b, n, concurrency, 5, func(t *target, _ int) *http.Request {
+		req, _ := http.NewRequest("GET", t.base+benchPodPath, nil)
 		return req
 	})
 	report(b, res, false)

@@ -75,27 +75,9 @@ const (
 func tri(n node, r *record.Record, userKnown bool) truth {
 	switch n := n.(type) {
 	case *orNode:
-		t := no
-		for _, k := range n.kids {
-			switch tri(k, r, userKnown) {
-			case yes:
-				return yes
-			case maybe:
-				t = maybe
-			}
-		}
-		return t
+		return triAll(n.kids, r, userKnown, yes)
 	case *andNode:
-		t := yes
-		for _, k := range n.kids {
-			switch tri(k, r, userKnown) {
-			case no:
-				return no
-			case maybe:
-				t = maybe
-			}
-		}
-		return t
+		return triAll(n.kids, r, userKnown, no)
 	case *notNode:
 		switch tri(n.kid, r, userKnown) {
 		case yes:
@@ -116,6 +98,22 @@ func tri(n node, r *record.Record, userKnown bool) truth {
 		return yes
 	}
 	return no
+}
+
+// triAll combines kids as | (decisive: yes) or & (decisive: no) does: the
+// decisive value if any kid has it, else maybe if any kid is maybe, else
+// the other value.
+func triAll(kids []node, r *record.Record, userKnown bool, decisive truth) truth {
+	t := yes + no - decisive
+	for _, k := range kids {
+		switch tri(k, r, userKnown) {
+		case decisive:
+			return decisive
+		case maybe:
+			t = maybe
+		}
+	}
+	return t
 }
 
 // answerTermOf names n's operator if it needs the answer or the
