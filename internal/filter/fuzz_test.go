@@ -53,5 +53,31 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 		_ = e.Match(nil)
+		checkRequestOnly(t, s)
 	})
+}
+
+// checkRequestOnly: a request-only filter decides as Match does once the
+// user is known; decided without the user, it decides as Match does
+// whoever the user turns out to be.
+func checkRequestOnly(t *testing.T, s string) {
+	e, err := ParseRequestOnly(s)
+	if err != nil {
+		return
+	}
+	for _, fx := range fixtures {
+		want := e.Match(fx.rec)
+		if m, d := e.MatchRequest(fx.rec, true); !d || m != want {
+			t.Fatalf("%q on %s with the user known: MatchRequest %v (decided %v), Match %v", s, fx.name, m, d, want)
+		}
+		m, d := e.MatchRequest(fx.rec, false)
+		if !d {
+			continue
+		}
+		other := *fx.rec
+		other.Request.User, other.Request.Groups, other.Request.ActingAs = "someone-else", []string{"other"}, ""
+		if m != want || m != e.Match(&other) {
+			t.Fatalf("%q on %s decided %v without the user, but Match says %v for its user and %v for another", s, fx.name, m, want, e.Match(&other))
+		}
+	}
 }
