@@ -116,7 +116,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.IntVar(&o.ReplayQueue, "replay-queue", 0, "how many replays may wait for a free replay worker (0: 16 per worker); each holds a copy of its request, body included")
 	f.Var(inverted{&o.NoReplay}, "replay", "replay each request through the apiserver's stages to predict its outcome; --replay=false only forwards and records (every prediction unknown) and reads nothing of the cluster for the replay")
 	f.Lookup("replay").NoOptDefVal = "true"
-	f.StringVar(&o.ReplayFilter, "replay-filter", "", `replay only the requests this filter picks, e.g. '~n payments', '!~v get & !~v list & !~v watch' (writes only) or '~u system:serviceaccount:ci:*'; the others are forwarded, recorded and traced, their prediction unknown ("not replayed"), at little more than a plain proxy's cost; the flow filter language (README) with a request's own terms only: ~u ~g ~v ~r ~n ~m ~p and words of the path (default: replay every request)`)
+	f.StringVar(&o.ReplayFilter, "replay-filter", "", "replay only the requests the filter `EXPR` picks, e.g. '~n payments', '!~v get & !~v list & !~v watch' (writes only) or '~u system:serviceaccount:ci:*'; the others are forwarded, recorded and traced, their prediction unknown (\"not replayed\"), at little more than a plain proxy's cost; the flow filter language (kproxy flows --help) with a request's own terms only: ~u ~g ~v ~r ~n ~m ~p and words of the path (default: replay every request)")
 	o.Telemetry.Version = version
 }
 
