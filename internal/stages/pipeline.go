@@ -259,23 +259,17 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 			gated = req.Gate(req.Caller, req.User)
 		}
 	}
-	if gated != "" {
-		out.Predicted = record.Prediction{Stage: record.StageUnknown, Message: gated}
-		out.Gated = true
-		out.Caller, out.ActingAs = req.Caller, req.User
-		out.Duration = p.clock.Since(start)
-		span.SetAttributes(attribute.String("kproxy.predicted.stage", record.StageUnknown))
-		if span.IsRecording() {
-			span.SetAttributes(attribute.String(skippedAttr, strings.Join(spanless, ", ")))
+	switch {
+	case gated != "":
+		out.Predicted, out.Gated = record.Prediction{Stage: record.StageUnknown, Message: gated}, true
+	default:
+		if decided == nil && len(unknown) == 0 {
+			if r, name := lateDecision(req, run, out.Stages); r != nil {
+				decided, decidedBy = r, name
+			}
 		}
-		return out
+		out.Predicted = predict(req, out.answer, decided, decidedBy, unknown)
 	}
-	if decided == nil && len(unknown) == 0 {
-		if r, name := lateDecision(req, run, out.Stages); r != nil {
-			decided, decidedBy = r, name
-		}
-	}
-	out.Predicted = predict(req, out.answer, decided, decidedBy, unknown)
 	out.Predicted.FlowSchema, out.Predicted.PriorityLevel = req.FlowSchema, req.PriorityLevel
 	out.Caller, out.ActingAs = req.Caller, req.User
 	out.Duration = p.clock.Since(start)
