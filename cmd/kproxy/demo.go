@@ -499,7 +499,7 @@ func runCockpit(ctx context.Context, out io.Writer, s *serve.Server, jaeger *loc
 	if err != nil {
 		return err
 	}
-	opts := tui.Options{Source: source.Named(s.APIURL, source.API(client, "")), Replayer: client, Version: version}
+	opts := tui.Options{Source: source.Named(s.APIURL, source.API(client, "")), Replayer: client, ReplayFilter: client, Version: version}
 	if jaeger != nil {
 		opts.JaegerURL = jaeger.QueryURL
 	}

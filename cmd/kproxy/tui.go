@@ -61,7 +61,7 @@ trace. ? lists the keys, / filters, : runs a command (:export har FILE).
 				if err != nil {
 					return err
 				}
-				opts.Source, opts.Replayer = source.Named(api.url(), source.API(c, "")), c
+				opts.Source, opts.Replayer, opts.ReplayFilter = source.Named(api.url(), source.API(c, "")), c, c
 			}
 			return tui.Run(cmd.Context(), opts, inputTTY)
 		},

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -101,5 +102,21 @@ func TestReplayFilter(t *testing.T) {
 				t.Errorf("%s: re-run predicted %+v for user %q, the apiserver answered %d: want it predicted in full", name, now.Predicted, now.Request.User, rec.Actual.Status)
 			}
 		}
+	}
+
+	// Changed without a restart, through the flow API: bob's request,
+	// left out before, is replayed now.
+	api, err := flowapi.NewClient(k.apiURL, flowapi.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now, err := api.SetReplayFilter(context.Background(), "~u bob"); err != nil || now != "~u bob" {
+		t.Fatalf("SetReplayFilter: %q, %v", now, err)
+	}
+	bob := request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "bob"}
+	do(t, r.client(nil), r.base, bob)
+	recs = readCapture(t, capture, len(cases)+1)
+	if last := recs[len(recs)-1]; last.Predicted.Stage == record.StageUnknown || last.Predicted.Status != last.Actual.Status {
+		t.Errorf("bob's GET after the filter changed to ~u bob: predicted %+v, the apiserver answered %d: want it predicted", last.Predicted, last.Actual.Status)
 	}
 }

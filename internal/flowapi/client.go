@@ -171,9 +171,25 @@ func (c *Client) url(path string, q url.Values) string {
 
 // do sends a request and decodes a 200 answer into out.
 func (c *Client) do(ctx context.Context, method, u string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, u, nil)
+	return c.call(ctx, method, u, nil, out)
+}
+
+// call is do with a JSON body (nil: none).
+func (c *Client) call(ctx context.Context, method, u string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
 	if err != nil {
 		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.send(req)
@@ -278,6 +294,27 @@ func (c *Client) Replay(ctx context.Context, id string) (*record.Record, error) 
 		return nil, err
 	}
 	return &r, nil
+}
+
+// ReplayFilter returns the running kproxy's replay filter ("": every
+// request is replayed).
+func (c *Client) ReplayFilter(ctx context.Context) (string, error) {
+	var rf ReplayFilter
+	if err := c.do(ctx, http.MethodGet, c.url(PathReplayFilter, nil), &rf); err != nil {
+		return "", err
+	}
+	return rf.Filter, nil
+}
+
+// SetReplayFilter changes the running kproxy's replay filter ("" replays
+// every request) and returns the filter now in force, normalised.
+func (c *Client) SetReplayFilter(ctx context.Context, expr string) (string, error) {
+	var rf ReplayFilter
+	in := ReplayFilter{APIVersion: APIVersion, Kind: "ReplayFilter", Filter: expr}
+	if err := c.call(ctx, http.MethodPut, c.url(PathReplayFilter, nil), in, &rf); err != nil {
+		return "", err
+	}
+	return rf.Filter, nil
 }
 
 // StreamOptions say what Stream asks for.

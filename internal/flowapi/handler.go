@@ -25,7 +25,30 @@ const APIVersion = "kproxy.dev/v1alpha1"
 const (
 	PathFlows  = "/api/v1/flows"
 	PathStream = "/api/v1/flows/stream"
+	// PathReplayFilter is the running kproxy's replay filter: GET reads
+	// it, PUT changes it (kproxy serve --replay-filter, without a
+	// restart).
+	PathReplayFilter = "/api/v1/replay-filter"
 )
+
+// ReplayFilter is the document of GET and PUT /api/v1/replay-filter.
+type ReplayFilter struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// Filter picks the requests kproxy replays, in the filter language
+	// with a request's own terms only; "" replays every request.
+	Filter string `json:"filter"`
+}
+
+// ReplayFilterer reads and changes the replay filter of a running kproxy.
+// SetReplayFilter returns the filter now in force, normalised; an error
+// whose Conflict method returns true means no filter can be set (the
+// replay is off): the API answers 409; any other error is the filter's
+// fault: 400.
+type ReplayFilterer interface {
+	ReplayFilter() string
+	SetReplayFilter(expr string) (string, error)
+}
 
 // DefaultLimit is how many flows a list returns without ?limit.
 const DefaultLimit = 500
@@ -51,6 +74,9 @@ type Replayer interface {
 type HandlerOptions struct {
 	// Replay re-runs flows (POST .../replay); nil answers 501.
 	Replay Replayer
+	// ReplayFilter reads and changes the replay filter (GET and PUT
+	// /api/v1/replay-filter); nil answers 501.
+	ReplayFilter ReplayFilterer
 	// Token, when set, is a bearer token every request must present
 	// (compared in constant time), unless ClientCerts lets a client
 	// certificate stand in for it.
@@ -128,6 +154,8 @@ type handler struct {
 //	GET  /api/v1/flows/stream[?filter=EXPR&backlog=N&lastEventID=ID]
 //	                                           Server-Sent Events
 //	POST /api/v1/flows/{id}/replay             re-run a flow's replay now
+//	GET  /api/v1/replay-filter                 the replay filter in force
+//	PUT  /api/v1/replay-filter                 change it ({"filter": EXPR})
 func NewHandler(buf *Buffer, opts HandlerOptions) http.Handler {
 	if opts.Heartbeat <= 0 {
 		opts.Heartbeat = DefaultHeartbeat
@@ -147,9 +175,11 @@ func NewHandler(buf *Buffer, opts HandlerOptions) http.Handler {
 	mux.HandleFunc("GET "+PathStream, h.stream)
 	mux.HandleFunc("GET "+PathFlows+"/{id}", h.get)
 	mux.HandleFunc("POST "+PathFlows+"/{id}/replay", h.replay)
+	mux.HandleFunc("GET "+PathReplayFilter, h.replayFilter)
+	mux.HandleFunc("PUT "+PathReplayFilter, h.replayFilter)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeStatus(w, http.StatusNotFound, "NotFound", fmt.Sprintf("no such endpoint: %s %s; the flow API serves GET %s, GET %s/{id}, GET %s and POST %s/{id}/replay",
-			r.Method, r.URL.Path, PathFlows, PathFlows, PathStream, PathFlows), nil)
+		writeStatus(w, http.StatusNotFound, "NotFound", fmt.Sprintf("no such endpoint: %s %s; the flow API serves GET %s, GET %s/{id}, GET %s, POST %s/{id}/replay, and GET and PUT %s",
+			r.Method, r.URL.Path, PathFlows, PathFlows, PathStream, PathFlows, PathReplayFilter), nil)
 	})
 	if opts.Token == "" && !opts.ClientCerts {
 		return mux
@@ -243,6 +273,47 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request) {
 	default:
 		h.log.Warn("flow re-run failed", "id", id, "error", err)
 		writeStatus(w, http.StatusInternalServerError, "InternalError", fmt.Sprintf("re-running flow %q failed: %v", id, err), &StatusDetails{Name: id})
+	}
+}
+
+// replayFilter reads (GET) or changes (PUT) the replay filter. A filter
+// refused keeps the one in force.
+func (h *handler) replayFilter(w http.ResponseWriter, r *http.Request) {
+	rf := h.opts.ReplayFilter
+	if rf == nil {
+		writeStatus(w, http.StatusNotImplemented, "NotImplemented",
+			"this flow API cannot read or change a replay filter: the server serving it has no replay attached (kproxy serve attaches its proxy)", nil)
+		return
+	}
+	if r.Method == http.MethodGet {
+		writeJSON(w, http.StatusOK, ReplayFilter{APIVersion: APIVersion, Kind: "ReplayFilter", Filter: rf.ReplayFilter()})
+		return
+	}
+	var in ReplayFilter
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		writeStatus(w, http.StatusBadRequest, "BadRequest", fmt.Sprintf(`the body must be a ReplayFilter: {"filter": "EXPR"} ("" replays every request): %v`, err), nil)
+		return
+	}
+	now, err := rf.SetReplayFilter(in.Filter)
+	var conflict interface{ Conflict() bool }
+	switch {
+	case err == nil:
+		h.log.Info("replay filter changed through the flow API", "filter", now, "remote", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, ReplayFilter{APIVersion: APIVersion, Kind: "ReplayFilter", Filter: now})
+	case errors.As(err, &conflict) && conflict.Conflict():
+		writeStatus(w, http.StatusConflict, "Conflict", err.Error(), nil)
+	default:
+		d := &StatusDetails{Field: "filter"}
+		msg := fmt.Sprintf("invalid replay filter %q: %v", in.Filter, err)
+		var se *filter.SyntaxError
+		if errors.As(err, &se) {
+			msg = "invalid replay " + se.Error()
+			pos := se.Pos
+			d.Position, d.Caret = &pos, se.Caret()
+		}
+		writeStatus(w, http.StatusBadRequest, "BadRequest", msg, d)
 	}
 }
 

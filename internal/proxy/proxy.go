@@ -139,11 +139,18 @@ type Proxy struct {
 	bodies              *bodyBudget
 	replica             string
 	metrics             *metrics.Metrics // nil: none
-	// replayFilter picks the requests replayed (nil: all); filtered is
-	// the outcome of those it leaves out on arrival, shared by their
-	// records as the shed outcomes are.
-	replayFilter *filter.Expr
-	filtered     stages.Outcome
+	// selection is --replay-filter's choice of the requests replayed,
+	// changed at run time through the flow API (SetReplayFilter); nil
+	// replays every request.
+	selection atomic.Pointer[replaySelection]
+}
+
+// replaySelection is a replay filter and the outcome of the requests it
+// leaves out on arrival, shared by their records as the shed outcomes
+// are.
+type replaySelection struct {
+	expr     *filter.Expr
+	filtered stages.Outcome
 }
 
 // Drain waits until every record of a finished request has been written:
@@ -176,11 +183,8 @@ func New(cfg Config) (*Proxy, error) {
 		bodyIdle:           cfg.BodyIdleTimeout,
 		metrics:            cfg.Metrics,
 		replica:            cfg.Replica,
-		replayFilter:       cfg.ReplayFilter,
 	}
-	if f := cfg.ReplayFilter; f != nil {
-		p.filtered = notReplayedOutcome(filteredMessage(f))
-	}
+	p.selectBy(cfg.ReplayFilter)
 	tp := cfg.TracerProvider
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -588,10 +592,10 @@ func (p *Proxy) submitReplay(ex *exchange) {
 		p.replayDone(ex, p.replay(ex.replayCtx, ex.replayReq))
 		return
 	}
-	if p.replayFilter != nil && !p.selectReplay(ex) {
+	if sel := p.selection.Load(); sel != nil && !p.selectReplay(ex, sel.expr) {
 		p.metrics.ReplayFiltered()
 		ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
-		p.replayDone(ex, p.filtered)
+		p.replayDone(ex, sel.filtered)
 		return
 	}
 	if p.pool.submit(func() { p.replayAndRecord(ex) }, stages.IsWrite(ex.info)) {
@@ -626,9 +630,9 @@ func (p *Proxy) replayAndRecord(ex *exchange) {
 // already (a certificate caller not impersonating anyone). When the
 // answer hangs on a user kproxy learns only by replaying authentication
 // (a bearer token), the replay runs that far and the gate decides.
-func (p *Proxy) selectReplay(ex *exchange) bool {
+func (p *Proxy) selectReplay(ex *exchange, f *filter.Expr) bool {
 	userKnown := ex.ident.user != nil && !hasImpersonation(ex.replayReq.HTTP.Header)
-	match, decided := p.replayFilter.MatchRequest(ex.rec, userKnown)
+	match, decided := f.MatchRequest(ex.rec, userKnown)
 	if decided {
 		return match
 	}
@@ -637,13 +641,13 @@ func (p *Proxy) selectReplay(ex *exchange) bool {
 		Method: q.Method, Path: q.Path, Query: q.Query, Verb: q.Verb, APIGroup: q.APIGroup,
 		Resource: q.Resource, Subresource: q.Subresource, Namespace: q.Namespace,
 	}}
-	outside := " is outside --replay-filter " + p.replayFilter.String()
+	outside := " is outside --replay-filter " + f.String()
 	ex.replayReq.Gate = func(caller, actingAs user.Info) string {
 		probe.Request.User, probe.Request.Groups = caller.GetName(), caller.GetGroups()
 		if actingAs.GetName() != caller.GetName() {
 			probe.Request.ActingAs = actingAs.GetName()
 		}
-		if p.replayFilter.Match(&probe) {
+		if f.Match(&probe) {
 			return ""
 		}
 		who := fmt.Sprintf("user %q", caller.GetName())
@@ -653,6 +657,54 @@ func (p *Proxy) selectReplay(ex *exchange) bool {
 		return "replayed only as far as impersonation: " + who + outside
 	}
 	return true
+}
+
+// ReplayFilter is the replay filter in force, normalised ("" when every
+// request is replayed).
+func (p *Proxy) ReplayFilter() string {
+	if sel := p.selection.Load(); sel != nil {
+		return sel.expr.String()
+	}
+	return ""
+}
+
+// SetReplayFilter puts a new replay filter in force for the requests that
+// arrive from now on ("" replays every request), as --replay-filter would
+// have, and returns it normalised. A filter that does not parse, or uses
+// more than a request's own terms, is refused and the one in force kept.
+func (p *Proxy) SetReplayFilter(expr string) (string, error) {
+	if p.replayer == nil {
+		return "", replayOff{}
+	}
+	var f *filter.Expr
+	if strings.TrimSpace(expr) != "" {
+		var err error
+		if f, err = filter.ParseRequestOnly(expr); err != nil {
+			return "", err
+		}
+	}
+	before := p.ReplayFilter()
+	p.selectBy(f)
+	p.log.Info("replay filter changed", "from", before, "to", f.String())
+	return f.String(), nil
+}
+
+// replayOff is SetReplayFilter's refusal when the replay is off: a
+// conflict with how kproxy runs, not the filter's fault.
+type replayOff struct{}
+
+func (replayOff) Error() string {
+	return "the replay is off (kproxy serve --replay=false): there is nothing to filter; restart kproxy with the replay on"
+}
+func (replayOff) Conflict() bool { return true }
+
+// selectBy puts f in force (nil: replay every request).
+func (p *Proxy) selectBy(f *filter.Expr) {
+	if f == nil || f.String() == "" {
+		p.selection.Store(nil)
+		return
+	}
+	p.selection.Store(&replaySelection{expr: f, filtered: notReplayedOutcome(filteredMessage(f))})
 }
 
 // filteredMessage is the prediction's message on the record of a request

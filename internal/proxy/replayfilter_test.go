@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -130,5 +131,65 @@ func TestReplayFilter(t *testing.T) {
 				t.Errorf("kproxy_replays_total{result=filtered} = %v, want %v", got, filtered)
 			}
 		})
+	}
+}
+
+// TestSetReplayFilter: the replay filter changes at run time (the flow
+// API's PUT): requests arriving after the change follow the new one; a
+// filter refused keeps the one in force; without a replayer there is
+// nothing to filter (a conflict, not the filter's fault).
+func TestSetReplayFilter(t *testing.T) {
+	up := tlsUpstream(t, func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "{}") })
+	rp := &tokenReplayer{ran: map[string]bool{}}
+	sink := &records{}
+	p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, Replayer: rp, Sink: sink})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewTLSServer(p)
+	defer front.Close()
+	get := func(ns string) *record.Record {
+		t.Helper()
+		n := len(sink.list())
+		req, _ := http.NewRequest(http.MethodGet, front.URL+"/api/v1/namespaces/"+ns+"/configmaps/x", nil)
+		req.Header.Set("Authorization", "Bearer bob")
+		resp, err := front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		p.Drain()
+		recs := sink.list()
+		if len(recs) != n+1 {
+			t.Fatalf("%d records, want %d", len(recs), n+1)
+		}
+		return recs[n]
+	}
+	if got := p.ReplayFilter(); got != "" {
+		t.Fatalf("ReplayFilter() = %q with none given", got)
+	}
+	if rec := get("other"); rec.Predicted.Status != 200 {
+		t.Errorf("without a filter: predicted %+v, want replayed", rec.Predicted)
+	}
+	if now, err := p.SetReplayFilter("~n   payments"); err != nil || now != "~n payments" || p.ReplayFilter() != now {
+		t.Fatalf("SetReplayFilter = %q, %v (in force %q)", now, err, p.ReplayFilter())
+	}
+	if rec := get("other"); rec.Predicted.Message != "not replayed: the request is outside --replay-filter ~n payments" {
+		t.Errorf("after the change: predicted %+v, want left out", rec.Predicted)
+	}
+	if _, err := p.SetReplayFilter("~x"); err == nil || p.ReplayFilter() != "~n payments" {
+		t.Errorf("SetReplayFilter(~x) = %v, in force %q: want refused, the filter kept", err, p.ReplayFilter())
+	}
+	if now, err := p.SetReplayFilter(" "); err != nil || now != "" {
+		t.Fatalf("SetReplayFilter(blank) = %q, %v", now, err)
+	}
+	if rec := get("other"); rec.Predicted.Status != 200 {
+		t.Errorf("filter cleared: predicted %+v, want replayed", rec.Predicted)
+	}
+	off, _ := New(Config{Upstream: up.URL, Passthrough: up.Passthrough})
+	var conflict interface{ Conflict() bool }
+	if _, err := off.SetReplayFilter("~n x"); !errors.As(err, &conflict) || !conflict.Conflict() {
+		t.Errorf("SetReplayFilter without a replayer: %v, want a conflict", err)
 	}
 }

@@ -110,7 +110,7 @@ func (s *Server) listenAPI() error {
 	}
 	hopts := flowapi.HandlerOptions{Log: s.log}
 	if s.handler != nil { // a nil *Proxy must not become a non-nil Replayer
-		hopts.Replay = s.handler
+		hopts.Replay, hopts.ReplayFilter = s.handler, s.handler
 	}
 	var protection []string
 	var tlsCfg *tls.Config

@@ -20,6 +20,7 @@ func asSyntax(err error, se **filter.SyntaxError) bool { return errors.As(err, s
 const commandHelp = `:export har FILE     write the marked flows (or, with none marked, the filtered ones) as HAR 1.2
 :export jsonl FILE   the same, as a capture file kproxy tui can open again
 :filter EXPR         set the filter (as /)
+:replay-filter [EXPR] show or set what the live kproxy replays (:replay-all: every request)
 :follow              follow the newest flow
 :unmark              clear all marks
 :q, :quit            quit`
@@ -67,9 +68,40 @@ func (m *Model) runCommand(line string) tea.Cmd {
 	case "help":
 		m.showHelp = true
 		return nil
+	case "replay-filter":
+		return m.replayFilter(strings.TrimSpace(strings.TrimPrefix(line, "replay-filter")), len(f) > 1)
+	case "replay-all":
+		return m.replayFilter("", true)
 	}
-	m.setMessage(fmt.Sprintf("unknown command %q: use export, filter, follow, unmark, quit (? lists them)", f[0]), true)
+	m.setMessage(fmt.Sprintf("unknown command %q: use export, filter, follow, unmark, replay-filter, replay-all, quit (? lists them)", f[0]), true)
 	return nil
+}
+
+// replayFilter shows the live kproxy's replay filter, or, with set,
+// changes it to expr ("" replays every request).
+func (m *Model) replayFilter(expr string, set bool) tea.Cmd {
+	rf := m.opts.ReplayFilter
+	if rf == nil {
+		m.setMessage("the replay filter is the live kproxy's: kproxy tui --connect URL (a capture file replays nothing)", true)
+		return nil
+	}
+	return func() tea.Msg {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		now, err := "", error(nil)
+		if set {
+			now, err = rf.SetReplayFilter(ctx, expr)
+		} else {
+			now, err = rf.ReplayFilter(ctx)
+		}
+		if err != nil {
+			return actionDone{err: fmt.Errorf("replay filter: %w", err)}
+		}
+		if now == "" {
+			return actionDone{message: "kproxy replays every request"}
+		}
+		return actionDone{message: "kproxy replays only: " + now + " (the others are recorded, not replayed; :replay-all undoes)"}
+	}
 }
 
 // rerun asks the live kproxy to replay the focused flow now, and shows

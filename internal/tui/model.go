@@ -25,10 +25,20 @@ type Replayer interface {
 	Replay(ctx context.Context, id string) (*record.Record, error)
 }
 
+// ReplayFilterer reads and changes the live kproxy's replay filter (the
+// flow API's /api/v1/replay-filter); nil when the TUI reads a file.
+type ReplayFilterer interface {
+	ReplayFilter(ctx context.Context) (string, error)
+	SetReplayFilter(ctx context.Context, expr string) (string, error)
+}
+
 // Options configure the TUI.
 type Options struct {
 	Source   source.Source
 	Replayer Replayer
+	// ReplayFilter, when set, lets :replay-filter and :replay-all change
+	// which requests the live kproxy replays.
+	ReplayFilter ReplayFilterer
 	// JaegerURL, when set, links each flow's trace (JaegerURL/trace/ID).
 	JaegerURL string
 	// MaxFlows bounds the flows held (the oldest go first); 100,000 when 0.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"io"
 	"os"
@@ -351,4 +352,49 @@ func withServer(recs []*record.Record, path string) []*record.Record {
 		}
 	}
 	return out
+}
+
+// fakeFilterer is a live kproxy's replay filter.
+type fakeFilterer struct{ expr string }
+
+func (f *fakeFilterer) ReplayFilter(context.Context) (string, error) { return f.expr, nil }
+func (f *fakeFilterer) SetReplayFilter(_ context.Context, expr string) (string, error) {
+	if strings.Contains(expr, "~c") {
+		return "", errors.New("~c needs the apiserver's answer")
+	}
+	f.expr = expr
+	return expr, nil
+}
+
+// TestReplayFilterCommands: :replay-filter shows and sets the live
+// kproxy's replay filter, :replay-all clears it, a refusal is shown as an
+// error, and reading a file there is no kproxy to change.
+func TestReplayFilterCommands(t *testing.T) {
+	rf := &fakeFilterer{}
+	m := newTestModel(t, Options{ReplayFilter: rf})
+	send(m, eventsMsg{{Records: demoRecords(t)}})
+	for _, tc := range []struct {
+		command, want, inForce string
+		isErr                  bool
+	}{
+		{"replay-filter", "kproxy replays every request", "", false},
+		{"replay-filter ~n payments", "kproxy replays only: ~n payments (the others are recorded, not replayed; :replay-all undoes)", "~n payments", false},
+		{"replay-filter ~c 403", "replay filter: ~c needs the apiserver's answer", "~n payments", true},
+		{"replay-filter", "kproxy replays only: ~n payments", "~n payments", false},
+		{"replay-all", "kproxy replays every request", "", false},
+	} {
+		keys(m, ":")
+		typeText(m, tc.command)
+		keys(m, "enter")
+		if !strings.Contains(m.message, tc.want) || m.messageErr != tc.isErr || rf.expr != tc.inForce {
+			t.Errorf(":%s: message %q (error %v), in force %q; want %q (error %v), %q", tc.command, m.message, m.messageErr, rf.expr, tc.want, tc.isErr, tc.inForce)
+		}
+	}
+	file := newTestModel(t, Options{})
+	keys(file, ":")
+	typeText(file, "replay-filter ~n x")
+	keys(file, "enter")
+	if !strings.Contains(file.message, "kproxy tui --connect URL") {
+		t.Errorf("reading a file: %q, want it to say the filter is a live kproxy's", file.message)
+	}
 }
