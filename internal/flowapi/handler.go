@@ -305,16 +305,23 @@ func (h *handler) replayFilter(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &conflict) && conflict.Conflict():
 		writeStatus(w, http.StatusConflict, "Conflict", err.Error(), nil)
 	default:
-		d := &StatusDetails{Field: "filter"}
-		msg := fmt.Sprintf("invalid replay filter %q: %v", in.Filter, err)
-		var se *filter.SyntaxError
-		if errors.As(err, &se) {
-			msg = "invalid replay " + se.Error()
-			pos := se.Pos
-			d.Position, d.Caret = &pos, se.Caret()
-		}
-		writeStatus(w, http.StatusBadRequest, "BadRequest", msg, d)
+		writeFilterError(w, "replay filter", in.Filter, err)
 	}
+}
+
+// writeFilterError answers 400 for a filter expr that err refuses: a
+// syntax error with its position and caret.
+func writeFilterError(w http.ResponseWriter, what, expr string, err error) {
+	d := &StatusDetails{Field: "filter"}
+	msg := fmt.Sprintf("invalid %s %q: %v", what, expr, err)
+	var se *filter.SyntaxError
+	if errors.As(err, &se) {
+		// "filter: <what and how to fix> at position <column>"
+		msg = "invalid " + strings.TrimSuffix(what, "filter") + se.Error()
+		pos := se.Pos
+		d.Position, d.Caret = &pos, se.Caret()
+	}
+	writeStatus(w, http.StatusBadRequest, "BadRequest", msg, d)
 }
 
 // stream serves Server-Sent Events: the backlog, then live records, each
@@ -441,16 +448,7 @@ func parseFilter(w http.ResponseWriter, expr string) (func(*record.Record) bool,
 	}
 	f, err := filter.Parse(expr)
 	if err != nil {
-		d := &StatusDetails{Field: "filter"}
-		msg := fmt.Sprintf("invalid filter %q: %v", expr, err)
-		var se *filter.SyntaxError
-		if errors.As(err, &se) {
-			// "filter: <what and how to fix> at position <column>"
-			msg = "invalid " + se.Error()
-			pos := se.Pos
-			d.Position, d.Caret = &pos, se.Caret()
-		}
-		writeStatus(w, http.StatusBadRequest, "BadRequest", msg, d)
+		writeFilterError(w, "filter", expr, err)
 		return nil, false
 	}
 	return f.Match, true

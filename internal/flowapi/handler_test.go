@@ -167,18 +167,23 @@ func TestGetAndReplay(t *testing.T) {
 		{"replay is a POST", "GET", with.URL + PathFlows + "/r00002/replay", 404, "no such endpoint"},
 		{"unknown endpoint", "GET", with.URL + "/api/v2/x", 404, "GET /api/v1/flows/stream"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest(tc.method, tc.url, nil)
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != tc.code || !strings.Contains(string(body), tc.want) {
-				t.Errorf("%d %s, want %d with %q", resp.StatusCode, body, tc.code, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { expectAnswer(t, tc.method, tc.url, "", tc.code, tc.want) })
+	}
+}
+
+// expectAnswer sends a request and checks the status and a piece of the
+// body of the answer.
+func expectAnswer(t *testing.T, method, url, body string, code int, want string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != code || !strings.Contains(string(got), want) {
+		t.Errorf("%d %s, want %d with %q", resp.StatusCode, got, code, want)
 	}
 }
 

@@ -2,8 +2,6 @@ package flowapi
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -84,17 +82,6 @@ func TestReplayFilterEndpoint(t *testing.T) {
 		{"no filterer", "GET", none.URL + PathReplayFilter, "", 501, "cannot read or change a replay filter"},
 		{"not a POST", "POST", srv.URL + PathReplayFilter, `{"filter": ""}`, 404, "GET and PUT /api/v1/replay-filter"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			req, _ := http.NewRequest(tc.method, tc.url, strings.NewReader(tc.body))
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != tc.code || !strings.Contains(string(body), tc.want) {
-				t.Errorf("%d %s, want %d with %q", resp.StatusCode, body, tc.code, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { expectAnswer(t, tc.method, tc.url, tc.body, tc.code, tc.want) })
 	}
 }
