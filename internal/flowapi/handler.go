@@ -300,7 +300,6 @@ func (h *handler) replayFilter(w http.ResponseWriter, r *http.Request) {
 	var conflict interface{ Conflict() bool }
 	switch {
 	case err == nil:
-		h.log.Info("replay filter changed through the flow API", "filter", now, "remote", r.RemoteAddr)
 		writeJSON(w, http.StatusOK, ReplayFilter{APIVersion: APIVersion, Kind: "ReplayFilter", Filter: now})
 	case errors.As(err, &conflict) && conflict.Conflict():
 		writeStatus(w, http.StatusConflict, "Conflict", err.Error(), nil)
@@ -316,8 +315,9 @@ func writeFilterError(w http.ResponseWriter, what, expr string, err error) {
 	msg := fmt.Sprintf("invalid %s %q: %v", what, expr, err)
 	var se *filter.SyntaxError
 	if errors.As(err, &se) {
-		// "filter: <what and how to fix> at position <column>"
-		msg = "invalid " + strings.TrimSuffix(what, "filter") + se.Error()
+		// "filter: <what and how to fix> at position <column>", naming
+		// what the filter is for
+		msg = "invalid " + strings.Replace(se.Error(), "filter", what, 1)
 		pos := se.Pos
 		d.Position, d.Caret = &pos, se.Caret()
 	}

@@ -151,6 +151,8 @@ type Proxy struct {
 type replaySelection struct {
 	expr     *filter.Expr
 	filtered stages.Outcome
+	// outside ends the gate's answer for a user the filter leaves out.
+	outside string
 }
 
 // Drain waits until every record of a finished request has been written:
@@ -592,10 +594,9 @@ func (p *Proxy) submitReplay(ex *exchange) {
 		p.replayDone(ex, p.replay(ex.replayCtx, ex.replayReq))
 		return
 	}
-	if sel := p.selection.Load(); sel != nil && !p.selectReplay(ex, sel.expr) {
+	if sel := p.selection.Load(); sel != nil && !p.selectReplay(ex, sel) {
 		p.metrics.ReplayFiltered()
-		ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
-		p.replayDone(ex, sel.filtered)
+		p.recordUnreplayed(ex, sel.filtered)
 		return
 	}
 	if p.pool.submit(func() { p.replayAndRecord(ex) }, stages.IsWrite(ex.info)) {
@@ -605,7 +606,7 @@ func (p *Proxy) submitReplay(ex *exchange) {
 		p.perRequestLog.Warn("replay shed: the replay workers and their queue are full; the request is forwarded and recorded, its prediction unknown (raise --replay-workers or --replay-queue, or give kproxy more CPU)",
 			"id", ex.rec.ID, "workers", p.pool.workers, "queue", p.pool.capacity, "shedTotal", p.pool.stats().Shed)
 	}
-	p.recordShed(ex, shedQueueOutcome)
+	p.recordUnreplayed(ex, shedQueueOutcome)
 }
 
 // replayAndRecord runs the replay, on a worker of the pool; the record
@@ -630,7 +631,8 @@ func (p *Proxy) replayAndRecord(ex *exchange) {
 // already (a certificate caller not impersonating anyone). When the
 // answer hangs on a user kproxy learns only by replaying authentication
 // (a bearer token), the replay runs that far and the gate decides.
-func (p *Proxy) selectReplay(ex *exchange, f *filter.Expr) bool {
+func (p *Proxy) selectReplay(ex *exchange, sel *replaySelection) bool {
+	f := sel.expr
 	userKnown := ex.ident.user != nil && !hasImpersonation(ex.replayReq.HTTP.Header)
 	match, decided := f.MatchRequest(ex.rec, userKnown)
 	if decided {
@@ -641,7 +643,6 @@ func (p *Proxy) selectReplay(ex *exchange, f *filter.Expr) bool {
 		Method: q.Method, Path: q.Path, Query: q.Query, Verb: q.Verb, APIGroup: q.APIGroup,
 		Resource: q.Resource, Subresource: q.Subresource, Namespace: q.Namespace,
 	}}
-	outside := " is outside --replay-filter " + f.String()
 	ex.replayReq.Gate = func(caller, actingAs user.Info) string {
 		probe.Request.User, probe.Request.Groups = caller.GetName(), caller.GetGroups()
 		if actingAs.GetName() != caller.GetName() {
@@ -654,7 +655,7 @@ func (p *Proxy) selectReplay(ex *exchange, f *filter.Expr) bool {
 		if probe.Request.ActingAs != "" {
 			who += fmt.Sprintf(" acting as %q", probe.Request.ActingAs)
 		}
-		return "replayed only as far as impersonation: " + who + outside
+		return "replayed only as far as impersonation: " + who + sel.outside
 	}
 	return true
 }
@@ -676,12 +677,9 @@ func (p *Proxy) SetReplayFilter(expr string) (string, error) {
 	if p.replayer == nil {
 		return "", replayOff{}
 	}
-	var f *filter.Expr
-	if strings.TrimSpace(expr) != "" {
-		var err error
-		if f, err = filter.ParseRequestOnly(expr); err != nil {
-			return "", err
-		}
+	f, err := filter.ParseRequestOnly(expr) // blank: every request
+	if err != nil {
+		return "", err
 	}
 	before := p.ReplayFilter()
 	p.selectBy(f)
@@ -704,13 +702,9 @@ func (p *Proxy) selectBy(f *filter.Expr) {
 		p.selection.Store(nil)
 		return
 	}
-	p.selection.Store(&replaySelection{expr: f, filtered: notReplayedOutcome(filteredMessage(f))})
-}
-
-// filteredMessage is the prediction's message on the record of a request
-// --replay-filter leaves out on arrival.
-func filteredMessage(f *filter.Expr) string {
-	return "not replayed: the request is outside --replay-filter " + f.String()
+	outside := " is outside --replay-filter " + f.String()
+	why := "not replayed: the request" + outside // the prediction's and every stage's
+	p.selection.Store(&replaySelection{expr: f, outside: outside, filtered: unreplayed(why, why)})
 }
 
 // shedOverBudget records a request whose body the body budget could not
@@ -719,12 +713,13 @@ func (p *Proxy) shedOverBudget(ex *exchange) {
 	p.metrics.ReplayShed()
 	p.perRequestLog.Warn("replay shed: the request bodies held for replay are over --replay-body-budget-mib; the request is forwarded and recorded, its prediction unknown (raise --replay-body-budget-mib, or give kproxy more memory)",
 		"id", ex.rec.ID, "budget", p.bodies.limit)
-	p.recordShed(ex, shedBodyOutcome)
+	p.recordUnreplayed(ex, shedBodyOutcome)
 }
 
-// recordShed files the outcome of a replay that was shed (o says why):
+// recordUnreplayed files the outcome of a request not replayed (shed, or
+// left out by --replay-filter; o says why):
 // the record is written with the prediction unknown.
-func (p *Proxy) recordShed(ex *exchange, o stages.Outcome) {
+func (p *Proxy) recordUnreplayed(ex *exchange, o stages.Outcome) {
 	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
 	p.replayDone(ex, o)
 }

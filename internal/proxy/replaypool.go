@@ -286,10 +286,6 @@ func shedOutcome(msg string) stages.Outcome {
 	return unreplayed(msg, "not replayed: "+msg)
 }
 
-// notReplayedOutcome is the outcome of a request not replayed by choice
-// (--replay-filter), msg saying why, on the prediction and every stage.
-func notReplayedOutcome(msg string) stages.Outcome { return unreplayed(msg, msg) }
-
 // unreplayed is an outcome with nothing replayed: the prediction unknown
 // (msg), every stage skipped (why).
 func unreplayed(msg, why string) stages.Outcome {

@@ -88,12 +88,11 @@ func (m *Model) replayFilter(expr string, set bool) tea.Cmd {
 	return func() tea.Msg {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		now, err := "", error(nil)
+		get := rf.ReplayFilter
 		if set {
-			now, err = rf.SetReplayFilter(ctx, expr)
-		} else {
-			now, err = rf.ReplayFilter(ctx)
+			get = func(ctx context.Context) (string, error) { return rf.SetReplayFilter(ctx, expr) }
 		}
+		now, err := get(ctx)
 		if err != nil {
 			return actionDone{err: fmt.Errorf("replay filter: %w", err)}
 		}
