@@ -3,9 +3,14 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -47,5 +52,115 @@ func TestClientAbortsWatch(t *testing.T) {
 	got := do(t, r.client(nil), r.base, request{method: "GET", path: "/api/v1/namespaces/" + testNS, user: "admin"})
 	if got.status != 200 {
 		t.Fatalf("after the abort: status %d", got.status)
+	}
+}
+
+// TestWatchOverHTTP1Detached: a watch over HTTP/1.1, which kproxy relays
+// off net/http once the apiserver has answered (internal/proxy/stream.go),
+// against the real apiserver: the stream the apiserver ends (its
+// timeoutSeconds) reaches the client whole and ends cleanly, with the
+// record counting every byte; a client that goes away mid-stream ends
+// the apiserver's watch too (its apiserver_longrunning_requests gauge
+// goes back down), and its record says so.
+func TestWatchOverHTTP1Detached(t *testing.T) {
+	stream := record.NewStream()
+	recs, _, cancelSub := stream.Subscribe(16)
+	defer cancelSub()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	r := reverseRoute(k)
+	list, err := adminClient().CoreV1().ConfigMaps(testNS).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch := func(ctx context.Context, query string) *http.Response {
+		t.Helper()
+		url := fmt.Sprintf("%s/api/v1/namespaces/%s/configmaps?watch=1&resourceVersion=%s&%s", r.base, testNS, list.ResourceVersion, query)
+		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+		req.Header.Set("Authorization", "Bearer "+tokenOf("admin"))
+		resp, err := r.client(nil).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 || resp.ProtoMajor != 1 {
+			t.Fatalf("watch answered %d over %s, want 200 over HTTP/1.1", resp.StatusCode, resp.Proto)
+		}
+		return resp
+	}
+	nextRecord := func() *record.Record {
+		t.Helper()
+		for {
+			select {
+			case rec := <-recs:
+				if rec.Request.Verb == "watch" {
+					return rec
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("no record for the watch within 30s")
+			}
+		}
+	}
+
+	t.Run("the apiserver ends the stream", func(t *testing.T) {
+		name := "t-detached-watch"
+		cmState(name, false)(t)
+		resp := watch(context.Background(), "timeoutSeconds=3&labelSelector=case%3D"+name)
+		cmState(name, true)(t) // an event while the watch is open
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("reading the watch to its end: %v (want a clean end)", err)
+		}
+		if !strings.Contains(string(body), `"type":"ADDED"`) || !strings.Contains(string(body), name) {
+			t.Fatalf("the watch sent %q; want the ADDED event of %s", body, name)
+		}
+		rec := nextRecord()
+		if rec.Actual.Status != 200 || rec.Actual.Error != "" || rec.Actual.ResponseBytes != int64(len(body)) {
+			t.Errorf("record: status %d, error %q, %d bytes; want 200, no error, the %d bytes the client read",
+				rec.Actual.Status, rec.Actual.Error, rec.Actual.ResponseBytes, len(body))
+		}
+	})
+
+	t.Run("the client goes away", func(t *testing.T) {
+		before := watchesOpen(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		resp := watch(ctx, "labelSelector=case%3Dt-detached-nothing")
+		waitFor(t, "the apiserver's watch to open", func() bool { return watchesOpen(t) > before })
+		cancel()
+		resp.Body.Close()
+		waitFor(t, "the apiserver's watch to end after its client went away", func() bool { return watchesOpen(t) <= before })
+		if rec := nextRecord(); rec.Actual.Status != 200 || rec.Actual.Error != "response aborted: the client closed its connection" {
+			t.Errorf("record: status %d, error %q", rec.Actual.Status, rec.Actual.Error)
+		}
+	})
+}
+
+// watchesOpen reads the apiserver's gauge of open configmap watches.
+func watchesOpen(t *testing.T) float64 {
+	t.Helper()
+	raw, err := adminClient().CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, line := range strings.Split(string(raw), "\n") {
+		if strings.HasPrefix(line, "apiserver_longrunning_requests{") && strings.Contains(line, `resource="configmaps"`) &&
+			strings.Contains(line, `verb="WATCH"`) {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			n += v
+		}
+	}
+	return n
+}
+
+// waitFor polls cond for up to 30s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 30s for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -143,6 +143,8 @@ type Proxy struct {
 	// changed at run time through the flow API (SetReplayFilter); nil
 	// replays every request.
 	selection atomic.Pointer[replaySelection]
+	// streams are the watches relayed off net/http (stream.go).
+	streams detachedStreams
 }
 
 // replaySelection is a replay filter and the outcome of the requests it
@@ -287,6 +289,13 @@ type exchange struct {
 	// parts counts what the record still waits for: the replay and the
 	// relay. Whichever ends last writes the record.
 	parts atomic.Int32
+	// rw is the client's response writer (the handler's).
+	rw *responseRecorder
+	// detach is set for a stream that may be relayed off net/http
+	// (stream.go); detached once it is, when the relay, not the
+	// handler, finishes the exchange.
+	detach   *detachable
+	detached bool
 }
 
 type exchangeKey struct{}
@@ -303,7 +312,17 @@ func exchangeFrom(ctx context.Context) *exchange {
 // side once the response is relayed).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ex, r, rw := p.begin(w, r)
-	defer func() { p.finish(ex, rw, recover()) }()
+	defer func() {
+		v := recover()
+		if ex.detached {
+			// The stream's own relay finishes the exchange (stream.go).
+			if v != nil {
+				panic(v)
+			}
+			return
+		}
+		p.finish(ex, rw, v)
+	}()
 	p.answer(rw, r, ex)
 }
 
@@ -343,6 +362,7 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		ex.auditID = id
 	}
 	rw := &responseRecorder{ResponseWriter: w, keepBody: stages.IsWrite(info)}
+	ex.rw = rw
 
 	replayReq := &stages.Request{ID: id, Arrival: start, HTTP: r.Clone(context.WithoutCancel(ctx)), Info: info}
 	replayReq.HTTP.Body = nil
@@ -447,12 +467,26 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 // net/http so that it drops the connection instead of ending the stream
 // as if it were complete.
 func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
+	abort := ""
+	if v != nil {
+		abort = fmt.Sprintf("response aborted: %v", v)
+	}
+	p.finishExchange(ex, rw, abort)
+	if v != nil {
+		panic(v)
+	}
+}
+
+// finishExchange is finish without the panic, for a relay that ends off
+// the handler (stream.go); abort is why the response was cut short ("":
+// it was not).
+func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string) {
 	if ex.body != nil {
 		ex.body.finish()
 		ex.rec.Request.BodyBytes = ex.body.bytesRead()
 	}
-	if v != nil {
-		ex.rec.Actual.Error = fmt.Sprintf("response aborted: %v", v)
+	if abort != "" {
+		ex.rec.Actual.Error = abort
 	}
 	ex.rec.Actual.Status = rw.status
 	ex.rec.Actual.ResponseBytes = rw.bytes
@@ -471,9 +505,6 @@ func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
 		// handler's goroutine, which net/http needs to end the response.
 		p.completeLater(ex)
 	}
-	if v != nil {
-		panic(v)
-	}
 }
 
 // reverseProxyFor is the one place a watch is told apart on its way
@@ -489,9 +520,20 @@ func (p *Proxy) reverseProxyFor(ex *exchange) *httputil.ReverseProxy {
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ex *exchange) {
 	ctx, span := p.tracer.Start(r.Context(), "upstream", trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attribute.String("server.address", p.upstream.Host)))
-	defer span.End()
+	detached := false
+	defer func() {
+		if !detached { // else the stream's relay ends the span
+			span.End()
+		}
+	}()
 	ex.upStart = p.clock.Now()
-	p.reverseProxyFor(ex).ServeHTTP(w, r.WithContext(ctx))
+	if mayDetach(r, ex) {
+		if detached = p.forwardStream(w, r.WithContext(ctx), ex, span); detached {
+			return
+		}
+	} else {
+		p.reverseProxyFor(ex).ServeHTTP(w, r.WithContext(ctx))
+	}
 	ex.upEnd = p.clock.Now()
 	if ex.rec.Actual.Error != "" {
 		span.SetStatus(codes.Error, ex.rec.Actual.Error)
@@ -554,6 +596,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	a.PriorityLevelUID = resp.Header.Get("X-Kubernetes-Pf-Prioritylevel-Uid")
 	a.Warnings = resp.Header.Values("Warning")
 	a.RetryAfter = resp.Header.Get("Retry-After")
+	takeStream(resp, ex)
 	return nil
 }
 

@@ -36,7 +36,7 @@ func ServerTLS(cert tls.Certificate, clientCAs *x509.CertPool) *tls.Config {
 // apiserver front: long-running requests (watch, exec) have no write
 // timeout, and headers must arrive promptly.
 func NewHTTPServer(h http.Handler, tlsCfg *tls.Config, log *slog.Logger) *http.Server {
-	return &http.Server{
+	srv := &http.Server{
 		Handler:           h,
 		TLSConfig:         tlsCfg,
 		ReadHeaderTimeout: 30 * time.Second,
@@ -44,6 +44,12 @@ func NewHTTPServer(h http.Handler, tlsCfg *tls.Config, log *slog.Logger) *http.S
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
+	// Shutdown neither waits for nor closes the connections kproxy has
+	// taken over (HTTP/1.1 watches, stream.go): it cuts them itself.
+	if s, ok := h.(interface{ EndStreams() }); ok {
+		srv.RegisterOnShutdown(s.EndStreams)
+	}
+	return srv
 }
 
 // ServeReverse serves kproxy's handler over TLS on ln until ctx is done,
