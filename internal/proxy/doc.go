@@ -52,6 +52,16 @@
 // do not hold a connection each; each stream's window is kept small, so a
 // client that stops reading stops its stream at the apiserver after 64 KiB.
 //
+// A watch over HTTP/1.1 is taken off net/http once the apiserver has
+// answered (stream.go): kproxy hijacks the connection after the headers
+// and writes the stream's chunks itself on a goroutine of its own, with
+// another blocked on the bare connection to see the client leave. net/http
+// holds, per open response, its buffers and two goroutines (the handler's,
+// kept deep by the reverse proxy, and its background read, deep in
+// crypto/tls): 24 KiB of stacks and 10 KiB of buffers a watch, more than
+// kproxy's whole budget for one. The price: the connection closes when
+// the stream ends, where net/http would have kept it for the next request.
+//
 // # Records
 //
 // Each request ends as one record (package record): request, prediction,
