@@ -18,22 +18,9 @@ import (
 // TestClientAbortsWatch: a client that goes away mid-stream must neither
 // crash kproxy nor turn into a 500; the record notes the abort.
 func TestClientAbortsWatch(t *testing.T) {
-	stream := record.NewStream()
-	recs, _, cancelSub := stream.Subscribe(16)
-	defer cancelSub()
-	k := startKproxy(t, kproxyOptions{stream: stream})
-	r := reverseRoute(k)
+	r, recs := recordedKproxy(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	url := fmt.Sprintf("%s/api/v1/namespaces/%s/configmaps?watch=1", r.base, testNS)
-	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-	req.Header.Set("Authorization", "Bearer "+tokenOf("admin"))
-	resp, err := r.client(nil).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != 200 {
-		t.Fatalf("watch status %d", resp.StatusCode)
-	}
+	resp := openWatch(ctx, t, r, "")
 	buf := make([]byte, 1)
 	go func() { _, _ = resp.Body.Read(buf) }()
 	time.Sleep(200 * time.Millisecond)
@@ -63,26 +50,16 @@ func TestClientAbortsWatch(t *testing.T) {
 // the apiserver's watch too (its apiserver_longrunning_requests gauge
 // goes back down), and its record says so.
 func TestWatchOverHTTP1Detached(t *testing.T) {
-	stream := record.NewStream()
-	recs, _, cancelSub := stream.Subscribe(16)
-	defer cancelSub()
-	k := startKproxy(t, kproxyOptions{stream: stream})
-	r := reverseRoute(k)
+	r, recs := recordedKproxy(t)
 	list, err := adminClient().CoreV1().ConfigMaps(testNS).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	watch := func(ctx context.Context, query string) *http.Response {
 		t.Helper()
-		url := fmt.Sprintf("%s/api/v1/namespaces/%s/configmaps?watch=1&resourceVersion=%s&%s", r.base, testNS, list.ResourceVersion, query)
-		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-		req.Header.Set("Authorization", "Bearer "+tokenOf("admin"))
-		resp, err := r.client(nil).Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.StatusCode != 200 || resp.ProtoMajor != 1 {
-			t.Fatalf("watch answered %d over %s, want 200 over HTTP/1.1", resp.StatusCode, resp.Proto)
+		resp := openWatch(ctx, t, r, "&resourceVersion="+list.ResourceVersion+"&"+query)
+		if resp.ProtoMajor != 1 {
+			t.Fatalf("watch over %s, want HTTP/1.1", resp.Proto)
 		}
 		return resp
 	}
@@ -132,6 +109,32 @@ func TestWatchOverHTTP1Detached(t *testing.T) {
 			t.Errorf("record: status %d, error %q", rec.Actual.Status, rec.Actual.Error)
 		}
 	})
+}
+
+// recordedKproxy starts a kproxy and subscribes to its records; it
+// returns its reverse-mode route (HTTP/1.1).
+func recordedKproxy(t *testing.T) (route, <-chan *record.Record) {
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(16)
+	t.Cleanup(cancel)
+	return reverseRoute(startKproxy(t, kproxyOptions{stream: stream})), recs
+}
+
+// openWatch opens a watch of testNS's configmaps through r as admin,
+// query appended to the URL, and checks the apiserver said 200.
+func openWatch(ctx context.Context, t *testing.T, r route, query string) *http.Response {
+	t.Helper()
+	url := fmt.Sprintf("%s/api/v1/namespaces/%s/configmaps?watch=1%s", r.base, testNS, query)
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+tokenOf("admin"))
+	resp, err := r.client(nil).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("watch status %d", resp.StatusCode)
+	}
+	return resp
 }
 
 // watchesOpen reads the apiserver's gauge of open configmap watches.

@@ -131,6 +131,19 @@ func TestDetachedWatch(t *testing.T) {
 			}
 		}
 	}
+	// ended: the upstream watch ends after what happened, and the record
+	// says why.
+	ended := func(t *testing.T, gone <-chan struct{}, sink *collect, after, wantErr string) {
+		t.Helper()
+		select {
+		case <-gone:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the upstream watch is still open 10s after %s", after)
+		}
+		if rec := recordOf(t, sink); rec.Actual.Error != wantErr {
+			t.Errorf("record error %q, want %q", rec.Actual.Error, wantErr)
+		}
+	}
 	events := []string{"{\"type\":\"ADDED\"}\n", string(make([]byte, 9000)) + "\n", "{\"type\":\"DELETED\"}\n"}
 	var size int64
 	for _, ev := range events {
@@ -164,14 +177,7 @@ func TestDetachedWatch(t *testing.T) {
 		relay(t, lines, br, events[0])
 		cancel()
 		resp.Body.Close()
-		select {
-		case <-gone:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the upstream watch is still open 10s after its client went away")
-		}
-		if rec := recordOf(t, sink); rec.Actual.Error != "response aborted: the client closed its connection" {
-			t.Errorf("record error %q", rec.Actual.Error)
-		}
+		ended(t, gone, sink, "its client went away", "response aborted: the client closed its connection")
 	})
 
 	t.Run("kproxy shuts down", func(t *testing.T) {
@@ -189,14 +195,7 @@ func TestDetachedWatch(t *testing.T) {
 		if _, err := io.ReadAll(br); !errors.Is(err, io.ErrUnexpectedEOF) {
 			t.Errorf("the client read %v at shutdown; want the stream cut (unexpected EOF)", err)
 		}
-		select {
-		case <-gone:
-		case <-time.After(10 * time.Second):
-			t.Fatal("the upstream watch is still open 10s after kproxy shut down")
-		}
-		if rec := recordOf(t, sink); rec.Actual.Error != "response aborted: kproxy is shutting down" {
-			t.Errorf("record error %q", rec.Actual.Error)
-		}
+		ended(t, gone, sink, "kproxy shut down", "response aborted: kproxy is shutting down")
 	})
 
 	t.Run("an error answer is relayed as it is", func(t *testing.T) {
