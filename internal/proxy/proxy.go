@@ -527,7 +527,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ex *exchange) {
 		}
 	}()
 	ex.upStart = p.clock.Now()
-	if mayDetach(r, ex) {
+	if mayDetach(w, r, ex) {
 		if detached = p.forwardStream(w, r.WithContext(ctx), ex, span); detached {
 			return
 		}

@@ -35,7 +35,8 @@ import (
 // client's next request (net/http cannot take a hijacked connection
 // back); a client reconnects, as it would after an idle timeout. A
 // request whose stream cannot be taken over (HTTP/2, HTTP/1.0, an error
-// answer, a server that cannot hijack) is relayed as before.
+// answer, a writer that cannot hijack) is relayed as before, by the
+// reverse proxy.
 
 // detachable is the relay's state for a request whose stream may be
 // taken over: modifyResponse hands it the upstream body of a stream, and
@@ -52,12 +53,28 @@ var (
 	errShuttingDown = errors.New("kproxy is shutting down")
 )
 
-// mayDetach says whether r's response may be taken over: a watch over
-// HTTP/1.1 (not 1.0: that response ends by closing the connection, which
-// ReverseProxy does well enough) that asks for no upgrade.
-func mayDetach(r *http.Request, ex *exchange) bool {
-	return ex.rec.Request.Verb == "watch" && r.Method == http.MethodGet && r.ProtoMajor == 1 && r.ProtoMinor >= 1 &&
-		r.Header.Get("Upgrade") == ""
+// mayDetach says whether the response to r may be taken over: a watch
+// over HTTP/1.1 (not 1.0: that response ends by closing the connection,
+// which ReverseProxy does well enough) that asks for no upgrade, served by
+// a writer that can hand its connection over.
+func mayDetach(w http.ResponseWriter, r *http.Request, ex *exchange) bool {
+	return ex.rec.Request.Verb == "watch" && r.ProtoMajor == 1 && r.ProtoMinor >= 1 &&
+		r.Header.Get("Upgrade") == "" && hijackable(w)
+}
+
+// hijackable says whether w, or a writer it wraps, can hand its
+// connection over, looking as http.ResponseController does.
+func hijackable(w http.ResponseWriter) bool {
+	for {
+		if _, ok := w.(http.Hijacker); ok {
+			return true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return false
+		}
+		w = u.Unwrap()
+	}
 }
 
 // takeStream is modifyResponse's part: the body of a successful stream
@@ -91,19 +108,15 @@ func (p *Proxy) forwardStream(w http.ResponseWriter, r *http.Request, ex *exchan
 		cancel(nil)
 		return false
 	}
-	h := w.Header()
-	var conn net.Conn
-	var err error
-	if h.Get("Content-Length") == "" && h.Get("Transfer-Encoding") == "" {
-		conn, _, err = http.NewResponseController(w).Hijack()
-	} else {
-		err = errors.New("the response is not chunked")
-	}
+	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		// The stream stays with net/http (the reverse proxy's relay).
-		defer func() { stop(); cancel(nil) }()
-		p.relayInHandler(w, body)
-		return false
+		// w can hijack (forward checked), so the connection failed
+		// between the headers and the takeover: cut the stream, as the
+		// reverse proxy does when its copy fails.
+		stop()
+		cancel(err)
+		body.Close()
+		panic(http.ErrAbortHandler)
 	}
 	// From here net/http has let go: the client's going away is the
 	// relay's to see, and nothing may cancel the upstream request but it.
@@ -116,33 +129,6 @@ func (p *Proxy) forwardStream(w http.ResponseWriter, r *http.Request, ex *exchan
 	p.streams.add(ex.detach)
 	go p.relayDetached(ctx, ex, span)
 	return true
-}
-
-// relayInHandler relays a taken stream that could not be detached, as
-// the reverse proxy would have: each read written and flushed at once, a
-// failure on either side aborting the response (http.ErrAbortHandler),
-// so the client never mistakes a cut stream for a complete one.
-func (p *Proxy) relayInHandler(w http.ResponseWriter, body io.ReadCloser) {
-	defer body.Close()
-	bp := smallCopyBuffers.Get().(*[]byte)
-	defer smallCopyBuffers.Put(bp)
-	buf := *bp
-	rc := http.NewResponseController(w)
-	for {
-		n, err := body.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				panic(http.ErrAbortHandler)
-			}
-			_ = rc.Flush()
-		}
-		if err == io.EOF {
-			return
-		}
-		if err != nil {
-			panic(http.ErrAbortHandler)
-		}
-	}
 }
 
 // chunkHead is room for a chunk's size in hex and its CRLF, ahead of the
