@@ -265,10 +265,11 @@ type exchange struct {
 	// client received it, whoever wrote it: the upstream, or kproxy.
 	errBody []byte
 	errCT   string
-	// actualWrite is a write's answer as its replay needs it; okBody the
-	// start of its body, decoded for the resourceVersion only when the
-	// replay asks (off the response's path).
-	actualWrite stages.ActualWrite
+	// actualWrite is the answer as the replay needs it; okBody the start
+	// of a write's or a get's successful body: a write's is decoded for
+	// the resourceVersion only when the replay asks (off the response's
+	// path), a get's handed whole to the replay.
+	actualWrite stages.Answer
 	okBody      []byte
 	rvOnce      sync.Once
 	upStart     time.Time
@@ -395,6 +396,10 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 	if u := ex.ident.user; u != nil {
 		ex.rec.Request.User, ex.rec.Request.Groups = u.GetName(), u.GetGroups()
 	}
+	// A get's replay takes the object from a 200 answer instead of
+	// reading etcd again (stages/apiserver/answered.go): keep the body,
+	// unless the replay filter already leaves the request out.
+	rw.keepBody = rw.keepBody || (answersObject(info) && p.mayReplay(ex))
 	if r.Body != nil && r.Body != http.NoBody {
 		if p.bodyIdle > 0 {
 			ex.idle = &idleBody{ReadCloser: r.Body, ctl: http.NewResponseController(w), idle: p.bodyIdle, now: p.clock.Now}
@@ -411,17 +416,17 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 // actualAnswer is stages.Request.Actual: the apiserver's status and, for
 // a write, decoded only when the replay asks (off the response's path),
 // the resourceVersion it answered with.
-func (ex *exchange) actualAnswer(ctx context.Context) (stages.ActualWrite, bool) {
+func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 	select {
 	case <-ex.done:
 		ex.rvOnce.Do(func() {
-			if ex.actualWrite.Status < 300 && len(ex.okBody) > 0 {
+			if ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) {
 				ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
 			}
 		})
 		return ex.actualWrite, true
 	case <-ctx.Done():
-		return stages.ActualWrite{}, false
+		return stages.Answer{}, false
 	}
 }
 
@@ -492,7 +497,11 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	ex.rec.Actual.ResponseBytes = rw.bytes
 	ex.rec.Actual.Headers = record.RedactHeaders(rw.Header())
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
-	ex.actualWrite, ex.okBody = stages.ActualWrite{Status: rw.status}, rw.okBody
+	ex.actualWrite, ex.okBody = stages.Answer{Status: rw.status}, rw.okBody
+	if rw.status == http.StatusOK && answersObject(ex.info) && int64(len(rw.okBody)) == rw.bytes {
+		h := rw.Header()
+		ex.actualWrite.Body, ex.actualWrite.ContentType, ex.actualWrite.ContentEncoding = rw.okBody, h.Get("Content-Type"), h.Get("Content-Encoding")
+	}
 	ex.end = p.clock.Now()
 	close(ex.done)
 	// The body tee has handed the replay its copy (ex.body.finish above):
@@ -851,6 +860,27 @@ func (p *Proxy) record() {
 
 // shortRead reports a get, list or non-resource GET: reads that complete
 // with their response.
+// answersObject says whether a request is a get whose 200 answer is the
+// object itself (no subresource), which its replay takes from the answer.
+func answersObject(info *apirequest.RequestInfo) bool {
+	return info != nil && info.IsResourceRequest && info.Verb == "get" && info.Subresource == ""
+}
+
+// mayReplay says whether the replay filter in force may pick ex (it
+// picks it, or decides only once the caller is authenticated).
+func (p *Proxy) mayReplay(ex *exchange) bool {
+	if p.replayer == nil {
+		return false
+	}
+	sel := p.selection.Load()
+	if sel == nil {
+		return true
+	}
+	userKnown := ex.ident.user != nil && !hasImpersonation(ex.replayReq.HTTP.Header)
+	match, decided := sel.expr.MatchRequest(ex.rec, userKnown)
+	return match || !decided
+}
+
 func shortRead(req *stages.Request) bool {
 	if req.Info == nil {
 		return false
@@ -1054,9 +1084,10 @@ type responseRecorder struct {
 	bytes       int64
 	wroteHeader bool
 	errBody     []byte // the first maxStatusBody bytes of an error response
-	// keepBody keeps the start of a write's successful answer (one
-	// object) too: its resourceVersion tells the replay which state
-	// was the request's own.
+	// keepBody keeps the start of a write's or a get's successful
+	// answer (one object) too: a write's resourceVersion tells the
+	// replay which state was the request's own; a get's object is the
+	// state the request met.
 	keepBody bool
 	okBody   []byte
 }

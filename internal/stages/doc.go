@@ -45,7 +45,8 @@
 // five stages report their part of that run (handler.go), each with the
 // times the work really took. Reads run through the same handler (decode
 // reports the query options, storage the read through the apiserver's own
-// etcd3 store). Requests the handler does not serve are decode's to
+// etcd3 store; a get answered 200 with its object takes the object from
+// the answer, the state the request met, instead of reading it again). Requests the handler does not serve are decode's to
 // answer: the apiserver's own non-resource handlers (nonresource.go),
 // discovery of groups it does not serve and aggregated APIs
 // (group_discovery.go).

@@ -62,15 +62,15 @@ type Request struct {
 	// reason (kproxy serve --replay-filter on a user known only then).
 	Gate func(caller, actingAs user.Info) string
 
-	// Actual, for a write, waits for the apiserver's answer (false if ctx
-	// ends first). The replay uses it only to tell the request's own
-	// write from the state at arrival, never to predict.
-	Actual func(ctx context.Context) (apiserver.ActualWrite, bool)
+	// Actual waits for the apiserver's answer (false if ctx ends first).
+	// The replay uses it to tell a write's own write from the state at
+	// arrival, and to take the object a get met from a get's answer;
+	// never to predict a refusal.
+	Actual func(ctx context.Context) (apiserver.Answer, bool)
 }
 
-// ActualWrite is what the apiserver answered a write (the replay uses it
-// only to tell the request's own write from the state at arrival).
-type ActualWrite = apiserver.ActualWrite
+// Answer is what the apiserver answered (apiserver.Answer).
+type Answer = apiserver.Answer
 
 // MaxBodyBytes is the apiserver's own request body limit (3 MiB): a longer
 // body is rejected upstream with 413, so the replay never needs more.

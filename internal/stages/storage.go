@@ -234,6 +234,8 @@ func describeRead(r apiserver.StorageRead) string {
 	switch {
 	case r.BeforeRead:
 		what += " (the watch cache parses a get's resourceVersion before reading anything)"
+	case r.FromAnswer:
+		what += " (the object in the apiserver's answer: etcd not read again)"
 	case r.FromEtcd:
 		what += fmt.Sprintf(" (the apiserver's etcd3 store, on etcd, in %v)", r.Duration.Round(10*time.Microsecond))
 		if r.Etcd != nil {

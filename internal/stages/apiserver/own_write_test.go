@@ -136,7 +136,7 @@ func TestRefusedLate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.run
-			r.actual = func(context.Context) (ActualWrite, bool) { return ActualWrite{Status: tc.answered}, true }
+			r.actual = func(context.Context) (Answer, bool) { return Answer{Status: tc.answered}, true }
 			why := r.refusedLate(context.Background())
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("refusedLate = %q, want %q", why, tc.want)

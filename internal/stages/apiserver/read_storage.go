@@ -16,7 +16,8 @@ import (
 )
 
 // Reads of a get, list or watch request, under the registry the replay
-// runs. With etcd access they go to the apiserver's own etcd3 store, whose
+// runs. A get of the latest answered 200 takes the object from the answer
+// (answered.go). Otherwise, with etcd access they go to the apiserver's own etcd3 store, whose
 // code decides what the apiserver's does: NotFound, a resourceVersion too
 // large (the watch cache answers the same, after waiting up to 3 seconds)
 // or compacted, an invalid or expired continue token. Without etcd access
@@ -36,6 +37,12 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *Run, key string, opt
 			read.Refused, read.BeforeRead = err, true
 			return err
 		}
+	}
+	if rv, ok := s.fromAnswer(ctx, run, key, opts, out); ok {
+		read.FromAnswer, read.Found, read.ResourceVersion = true, true, rv
+		read.Duration = s.clock.Since(read.Start)
+		s.unencoded.hold(run, out)
+		return nil
 	}
 	if s.etcd != nil {
 		c, ok, err := s.etcdRead(ctx, &read, func(ctx context.Context, st storage.Interface) error { return st.Get(ctx, key, opts, out) })

@@ -37,17 +37,23 @@ type Request struct {
 	// when it was longer, or not read to its end.
 	Body          []byte
 	BodyTruncated bool
-	// Actual, for a write, waits for the apiserver's answer (false if ctx
-	// ends first): only to tell the request's own write from the state at
-	// arrival, never to predict.
-	Actual func(ctx context.Context) (ActualWrite, bool)
+	// Actual waits for the apiserver's answer (false if ctx ends first):
+	// to tell a write's own write from the state at arrival, and to take
+	// the object a get of the latest met from its answer (answered.go);
+	// never to predict a refusal.
+	Actual func(ctx context.Context) (Answer, bool)
 }
 
-// ActualWrite is what the apiserver answered a write: the status, and the
-// resourceVersion of the object it returned ("" if none).
-type ActualWrite struct {
+// Answer is what the apiserver answered: the status, for a write the
+// resourceVersion of the object it returned ("" if none), and for a get
+// the body of a successful answer when kproxy kept the whole of it.
+type Answer struct {
 	Status          int
 	ResourceVersion string
+	// Body is the whole body of a get's 200 answer (nil when it was not
+	// kept, or not whole), with its Content-Type and Content-Encoding.
+	Body                         []byte
+	ContentType, ContentEncoding string
 }
 
 // PluginExplainer adds what an admission plugin's refusal leaves out (the

@@ -73,7 +73,7 @@ type Run struct {
 	// actual waits for the apiserver's answer to the request (nil for a
 	// replay with no live request, such as kproxy explain); bodyRV is
 	// the resourceVersion the request's body carries.
-	actual      func(context.Context) (ActualWrite, bool)
+	actual      func(context.Context) (Answer, bool)
 	BodyRV      string
 	Verb        string
 	Resource    string
@@ -265,11 +265,14 @@ type StorageRead struct {
 	// for, whether the apiserver's etcd3 store answered it (else kproxy
 	// read through the apiserver), and the raw etcd key (or, for a list,
 	// the number of keys under the prefix).
-	List        bool
-	BeforeRead  bool   // refused before reading (the options)
-	NoEtcd      string // why etcd was not read
-	Options     string
-	FromEtcd    bool
+	List       bool
+	BeforeRead bool   // refused before reading (the options)
+	NoEtcd     string // why etcd was not read
+	Options    string
+	FromEtcd   bool
+	// FromAnswer: the object was taken from the apiserver's answer to
+	// the get (answered.go), not read.
+	FromAnswer  bool
 	Etcd        *EtcdKV
 	EtcdPrefix  string
 	EtcdCount   int64

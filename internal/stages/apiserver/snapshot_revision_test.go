@@ -53,8 +53,8 @@ func TestSnapshotRevision(t *testing.T) {
 		{"binding refused otherwise (403), pod deleted since", "create", "", 403, "", false, "", "", "", "binding"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Run{Verb: tc.verb, BodyRV: tc.bodyRV, Subresource: tc.sub, actual: func(context.Context) (ActualWrite, bool) {
-				return ActualWrite{Status: tc.status, ResourceVersion: tc.answerRV}, true
+			r := &Run{Verb: tc.verb, BodyRV: tc.bodyRV, Subresource: tc.sub, actual: func(context.Context) (Answer, bool) {
+				return Answer{Status: tc.status, ResourceVersion: tc.answerRV}, true
 			}}
 			if tc.sub != "" {
 				r.Resource = "pods"
@@ -86,8 +86,8 @@ func TestCreatedHere(t *testing.T) {
 		{"create", "eviction", 201, true, false},
 		{"create", "", 201, false, false},
 	} {
-		r := &Run{Verb: tc.verb, Subresource: tc.subresource, actual: func(context.Context) (ActualWrite, bool) {
-			return ActualWrite{Status: tc.status, ResourceVersion: "10"}, tc.answered
+		r := &Run{Verb: tc.verb, Subresource: tc.subresource, actual: func(context.Context) (Answer, bool) {
+			return Answer{Status: tc.status, ResourceVersion: "10"}, tc.answered
 		}}
 		if got := r.createdHere(context.Background()); got != tc.want {
 			t.Errorf("%s %s answered %d (%v): createdHere %v, want %v", tc.verb, tc.subresource, tc.status, tc.answered, got, tc.want)
