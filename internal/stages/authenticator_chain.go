@@ -120,6 +120,10 @@ type authnChildren struct {
 // request: the stage's explanation names the identity.
 const authnAccepted = "accepted"
 
+// noCredentialChild explains the child of an authenticator that found no
+// credential it reads in the request.
+const noCredentialChild = "no credential it reads"
+
 // noOpinionAttr is the authentication stage span's attribute that names
 // the quiet authenticators.
 const noOpinionAttr = "kproxy.authenticators.no_opinion"
@@ -147,7 +151,7 @@ func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticato
 	case err != nil:
 		res.Outcome, res.Explanation = record.Reject, "rejected: "+err.Error()
 	default:
-		res.Outcome, res.Explanation = record.Skip, "no credential it reads"
+		res.Outcome, res.Explanation = record.Skip, noCredentialChild
 	}
 	ch.results = append(ch.results, res)
 	if !trace.SpanFromContext(r.Context()).IsRecording() {

@@ -235,7 +235,7 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 			out.Stages = append(out.Stages, record.StageResult{
 				Name: st.name, Outcome: res.Outcome, DurationNs: st.d.Nanoseconds(),
 				OffsetNs:    st.at.Sub(start).Nanoseconds(),
-				Explanation: res.Explanation, Children: res.Children,
+				Explanation: res.Explanation, Children: recordedChildren(res),
 			})
 			switch {
 			case res.Outcome == record.Error:
@@ -545,4 +545,28 @@ func (p *Pipeline) APFNames(fsUID, plUID string) (flowSchema, priorityLevel stri
 		return "", ""
 	}
 	return p.m.apfName(fsUID, plUID)
+}
+
+// recordedChildren are the children a stage's record keeps. A stage that
+// passed keeps those that had something to say: the member that decided,
+// and any that answered "no opinion" or failed before it. The members it
+// never asked, and the authenticators that found no credential they read,
+// are left out of the record (the trace still names them): they are the
+// same in every record and explain nothing. A stage that refused or
+// failed keeps every member, each one's answer a near miss.
+func recordedChildren(res Result) []record.StageResult {
+	if res.Outcome != record.Pass {
+		return res.Children
+	}
+	kept := res.Children[:0:0]
+	for _, c := range res.Children {
+		if c.Outcome == record.Skip && (c.Explanation == notAskedChild || c.Explanation == noCredentialChild) {
+			continue
+		}
+		kept = append(kept, c)
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	return kept
 }

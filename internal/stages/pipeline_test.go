@@ -245,3 +245,41 @@ func TestGate(t *testing.T) {
 		})
 	}
 }
+
+// TestRecordedChildren: a stage that passed keeps the members that spoke;
+// one that refused or failed keeps them all.
+func TestRecordedChildren(t *testing.T) {
+	chain := []record.StageResult{
+		{Name: "x509", Outcome: record.Skip, Explanation: noCredentialChild},
+		{Name: "node", Outcome: record.Skip, Explanation: "no opinion: node: not a node"},
+		{Name: "rbac", Outcome: record.Pass, Explanation: "allow"},
+		{Name: "webhook", Outcome: record.Skip, Explanation: notAskedChild},
+	}
+	names := func(cs []record.StageResult) string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, c.Name)
+		}
+		return strings.Join(out, ",")
+	}
+	cases := []struct {
+		outcome  string
+		children []record.StageResult
+		want     string
+	}{
+		{record.Pass, chain, "node,rbac"},
+		{record.Reject, chain, "x509,node,rbac,webhook"},
+		{record.Error, chain, "x509,node,rbac,webhook"},
+		{record.Pass, chain[:1], ""},
+		{record.Pass, nil, ""},
+	}
+	for _, c := range cases {
+		got := recordedChildren(Result{Outcome: c.outcome, Children: c.children})
+		if names(got) != c.want {
+			t.Errorf("%s with %d children: kept %q, want %q", c.outcome, len(c.children), names(got), c.want)
+		}
+	}
+	if names(chain) != "x509,node,rbac,webhook" {
+		t.Errorf("recordedChildren changed the stage's own children: %s", names(chain))
+	}
+}

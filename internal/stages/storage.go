@@ -127,8 +127,8 @@ func (st storageStage) inspectWrite(ctx context.Context, req *Request, run *apis
 		// The replay read the key as it is now, the request's own create
 		// in it (its createRevision): just before, etcd held nothing there.
 		kv := *r.Etcd
-		out := fmt.Sprintf("; etcd %s: absent at revision %s, before the request's own create (createRevision %d; read at revision %d in %v)",
-			kv.Key, r.Snapshot, kv.CreateRevision, kv.Revision, kv.Latency.Round(10*time.Microsecond))
+		out := fmt.Sprintf("; etcd %s: absent before the request's own create (createRevision %d; read at revision %d in %v)",
+			kv.Key, kv.CreateRevision, kv.Revision, kv.Latency.Round(10*time.Microsecond))
 		return out, []childSpan{etcdSpan("etcd get", kv, r.EtcdStart)}, &apiserver.EtcdKV{Key: kv.Key, Revision: kv.Revision}
 	case r.Etcd != nil && !r.Created:
 		// The replay's own read of the key, as etcd answered it.

@@ -66,7 +66,7 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *apiserv
 			}
 		}
 	}
-	what := fmt.Sprintf("the stored value is %d bytes (storage encoding and encryption as the apiserver's), the etcd transaction %d bytes, etcd's --max-request-bytes %d", stored, txn, limit)
+	what := fmt.Sprintf("the stored value is %d bytes as the apiserver encodes it, the etcd transaction %d bytes, etcd's --max-request-bytes %d", stored, txn, limit)
 	switch {
 	case prefix != "":
 		what += "; the write encrypts as " + prefix
@@ -80,7 +80,7 @@ func (st storageStage) sizeCheck(ctx context.Context, req *Request, run *apiserv
 	case w.EncryptionError() != nil:
 		what += "; encryption at rest not applied: " + w.EncryptionError().Error()
 	case st.m.opts.EncryptionProviderConfig == "":
-		what += "; not encrypted (no --encryption-provider-config: values are stored as they are)"
+		what += "; not encrypted (no --encryption-provider-config)"
 	}
 	unsized := w.EncryptionError() != nil && txn > limit-encryptionSlack
 	if run.DryRun {
