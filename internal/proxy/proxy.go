@@ -498,7 +498,7 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	ex.rec.Actual.Headers = record.RedactHeaders(rw.Header())
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
 	ex.actualWrite, ex.okBody = stages.Answer{Status: rw.status}, rw.okBody
-	if rw.status == http.StatusOK && answersObject(ex.info) && int64(len(rw.okBody)) == rw.bytes {
+	if rw.status == http.StatusOK && abort == "" && answersObject(ex.info) && int64(len(rw.okBody)) == rw.bytes {
 		h := rw.Header()
 		ex.actualWrite.Body, ex.actualWrite.ContentType, ex.actualWrite.ContentEncoding = rw.okBody, h.Get("Content-Type"), h.Get("Content-Encoding")
 	}
