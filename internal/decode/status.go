@@ -7,6 +7,9 @@ package decode
 import (
 	"bytes"
 	"mime"
+	"reflect"
+	"strings"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,7 +37,10 @@ var protobufPrefix = []byte("k8s\x00")
 
 // Status decodes a metav1.Status from a response body of the given content
 // type (JSON, YAML, protobuf or CBOR). ok is false when the body is not a
-// Status, which is normal for successful responses.
+// Status, which is normal for successful responses. Its strings are valid
+// UTF-8: a protobuf Status can carry any bytes, but it ends up in records,
+// spans and views, which are text (JSON would swap the bytes for U+FFFD
+// anyway), so the swap happens here, once, the same for every reader.
 func Status(contentType string, body []byte) (st *metav1.Status, ok bool) {
 	if len(body) == 0 {
 		return nil, false
@@ -55,7 +61,40 @@ func Status(contentType string, body []byte) (st *metav1.Status, ok bool) {
 		return nil, false
 	}
 	s, isStatus := obj.(*metav1.Status)
-	return s, isStatus
+	// The apiserver writes every Status as apiVersion v1, whatever group
+	// the request was for; a body that says otherwise (or, through the
+	// case-blind kind sniffing of the JSON decoder, "ApiVersion") is
+	// not an apiserver's error answer, so kproxy does not vouch for it.
+	if !isStatus || s.APIVersion != "v1" {
+		return nil, false
+	}
+	validUTF8(reflect.ValueOf(s))
+	return s, true
+}
+
+// validUTF8 replaces invalid UTF-8 in every settable string reachable from
+// v (through pointers, structs and slices) with U+FFFD, as encoding/json
+// does. It walks by reflection so that a field metav1.Status gains in a
+// later release is covered too.
+func validUTF8(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			validUTF8(v.Elem())
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			validUTF8(v.Field(i))
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			validUTF8(v.Index(i))
+		}
+	case reflect.String:
+		if s := v.String(); v.CanSet() && !utf8.ValidString(s) {
+			v.SetString(strings.ToValidUTF8(s, "\uFFFD"))
+		}
+	}
 }
 
 // ResourceVersion is metadata.resourceVersion of the object in an
