@@ -690,7 +690,8 @@ func startKproxyProcess(t *testing.T, o processOptions) *kproxyProcess {
 			<-k.exited
 		}
 	})
-	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+	var notReady string
+	err = wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
 		select {
 		case <-k.exited:
 			return false, fmt.Errorf("kproxy exited: %v", k.waitErr)
@@ -698,14 +699,17 @@ func startKproxyProcess(t *testing.T, o processOptions) *kproxyProcess {
 		}
 		resp, err := http.Get("http://" + k.metricsAddr + "/readyz")
 		if err != nil {
+			notReady = err.Error()
 			return false, nil //nolint:nilerr // not listening yet: poll again
 		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
+		notReady = fmt.Sprintf("/readyz %d: %s", resp.StatusCode, b)
 		return resp.StatusCode == http.StatusOK, nil
 	})
 	if err != nil {
 		logs, _ := os.ReadFile(k.logPath)
-		t.Fatalf("kproxy not ready: %v\n%s", err, logs)
+		t.Fatalf("kproxy not ready: %v (last: %s); its log:\n%s", err, notReady, logs)
 	}
 	caPEM, err := os.ReadFile(filepath.Join(dir, "pki", "ca.crt"))
 	if err != nil {

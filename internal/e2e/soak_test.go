@@ -4,20 +4,17 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptrace"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -41,48 +38,11 @@ func TestSoak(t *testing.T) {
 	if d, err := time.ParseDuration(os.Getenv("KPROXY_SOAK_DURATION")); err == nil && d > 0 {
 		duration = d
 	}
-	dir := t.TempDir()
-	bin, manifest := kproxyBinary(t, dir)
-	upstream, err := cluster.UpstreamKubeconfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ports, err := localcluster.FreePorts(2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr, metricsAddr := "127.0.0.1:"+strconv.Itoa(ports[0]), "127.0.0.1:"+strconv.Itoa(ports[1])
-	capture := filepath.Join(dir, "capture.jsonl")
-	cmd := exec.Command(bin, "serve", "--listen="+addr, "--upstream-kubeconfig="+upstream, "--apiserver-manifest="+manifest,
-		"--pki-dir="+filepath.Join(dir, "pki"), "--capture="+capture, "--metrics-listen="+metricsAddr, "--api-listen=off", "--log-level=warn")
-	logf, err := os.Create(filepath.Join(dir, "kproxy.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	capture := filepath.Join(t.TempDir(), "capture.jsonl")
+	k := startKproxyProcess(t, processOptions{capture: capture})
+	addr, metricsAddr, pid := k.addr, k.metricsAddr, k.cmd.Process.Pid
 	ctx := context.Background()
-	if err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
-		resp, err := http.Get("http://" + metricsAddr + "/readyz")
-		if err != nil {
-			return false, nil //nolint:nilerr // not listening yet: poll again
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	}); err != nil {
-		t.Fatalf("kproxy not ready: %v (log: %s)", err, logf.Name())
-	}
-	caPEM, err := os.ReadFile(filepath.Join(dir, "pki", "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
-	h2 := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 32}
+	h2 := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: k.pool}, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 32}
 	if err := http2.ConfigureTransport(h2); err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +74,7 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	base := kproxyState(t, cmd.Process.Pid, metricsAddr)
+	base := kproxyState(t, pid, metricsAddr)
 
 	lctx, stop := context.WithTimeout(ctx, duration)
 	defer stop()
@@ -160,10 +120,10 @@ func TestSoak(t *testing.T) {
 			}
 		}()
 	}
-	peak := kproxyState(t, cmd.Process.Pid, metricsAddr)
+	peak := kproxyState(t, pid, metricsAddr)
 	for lctx.Err() == nil {
 		time.Sleep(time.Second)
-		if s := kproxyState(t, cmd.Process.Pid, metricsAddr); s.goroutines > peak.goroutines {
+		if s := kproxyState(t, pid, metricsAddr); s.goroutines > peak.goroutines {
 			peak = s
 		}
 	}
@@ -175,8 +135,8 @@ func TestSoak(t *testing.T) {
 
 	// Back to baseline once the replays in flight have drained.
 	var after state
-	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		after = kproxyState(t, cmd.Process.Pid, metricsAddr)
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		after = kproxyState(t, pid, metricsAddr)
 		return after.queue == 0 && after.busy == 0 && after.goroutines <= base.goroutines+16, nil
 	})
 	t.Logf("soak %v, %d requests: goroutines %d → peak %d → %d; open files %d → %d; RSS %.1f → %.1f MiB; replays shed %d",
@@ -193,8 +153,7 @@ func TestSoak(t *testing.T) {
 	}
 
 	// Stop kproxy (flushing its capture), then count the records.
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	_ = cmd.Wait()
+	k.stop(t, time.Minute)
 	f, err := os.Open(capture)
 	if err != nil {
 		t.Fatal(err)

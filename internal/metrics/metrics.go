@@ -193,6 +193,18 @@ func (m *Metrics) ReplayPool(workers, queue int) {
 	m.queueCapacity.Set(float64(queue))
 }
 
+// CPUPressure exports share, the last sampled share of time tasks
+// waited for a CPU, which --replay-cpu-pressure compares to its bound.
+func (m *Metrics) CPUPressure(share func() float64) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kproxy_replay_cpu_pressure_ratio",
+		Help: "The share of the last quarter second in which some task on the machine waited for a CPU (Linux PSI); at or past --replay-cpu-pressure the replay pool yields to forwarding (one worker, resting) and more replays are shed.",
+	}, share))
+}
+
 // ReplayQueued moves the queue depth by delta (+1 queued, -1 taken).
 func (m *Metrics) ReplayQueued(delta int) {
 	if m == nil {

@@ -94,6 +94,12 @@ type Config struct {
 	// (replaypool.go).
 	ReplayWorkers int
 	ReplayQueue   int
+	// ReplayCPUPressure, a percent (0: off), makes the replay pool yield
+	// while tasks waited for a CPU that share of the time, as it does
+	// after a shed (cpupressure.go). CPUPressureTotal reads the
+	// cumulative CPU stall time (nil: Linux PSI, /proc/pressure/cpu).
+	ReplayCPUPressure float64
+	CPUPressureTotal  func() (time.Duration, error)
 	// ReplayBodyBudget bounds the request body bytes held for replays at
 	// once (0: DefaultReplayBodyBudget, negative: no bound). Past it, a
 	// write is forwarded and recorded, its replay shed (body.go).
@@ -136,9 +142,13 @@ type Proxy struct {
 	shedLine            logging.Gate // the replay-shed warning
 	recorder            recorder     // see completeLater
 	pool                *replayPool
-	bodies              *bodyBudget
-	replica             string
-	metrics             *metrics.Metrics // nil: none
+	// answering counts the requests relayed now that wait for their
+	// answer (not long-running): the demand on kproxy's CPUs the replay
+	// pool yields to under CPU pressure.
+	answering atomic.Int64
+	bodies    *bodyBudget
+	replica   string
+	metrics   *metrics.Metrics // nil: none
 	// selection is --replay-filter's choice of the requests replayed,
 	// changed at run time through the flow API (SetReplayFilter); nil
 	// replays every request.
@@ -218,6 +228,20 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.recorder.queue = make(chan *exchange, recorderBuffer)
 	p.pool = newReplayPool(cfg.ReplayWorkers, cfg.ReplayQueue, p.clock, p.metrics)
+	if cfg.ReplayCPUPressure > 0 {
+		total := cfg.CPUPressureTotal
+		if total == nil {
+			total = func() (time.Duration, error) { return readPSITotal(PSIPath) }
+		}
+		pressure, err := newCPUPressure(cfg.ReplayCPUPressure, p.clock, total)
+		if err != nil {
+			p.log.Info("CPU pressure cannot be read: the replay yields to forwarding only once its queue is full (--replay-cpu-pressure needs Linux PSI, "+PSIPath+")", "error", err)
+		}
+		if pressure != nil {
+			p.pool.pressure, p.pool.demand = pressure, p.answering.Load
+			p.metrics.CPUPressure(pressure.Share)
+		}
+	}
 	p.bodies = &bodyBudget{limit: cfg.ReplayBodyBudget}
 	if cfg.ReplayBodyBudget == 0 {
 		p.bodies.limit = DefaultReplayBodyBudget
@@ -255,12 +279,15 @@ type exchange struct {
 	// span is the server span. It ends once the record is complete, so
 	// that it carries what only the replay knows (the prediction, a
 	// token caller's user), at the time the response ended.
-	span    trace.Span
-	info    *apirequest.RequestInfo // the request as the apiserver resolves it
-	ident   identity
-	actAs   user.Info // the user forwarded by impersonation
-	auditID string
-	body    *teeBody
+	span trace.Span
+	info *apirequest.RequestInfo // the request as the apiserver resolves it
+	// answering: the request is not long-running, counted in
+	// Proxy.answering until its relay ends.
+	answering bool
+	ident     identity
+	actAs     user.Info // the user forwarded by impersonation
+	auditID   string
+	body      *teeBody
 	// errBody is the start of an error response's body (a Status), as the
 	// client received it, whoever wrote it: the upstream, or kproxy.
 	errBody []byte
@@ -356,6 +383,10 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		done:  make(chan struct{}),
 	}
 	ex.parts.Store(2)
+	if !stages.IsLongRunning(r, info) {
+		ex.answering = true
+		p.answering.Add(1)
+	}
 	// The apiserver uses a client-supplied Audit-ID; otherwise kproxy sets
 	// one so its trace, the apiserver's trace and the audit log join up.
 	ex.auditID = r.Header.Get("Audit-Id")
@@ -504,6 +535,9 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	}
 	ex.end = p.clock.Now()
 	close(ex.done)
+	if ex.answering {
+		p.answering.Add(-1)
+	}
 	// The body tee has handed the replay its copy (ex.body.finish above):
 	// a short read's replay starts now.
 	if shortRead(ex.replayReq) {

@@ -91,6 +91,13 @@ type replayPool struct {
 
 	// rest pauses a worker (time.Sleep; tests inject their own).
 	rest func(time.Duration)
+	// pressure, when on, tells when the machine's CPUs are contended;
+	// demand is how many requests wait for their answer through kproxy.
+	// With more of them than CPUs, and the CPUs contended, the pool is
+	// overloaded as after a shed (see cpupressure.go).
+	pressure *cpuPressure
+	demand   func() int64
+	cpus     int64
 
 	mu       sync.Mutex
 	lastShed time.Time // when a replay was last shed: the pool is overloaded
@@ -129,7 +136,7 @@ func newReplayPool(workers, capacity int, clk clock.PassiveClock, m *metrics.Met
 		capacity = DefaultReplayQueue(workers)
 	}
 	m.ReplayPool(workers, capacity)
-	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m, rest: time.Sleep,
+	return &replayPool{workers: workers, capacity: capacity, clock: clk, m: m, rest: time.Sleep, cpus: int64(runtime.GOMAXPROCS(0)),
 		handoff: make(chan queuedReplay, workers)}
 }
 
@@ -175,7 +182,8 @@ func (q *replayPool) submit(run func(), urgent bool) bool {
 // submit queues under, so a replay is never queued just as the last
 // worker leaves.
 //
-// While the pool is overloaded (it shed a replay within overloadWindow),
+// While the pool is overloaded (it shed a replay within overloadWindow, or
+// more requests wait for kproxy than it has CPUs, which are contended),
 // one worker replays, and it rests restPerRun times as long as its replay
 // ran before it takes the next: the replays then use at most a tenth of a
 // CPU, and the rest goes to forwarding (and to the apiserver, on a shared
@@ -257,9 +265,14 @@ func (q *replayPool) linger(t **time.Timer) (queuedReplay, bool) {
 	return queuedReplay{}, false
 }
 
-// overloaded reports a shed within overloadWindow of now; q.mu is held.
+// overloaded reports a shed within overloadWindow of now, or more
+// requests waiting for their answer than CPUs while the CPUs are
+// contended past --replay-cpu-pressure; q.mu is held.
 func (q *replayPool) overloaded(now time.Time) bool {
-	return !q.lastShed.IsZero() && now.Sub(q.lastShed) < overloadWindow
+	if !q.lastShed.IsZero() && now.Sub(q.lastShed) < overloadWindow {
+		return true
+	}
+	return q.demand != nil && q.demand() > q.cpus && q.pressure.contended(now)
 }
 
 // limit is how many workers may run now: all of them, or one while the

@@ -45,6 +45,9 @@ import (
 // DefaultReplayBodyBudget is --replay-body-budget-mib's default, in bytes.
 const DefaultReplayBodyBudget = proxy.DefaultReplayBodyBudget
 
+// DefaultReplayCPUPressure is --replay-cpu-pressure's default, a percent.
+const DefaultReplayCPUPressure = proxy.DefaultReplayCPUPressure
+
 // Options are `kproxy serve`'s flags.
 type Options struct {
 	Upstream           string // apiserver URL; overrides the kubeconfig's server
@@ -124,6 +127,10 @@ type Options struct {
 	MetricsListen string
 	ReplayWorkers int
 	ReplayQueue   int
+	// ReplayCPUPressure is --replay-cpu-pressure: the percent of time
+	// tasks may wait for a CPU before the replay yields (0: off; the flag
+	// defaults to proxy.DefaultReplayCPUPressure).
+	ReplayCPUPressure float64
 	// ReplayBodyBudget bounds the request body bytes held for replays at
 	// once (0: DefaultReplayBodyBudget).
 	ReplayBodyBudget int64
@@ -204,6 +211,9 @@ func (o *Options) validateMetrics() error {
 	}
 	if o.ReplayQueue < 0 {
 		return fmt.Errorf("--replay-queue=%d: want how many replays may wait for a worker, e.g. %d, or 0 for %d per worker", o.ReplayQueue, proxy.DefaultReplayQueue(proxy.DefaultReplayWorkers()), proxy.DefaultReplayQueue(1))
+	}
+	if o.ReplayCPUPressure < 0 || o.ReplayCPUPressure > 100 {
+		return fmt.Errorf("--replay-cpu-pressure=%v: want the percent of time tasks may wait for a CPU before the replay yields, e.g. %d, or 0 to replay at full speed whatever the CPU pressure", o.ReplayCPUPressure, proxy.DefaultReplayCPUPressure)
 	}
 	if _, err := o.replayFilter(); err != nil {
 		return err
@@ -450,6 +460,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		BodyIdleTimeout:   o.BodyIdleTimeout,
 		ReplayWorkers:     o.ReplayWorkers,
 		ReplayQueue:       o.ReplayQueue,
+		ReplayCPUPressure: o.ReplayCPUPressure,
 		ReplayBodyBudget:  o.ReplayBodyBudget,
 		Metrics:           m,
 		Replica:           o.Replica,

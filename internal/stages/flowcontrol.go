@@ -3,9 +3,11 @@ package stages
 import (
 	"context"
 	"fmt"
+	"net/http"
 
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	utilflowcontrol "k8s.io/apiserver/pkg/util/flowcontrol"
 	fcrequest "k8s.io/apiserver/pkg/util/flowcontrol/request"
@@ -37,6 +39,13 @@ var longRunning = genericfilters.BasicLongRunningRequestCheck(
 	sets.NewString("watch", "proxy"),
 	sets.NewString("attach", "exec", "proxy", "log", "portforward"),
 )
+
+// IsLongRunning reports whether kube-apiserver counts the request as
+// long-running (a watch, an exec, a log, a proxy): held open, rather
+// than answered.
+func IsLongRunning(r *http.Request, info *apirequest.RequestInfo) bool {
+	return info != nil && longRunning(r, info)
+}
 
 func newFlowControl(m *machinery) Stage { return &flowControl{m: m, opts: m.opts} }
 
