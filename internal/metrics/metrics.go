@@ -201,7 +201,7 @@ func (m *Metrics) CPUPressure(share func() float64) {
 	}
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kproxy_replay_cpu_pressure_ratio",
-		Help: "The share of the last quarter second in which some task on the machine waited for a CPU (Linux PSI); at or past --replay-cpu-pressure the replay pool yields to forwarding (one worker, resting) and more replays are shed.",
+		Help: "The share of the last tenth of a second (or more, after a quiet spell) in which some task on the machine waited for a CPU (Linux PSI); at or past --replay-cpu-pressure the replay pool yields to forwarding (one worker, resting) and more replays are shed.",
 	}, share))
 }
 

@@ -88,14 +88,14 @@ func TestCPUPressure(t *testing.T) {
 		want           bool
 		share          float64
 	}{
-		{advance: 100 * time.Millisecond, stall: 90 * time.Millisecond, want: false, share: 0},   // too soon to sample
-		{advance: 400 * time.Millisecond, stall: 110 * time.Millisecond, want: true, share: 0.4}, // 200ms of 500ms: at the threshold
+		{advance: 50 * time.Millisecond, stall: 90 * time.Millisecond, want: false, share: 0},    // too soon to sample
+		{advance: 450 * time.Millisecond, stall: 110 * time.Millisecond, want: true, share: 0.4}, // 200ms of 500ms: at the threshold
 		{advance: 500 * time.Millisecond, stall: 300 * time.Millisecond, want: true, share: 0.6},
 		{advance: 500 * time.Millisecond, stall: 100 * time.Millisecond, want: false, share: 0.2},
 		{advance: 500 * time.Millisecond, stall: 0, fail: true, want: false, share: 0.2},
 		{advance: 500 * time.Millisecond, stall: 2 * time.Second, want: true, share: 1}, // two CPUs stalled: at most all the time
-		{advance: 2 * time.Second, stall: 2 * time.Second, want: false, share: 0},       // not sampled for long: not taken
-		{advance: 300 * time.Millisecond, stall: 150 * time.Millisecond, want: true, share: 0.5},
+		{advance: 10 * time.Second, stall: 2 * time.Second, want: false, share: 0.2},    // after a quiet spell, its average
+		{advance: 200 * time.Millisecond, stall: 100 * time.Millisecond, want: true, share: 0.5},
 	}
 	for i, s := range steps {
 		clk.SetTime(clk.Now().Add(s.advance))
