@@ -104,6 +104,8 @@ func TestValidate(t *testing.T) {
 		{"replay pool: sized by hand", func(o *Options) { o.ReplayWorkers, o.ReplayQueue = 1, 1 }, ""},
 		{"replay pool: negative workers", func(o *Options) { o.ReplayWorkers = -1 }, "--replay-workers=-1"},
 		{"replay pool: negative queue", func(o *Options) { o.ReplayQueue = -2 }, "--replay-queue=-2"},
+		{"replay cpu pressure over 100%", func(o *Options) { o.ReplayCPUPressure = 140 }, "--replay-cpu-pressure=140"},
+		{"replay cpu pressure negative", func(o *Options) { o.ReplayCPUPressure = -1 }, "--replay-cpu-pressure=-1"},
 		// --replay-filter: a request's own terms only.
 		{"replay filter: a namespace", func(o *Options) { o.ReplayFilter = "~n payments | ~u alice" }, ""},
 		{"replay filter: the answer", func(o *Options) { o.ReplayFilter = "~n payments & ~c 403" }, `--replay-filter="~n payments & ~c 403": ~c needs the apiserver's answer`},
