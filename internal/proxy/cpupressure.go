@@ -55,7 +55,6 @@ const PSIPath = "/proc/pressure/cpu"
 // threshold. A nil *cpuPressure is never contended (the signal is off).
 type cpuPressure struct {
 	threshold float64 // a share of time, 0 to 1
-	clock     clock.PassiveClock
 	// total reads PSI's cumulative "some" stall time.
 	total func() (time.Duration, error)
 
@@ -76,7 +75,7 @@ func newCPUPressure(percent float64, clk clock.PassiveClock, total func() (time.
 	if err != nil {
 		return nil, err
 	}
-	return &cpuPressure{threshold: percent / 100, clock: clk, total: total, lastAt: clk.Now(), lastTotal: t}, nil
+	return &cpuPressure{threshold: percent / 100, total: total, lastAt: clk.Now(), lastTotal: t}, nil
 }
 
 // contended reports whether the share of time tasks waited for a CPU,

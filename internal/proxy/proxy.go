@@ -383,7 +383,9 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		done:  make(chan struct{}),
 	}
 	ex.parts.Store(2)
-	if !stages.IsLongRunning(r, info) {
+	// Counted only for the replay pool's CPU pressure signal: with it off,
+	// no request pays for the shared counter.
+	if p.pool.demand != nil && !stages.IsLongRunning(r, info) {
 		ex.answering = true
 		p.answering.Add(1)
 	}
