@@ -24,6 +24,9 @@ import (
 	"github.com/kproxy/kproxy/internal/telemetry"
 
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
+	// The apiserver's per-request metrics, off before its packages
+	// register them (apimetrics' doc says why and how).
+	_ "github.com/kproxy/kproxy/internal/stages/apimetrics"
 )
 
 // KubernetesVersion is the Kubernetes release whose code the replay runs.
