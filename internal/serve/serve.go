@@ -300,7 +300,7 @@ func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, opts 
 		log.Warn("the storage stage reads through the apiserver: resourceVersion semantics and etcd keys stay unknown", "why", why)
 	}
 	if syncTimeout == 0 {
-		syncTimeout = 60 * time.Second
+		syncTimeout = DefaultSyncTimeout
 	}
 	log.Info("syncing the replay's cluster state", "timeout", syncTimeout)
 	if err := state.Start(ctx, syncTimeout); err != nil {
@@ -317,6 +317,10 @@ func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, opts 
 	}
 	return pipeline, nil
 }
+
+// DefaultSyncTimeout bounds the wait for the replay's cluster state when
+// Options.SyncTimeout is not set.
+const DefaultSyncTimeout = 60 * time.Second
 
 // Server is a configured, not yet running kproxy.
 type Server struct {
@@ -349,9 +353,14 @@ type Server struct {
 	// MetricsAddr is where /metrics is served ("" when off).
 	MetricsAddr string
 	metrics     *metrics.Server
-	// pipeline is the replay (its readiness); stopping is set once Run's
-	// context ends, so /readyz turns a load balancer away first.
-	pipeline *stages.Pipeline
+	// starting says what New is waiting for (nil once it returns):
+	// /readyz is served from the start and says so, rather than a load
+	// balancer or a scrape finding nothing listening while the replay's
+	// caches sync (up to a minute, more for APF). pipeline is the replay
+	// (its readiness); stopping is set once Run's context ends, so
+	// /readyz turns a load balancer away first.
+	starting atomic.Pointer[string]
+	pipeline atomic.Pointer[stages.Pipeline]
 	stopping atomic.Bool
 }
 
@@ -374,6 +383,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: o, log: log}
+	s.startingWith("setting up tracing and the capture")
 	ok := false
 	defer func() {
 		if !ok {
@@ -386,6 +396,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	var m *metrics.Metrics
 	if o.metricsOn() {
 		m = metrics.New(prometheus.NewRegistry())
+	}
+	if err := s.listenMetrics(m); err != nil {
+		return nil, err
 	}
 
 	tp, shutdownTP, err := telemetry.Setup(ctx, o.Telemetry, nil)
@@ -481,13 +494,18 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 			d := Discover(ctx, cfg, log)
 			ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
 		}
+		sync := o.SyncTimeout
+		if sync == 0 {
+			sync = DefaultSyncTimeout
+		}
+		s.startingWith(fmt.Sprintf("syncing the replay's cluster state (for up to %s)", sync))
 		replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))
 		s.shutdown = append(s.shutdown, func(context.Context) error { stopReplay(); return nil })
 		pipeline, err := NewReplay(replayCtx, cfg, up.Impersonating != nil, o.APIServer, tp, o.SyncTimeout, log)
 		if err != nil {
 			return nil, err
 		}
-		s.pipeline = pipeline
+		s.pipeline.Store(pipeline)
 		pcfg.Replayer = pipeline
 	}
 	if up.Impersonating != nil {
@@ -506,9 +524,6 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		return nil, err
 	}
 	if err := s.listenAPI(); err != nil {
-		return nil, err
-	}
-	if err := s.listenMetrics(m); err != nil {
 		return nil, err
 	}
 
@@ -533,8 +548,12 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	// trace is missing from the collector.
 	log.Info("kproxy tracing", "traces", telemetry.Describe(o.Telemetry, nil), "records as logs", telemetry.DescribeLogs(o.Telemetry, telemetry.LogsOptions{On: o.OTLPLogs}, nil))
 	ok = true
+	s.starting.Store(nil)
 	return s, nil
 }
+
+// startingWith says, on /readyz, what New is doing.
+func (s *Server) startingWith(what string) { s.starting.Store(&what) }
 
 // Run serves until ctx is done, then flushes captures and spans.
 func (s *Server) Run(ctx context.Context) error {
@@ -549,13 +568,6 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	if s.audit != nil {
 		go s.audit.serve()
-	}
-	if s.metrics != nil {
-		go func() {
-			if err := s.metrics.Serve(); err != nil {
-				s.log.Error("--metrics-listen: serving /metrics stopped", "error", err)
-			}
-		}()
 	}
 	go func() { <-ctx.Done(); s.stopping.Store(true) }()
 	var err error
@@ -573,8 +585,9 @@ func (s *Server) Run(ctx context.Context) error {
 	return err
 }
 
-// listenMetrics starts listening for scrapes of m (served by Run). Off
-// loopback, /metrics is plain HTTP without authentication, as Prometheus
+// listenMetrics starts serving scrapes of m, /livez and /readyz, first
+// thing, so that while New syncs the replay's caches a load balancer gets
+// a 503 saying so rather than a refused connection. Off loopback, /metrics is plain HTTP without authentication, as Prometheus
 // scrapes by default: it names no user, path or secret, only counts.
 func (s *Server) listenMetrics(m *metrics.Metrics) error {
 	if m == nil {
@@ -586,6 +599,11 @@ func (s *Server) listenMetrics(m *metrics.Metrics) error {
 	}
 	s.metrics, s.MetricsAddr = ms, ms.Addr()
 	s.shutdown = append(s.shutdown, ms.Close)
+	go func() {
+		if err := ms.Serve(); err != nil {
+			s.log.Error("--metrics-listen: serving /metrics stopped", "error", err)
+		}
+	}()
 	s.log.Info("serving kproxy's metrics", "addr", s.MetricsAddr, "path", "/metrics")
 	if host, _, _ := net.SplitHostPort(s.opts.MetricsListen); !isLoopback(host) {
 		s.log.Warn("kproxy's metrics are served beyond loopback, as plain HTTP without authentication: "+
@@ -595,14 +613,18 @@ func (s *Server) listenMetrics(m *metrics.Metrics) error {
 	return nil
 }
 
-// ready says why kproxy should not get traffic yet (nil: it should): its
-// replay's caches have not synced, or it is stopping.
+// ready says why kproxy should not get traffic yet (nil: it should): it
+// is starting (what it waits for), its replay's caches have not synced,
+// or it is stopping.
 func (s *Server) ready() error {
 	if s.stopping.Load() {
 		return errors.New("kproxy is stopping")
 	}
-	if s.pipeline != nil {
-		return s.pipeline.Ready()
+	if what := s.starting.Load(); what != nil {
+		return errors.New("kproxy is starting: " + *what)
+	}
+	if p := s.pipeline.Load(); p != nil {
+		return p.Ready()
 	}
 	return nil
 }

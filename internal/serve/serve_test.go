@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -189,16 +190,7 @@ func TestNoReplay(t *testing.T) {
 	}))
 	defer upstream.Close()
 	dir := t.TempDir()
-	kc := filepath.Join(dir, "upstream.kubeconfig")
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["up"] = &clientcmdapi.Cluster{Server: upstream.URL,
-		CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})}
-	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{Token: "kproxy-own-token"}
-	cfg.Contexts["up"] = &clientcmdapi.Context{Cluster: "up", AuthInfo: "kproxy"}
-	cfg.CurrentContext = "up"
-	if err := clientcmd.WriteToFile(*cfg, kc); err != nil {
-		t.Fatal(err)
-	}
+	kc := upstreamKubeconfig(t, dir, upstream)
 
 	stream := record.NewStream()
 	recs, _, cancel := stream.Subscribe(8)
@@ -211,7 +203,7 @@ func TestNoReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.pipeline != nil {
+	if s.pipeline.Load() != nil {
 		t.Error("the replay pipeline was built with the replay off")
 	}
 	done := make(chan error, 1)
@@ -259,4 +251,110 @@ func TestNoReplay(t *testing.T) {
 	if want := "GET " + path + " Bearer caller-token"; len(seen) != 1 || seen[0] != want {
 		t.Errorf("the apiserver saw %q, want only the forwarded request %q", seen, want)
 	}
+}
+
+// upstreamKubeconfig writes, into dir, a kubeconfig for upstream with a
+// token of kproxy's own (so kproxy replays, reading the cluster).
+func upstreamKubeconfig(t *testing.T, dir string, upstream *httptest.Server) string {
+	t.Helper()
+	kc := filepath.Join(dir, "upstream.kubeconfig")
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["up"] = &clientcmdapi.Cluster{Server: upstream.URL,
+		CertificateAuthorityData: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})}
+	cfg.AuthInfos["kproxy"] = &clientcmdapi.AuthInfo{Token: "kproxy-own-token"}
+	cfg.Contexts["up"] = &clientcmdapi.Context{Cluster: "up", AuthInfo: "kproxy"}
+	cfg.CurrentContext = "up"
+	if err := clientcmd.WriteToFile(*cfg, kc); err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
+// TestReadyzWhileStarting: kproxy serves /livez and /readyz from the
+// moment New starts, not once its replay's caches have synced: while it
+// waits on an apiserver that does not answer, /readyz is a 503 saying
+// what it waits for and /livez is ok (a liveness probe must not kill a
+// kproxy that is syncing); when the sync gives up, /readyz says the
+// cluster state has not synced.
+func TestReadyzWhileStarting(t *testing.T) {
+	release := make(chan struct{})
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+	}))
+	defer upstream.Close()
+	var once sync.Once
+	releaseUpstream := func() { once.Do(func() { close(release) }) }
+	defer releaseUpstream()
+	dir := t.TempDir()
+	metricsAddr := freeAddr(t)
+	type built struct {
+		s   *Server
+		err error
+	}
+	done := make(chan built, 1)
+	go func() {
+		s, err := New(context.Background(), &Options{UpstreamKubeconfig: upstreamKubeconfig(t, dir, upstream),
+			Listen: "127.0.0.1:0", Mode: "reverse", PKIDir: filepath.Join(dir, "pki"), APIListen: "off",
+			MetricsListen: metricsAddr, SyncTimeout: 2 * time.Second,
+			Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		done <- built{s, err}
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + metricsAddr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, strings.TrimSpace(string(b))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := get("/readyz")
+		if code == http.StatusServiceUnavailable {
+			if !strings.HasPrefix(body, "not ready: kproxy is starting: ") {
+				t.Errorf("/readyz while starting: %q, want it to say kproxy is starting and on what", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never answered while kproxy was starting (last: %d %s)", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, body := get("/livez"); code != http.StatusOK {
+		t.Errorf("/livez while starting: %d %s, want 200", code, body)
+	}
+	releaseUpstream()
+	var b built
+	select {
+	case b = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("New did not return after its sync timeout")
+	}
+	if b.err != nil {
+		t.Fatalf("New: %v", b.err)
+	}
+	defer b.s.close(context.Background())
+	if code, body := get("/readyz"); code != http.StatusServiceUnavailable ||
+		body != "not ready: the replay's cluster state has not synced" {
+		t.Errorf("/readyz after the sync gave up: %d %q, want 503 saying the cluster state has not synced", code, body)
+	}
+}
+
+// freeAddr is a loopback address nothing listens on, for a listener the
+// test needs to know before the code under test opens it.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }
