@@ -1,17 +1,18 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -290,7 +291,7 @@ func TestReadyzWhileStarting(t *testing.T) {
 	releaseUpstream := func() { once.Do(func() { close(release) }) }
 	defer releaseUpstream()
 	dir := t.TempDir()
-	metricsAddr := freeAddr(t)
+	var log lockedBuffer
 	type built struct {
 		s   *Server
 		err error
@@ -299,11 +300,21 @@ func TestReadyzWhileStarting(t *testing.T) {
 	go func() {
 		s, err := New(context.Background(), &Options{UpstreamKubeconfig: upstreamKubeconfig(t, dir, upstream),
 			Listen: "127.0.0.1:0", Mode: "reverse", PKIDir: filepath.Join(dir, "pki"), APIListen: "off",
-			MetricsListen: metricsAddr, SyncTimeout: 2 * time.Second,
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			MetricsListen: "127.0.0.1:0", SyncTimeout: 2 * time.Second,
+			Log: slog.New(slog.NewTextHandler(&log, nil))})
 		done <- built{s, err}
 	}()
+	// Where it listens, from its log: New has not returned to say.
+	listening := regexp.MustCompile(`msg="serving kproxy's metrics" addr=(\S+)`)
+	var metricsAddr string
 	get := func(path string) (int, string) {
+		if metricsAddr == "" {
+			m := listening.FindStringSubmatch(log.String())
+			if m == nil {
+				return 0, "not listening yet"
+			}
+			metricsAddr = m[1]
+		}
 		resp, err := http.Get("http://" + metricsAddr + path)
 		if err != nil {
 			return 0, err.Error()
@@ -346,15 +357,20 @@ func TestReadyzWhileStarting(t *testing.T) {
 	}
 }
 
-// freeAddr is a loopback address nothing listens on, for a listener the
-// test needs to know before the code under test opens it.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+// lockedBuffer is a log written by one goroutine and read by another.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
