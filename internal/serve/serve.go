@@ -383,7 +383,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: o, log: log}
-	s.startingWith("setting up tracing and the capture")
+	s.startingWith("setting up tracing, records and listeners")
 	ok := false
 	defer func() {
 		if !ok {
@@ -491,14 +491,15 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		log.Info("the replay is off (--replay=false): requests are forwarded and recorded, their predictions unknown")
 	} else {
 		if up.Impersonating != nil {
+			s.startingWith("asking the apiserver what it runs (version, feature gates)")
 			d := Discover(ctx, cfg, log)
 			ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
 		}
-		sync := o.SyncTimeout
-		if sync == 0 {
-			sync = DefaultSyncTimeout
+		syncFor := o.SyncTimeout
+		if syncFor == 0 {
+			syncFor = DefaultSyncTimeout
 		}
-		s.startingWith(fmt.Sprintf("syncing the replay's cluster state (for up to %s)", sync))
+		s.startingWith(fmt.Sprintf("syncing the replay's cluster state (for up to %s)", syncFor))
 		replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))
 		s.shutdown = append(s.shutdown, func(context.Context) error { stopReplay(); return nil })
 		pipeline, err := NewReplay(replayCtx, cfg, up.Impersonating != nil, o.APIServer, tp, o.SyncTimeout, log)
@@ -520,6 +521,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	} else if certAuth != nil {
 		log.Warn("kproxy has no upstream credentials: certificate callers will be refused (give --upstream-kubeconfig)")
 	}
+	s.startingWith("opening its listeners")
 	if s.handler, err = proxy.New(pcfg); err != nil {
 		return nil, err
 	}
@@ -587,8 +589,9 @@ func (s *Server) Run(ctx context.Context) error {
 
 // listenMetrics starts serving scrapes of m, /livez and /readyz, first
 // thing, so that while New syncs the replay's caches a load balancer gets
-// a 503 saying so rather than a refused connection. Off loopback, /metrics is plain HTTP without authentication, as Prometheus
-// scrapes by default: it names no user, path or secret, only counts.
+// a 503 saying so rather than a refused connection. Off loopback,
+// /metrics is plain HTTP without authentication, as Prometheus scrapes
+// by default: it names no user, path or secret, only counts.
 func (s *Server) listenMetrics(m *metrics.Metrics) error {
 	if m == nil {
 		return nil
