@@ -299,9 +299,7 @@ func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, opts 
 	} else {
 		log.Warn("the storage stage reads through the apiserver: resourceVersion semantics and etcd keys stay unknown", "why", why)
 	}
-	if syncTimeout == 0 {
-		syncTimeout = DefaultSyncTimeout
-	}
+	syncTimeout = syncTimeoutOrDefault(syncTimeout)
 	log.Info("syncing the replay's cluster state", "timeout", syncTimeout)
 	if err := state.Start(ctx, syncTimeout); err != nil {
 		// An error, not a warning: every prediction stays unknown, and
@@ -321,6 +319,15 @@ func NewReplay(ctx context.Context, cfg *rest.Config, hasCredentials bool, opts 
 // DefaultSyncTimeout bounds the wait for the replay's cluster state when
 // Options.SyncTimeout is not set.
 const DefaultSyncTimeout = 60 * time.Second
+
+// syncTimeoutOrDefault is d, or DefaultSyncTimeout when d is 0: what
+// NewReplay waits and what /readyz says it waits.
+func syncTimeoutOrDefault(d time.Duration) time.Duration {
+	if d == 0 {
+		return DefaultSyncTimeout
+	}
+	return d
+}
 
 // Server is a configured, not yet running kproxy.
 type Server struct {
@@ -495,11 +502,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 			d := Discover(ctx, cfg, log)
 			ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
 		}
-		syncFor := o.SyncTimeout
-		if syncFor == 0 {
-			syncFor = DefaultSyncTimeout
-		}
-		s.startingWith(fmt.Sprintf("syncing the replay's cluster state (for up to %s)", syncFor))
+		s.startingWith(fmt.Sprintf("syncing the replay's cluster state (for up to %s)", syncTimeoutOrDefault(o.SyncTimeout)))
 		replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))
 		s.shutdown = append(s.shutdown, func(context.Context) error { stopReplay(); return nil })
 		pipeline, err := NewReplay(replayCtx, cfg, up.Impersonating != nil, o.APIServer, tp, o.SyncTimeout, log)
