@@ -146,7 +146,7 @@ func runTests(cmd *cobra.Command, o *testRunOptions, args []string) error {
 		}
 		rep.Snapshot = dir
 		if len(o.overlays) > 0 || len(o.setFlags) > 0 {
-			before, err := o.baseline(ctx, dir, args)
+			before, err := o.baseline(ctx, dir, args, cmd.ErrOrStderr())
 			if err != nil {
 				return testInputError(cmd, err)
 			}
@@ -250,7 +250,11 @@ func (o *testRunOptions) runLocal(ctx context.Context, cmd *cobra.Command, dir s
 // baseline runs the suite without the what-if changes, in a process of
 // its own: the replay's feature gates are process-wide, so before and
 // after cannot share one.
-func (o *testRunOptions) baseline(ctx context.Context, dir string, args []string) (*citest.Report, error) {
+//
+// What the baseline logs (errors only, unless --log-level asks for more:
+// a replay that could not sync, say) is passed on to logOut, so that a
+// baseline that could not predict is not read as the overlay's doing.
+func (o *testRunOptions) baseline(ctx context.Context, dir string, args []string, logOut io.Writer) (*citest.Report, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -267,6 +271,13 @@ func (o *testRunOptions) baseline(ctx context.Context, dir string, args []string
 		if !errors.As(err, &ee) || ee.ExitCode() == citest.ExitBadInput {
 			return nil, fmt.Errorf("the baseline run (without --overlay and --set-flag) failed: %v\n%s", err, errOut.String())
 		}
+	}
+	for _, line := range strings.Split(errOut.String(), "\n") {
+		// The overlays the files name and the progress are the run's own.
+		if line == "" || strings.HasPrefix(line, "overlay: ") || strings.HasPrefix(line, "kproxy test: ") {
+			continue
+		}
+		fmt.Fprintln(logOut, "baseline (without --overlay and --set-flag): "+line)
 	}
 	var rep citest.Report
 	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {

@@ -111,6 +111,13 @@ func WriteTable(w io.Writer, r *Report, wide bool) error {
 			out.WriteString("  " + lines[i+1] + "\n")
 			if e := firstTextLine(verdictExplanation(c.After)); e != "" {
 				out.WriteString("  " + detailIndent + "explanation: " + e + "\n")
+			} else if c.After.Unknown != "" {
+				out.WriteString("  " + detailIndent + "after, unknown: " + firstTextLine(c.After.Unknown) + "\n")
+			}
+			// An unknown before says why, or the change reads as the
+			// overlay's doing.
+			if c.Before.Unknown != "" {
+				out.WriteString("  " + detailIndent + "before, unknown: " + firstTextLine(c.Before.Unknown) + "\n")
 			}
 		}
 	}

@@ -196,6 +196,33 @@ func firstDifference(want, got string) string {
 	return "no difference by line"
 }
 
+// TestWhatIfUnknown: a what-if change whose before or after is unknown
+// says why in the table, so a baseline that could not predict does not
+// read as the overlay's doing.
+func TestWhatIfUnknown(t *testing.T) {
+	r := sampleReport()
+	r.Changes = []Change{
+		{File: "tests/rbac.yaml", Name: "alice can list pods",
+			Before: Verdict{Stage: record.StageUnknown, Unknown: "the replay's cluster state has not synced"},
+			After:  Verdict{Status: 200, Stage: testfile.StageNone}},
+		{File: "tests/rbac.yaml", Name: "bob can list pods",
+			Before: Verdict{Status: 200, Stage: testfile.StageNone},
+			After:  Verdict{Stage: record.StageUnknown, Unknown: "a webhook cannot be called in dry run"}},
+	}
+	var b bytes.Buffer
+	if err := WriteTable(&b, r, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"    before, unknown: the replay's cluster state has not synced\n",
+		"    after, unknown: a webhook cannot be called in dry run\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the what-if table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
 func TestWriteTable(t *testing.T) {
 	r := sampleReport()
 	var b bytes.Buffer

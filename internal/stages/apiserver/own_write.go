@@ -8,7 +8,9 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -195,6 +197,51 @@ func (r *Run) refusedLate(ctx context.Context) string {
 	return ""
 }
 
+// admittedEarly says why the replay's admission of a create says nothing
+// about the request, or "": the apiserver refused it 403 and the namespace
+// is being terminated (or is gone) now. NamespaceLifecycle refuses creates
+// in a terminating namespace; the apiserver's plugin, which saw the
+// namespace's delete, looks the namespace up live for 30 s after it
+// (forceLiveLookup), while the replay's reads an informer that may not yet
+// have seen the deletion, and never saw a delete sent past kproxy. Which
+// of them the request met is not known: the 403 names no resourceVersion.
+// namespaceNow reads the namespace as it is now (found false when it is
+// gone); it is called only when the answers disagree.
+func (r *Run) admittedEarly(ctx context.Context, namespace string, namespaceNow func(context.Context, string) (ns *corev1.Namespace, found bool, err error)) string {
+	if r.Read || r.actual == nil || r.Verb != "create" || namespace == "" || r.Status != nil || namespaceNow == nil {
+		return ""
+	}
+	if aw, ok := r.actual(ctx); !ok || aw.Status != http.StatusForbidden {
+		return ""
+	}
+	ns, found, err := namespaceNow(ctx, namespace)
+	switch {
+	case err != nil:
+		return ""
+	case !found:
+		return fmt.Sprintf(namespaceEndedEarlyWhy, namespace, "is gone now")
+	case ns.Status.Phase == corev1.NamespaceTerminating || ns.DeletionTimestamp != nil:
+		return fmt.Sprintf(namespaceEndedEarlyWhy, namespace, "is being terminated now")
+	}
+	return ""
+}
+
+// namespaceNow reads a namespace through the apiserver, as the
+// apiserver's NamespaceLifecycle does in a live lookup (one replay read).
+func (s *ClusterState) namespaceNow(ctx context.Context, name string) (*corev1.Namespace, bool, error) {
+	if err := s.admitRead(); err != nil {
+		return nil, false, err
+	}
+	ns, err := s.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, err
+	}
+	return ns, true, nil
+}
+
 func disruptionBudgetCause(st *metav1.Status) bool {
 	if st.Details == nil {
 		return false
@@ -210,5 +257,6 @@ func disruptionBudgetCause(st *metav1.Status) bool {
 const (
 	evictionBudgetReadLateWhy   = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
 	namespaceGoneLateWhy        = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
+	namespaceEndedEarlyWhy      = "the apiserver refused the create (403), and the replay's NamespaceLifecycle admitted it from its informer, which showed namespace %q active; the namespace %s: its deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up, so the state on arrival is not known"
 	namespaceTerminatingLateWhy = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"
 )

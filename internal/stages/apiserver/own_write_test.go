@@ -2,10 +2,12 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -140,6 +142,58 @@ func TestRefusedLate(t *testing.T) {
 			why := r.refusedLate(context.Background())
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("refusedLate = %q, want %q", why, tc.want)
+			}
+		})
+	}
+}
+
+// TestAdmittedEarly: a create the replay admits and the apiserver refused
+// 403, in a namespace being terminated (or gone) now, is unknown: the
+// replay's informer may not have seen the deletion the apiserver's
+// NamespaceLifecycle looked up live. Otherwise the admission stands, and
+// the namespace is read only when the answers disagree.
+func TestAdmittedEarly(t *testing.T) {
+	active := &corev1.Namespace{Status: corev1.NamespaceStatus{Phase: corev1.NamespaceActive}}
+	terminating := &corev1.Namespace{Status: corev1.NamespaceStatus{Phase: corev1.NamespaceTerminating}}
+	deleting := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &metav1.Time{}}, Status: corev1.NamespaceStatus{Phase: corev1.NamespaceActive}}
+	for _, tc := range []struct {
+		name      string
+		run       *Run
+		namespace string
+		answered  int
+		now       *corev1.Namespace // nil: gone
+		readErr   error
+		want      string // contains; "" keeps the admission
+		reads     int
+	}{
+		{"refused 403, terminating now", &Run{Verb: "create", Resource: "events"}, "kcm-1", 403, terminating, nil, `namespace "kcm-1" active; the namespace is being terminated now`, 1},
+		{"refused 403, deletion begun now", &Run{Verb: "create", Resource: "events"}, "kcm-1", 403, deleting, nil, "is being terminated now", 1},
+		{"refused 403, gone now", &Run{Verb: "create", Resource: "events"}, "kcm-1", 403, nil, nil, "is gone now", 1},
+		{"a dry run refused 403, terminating now", &Run{Verb: "create", Resource: "events", DryRun: true}, "kcm-1", 403, terminating, nil, "is being terminated now", 1},
+		{"refused 403, active now", &Run{Verb: "create", Resource: "events"}, "kcm-1", 403, active, nil, "", 1},
+		{"refused 403, the namespace unreadable", &Run{Verb: "create", Resource: "events"}, "kcm-1", 403, nil, errors.New("throttled"), "", 1},
+		{"admitted by both", &Run{Verb: "create", Resource: "events"}, "kcm-1", 201, terminating, nil, "", 0},
+		{"an update refused 403", &Run{Verb: "update", Resource: "events"}, "kcm-1", 403, terminating, nil, "", 0},
+		{"a cluster-scoped create refused 403", &Run{Verb: "create", Resource: "namespaces"}, "", 403, terminating, nil, "", 0},
+		{"a read", &Run{Verb: "create", Resource: "events", Read: true}, "kcm-1", 403, terminating, nil, "", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.run
+			r.actual = func(context.Context) (Answer, bool) { return Answer{Status: tc.answered}, true }
+			reads := 0
+			now := func(_ context.Context, name string) (*corev1.Namespace, bool, error) {
+				reads++
+				if name != tc.namespace {
+					t.Errorf("read namespace %q, want %q", name, tc.namespace)
+				}
+				return tc.now, tc.now != nil, tc.readErr
+			}
+			why := r.admittedEarly(context.Background(), tc.namespace, now)
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("admittedEarly = %q, want %q", why, tc.want)
+			}
+			if reads != tc.reads {
+				t.Errorf("%d namespace reads, want %d", reads, tc.reads)
 			}
 		})
 	}
