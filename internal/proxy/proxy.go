@@ -448,13 +448,19 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 
 // actualAnswer is stages.Request.Actual: the apiserver's status and, for
 // a write, decoded only when the replay asks (off the response's path),
-// the resourceVersion it answered with.
+// the resourceVersion it answered with or the Status it refused with.
 func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 	select {
 	case <-ex.done:
 		ex.rvOnce.Do(func() {
-			if ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) {
+			switch {
+			case !stages.IsWrite(ex.info):
+			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0:
 				ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
+			case ex.actualWrite.Status >= 400 && len(ex.errBody) > 0:
+				if st, ok := decode.Status(ex.errCT, ex.errBody); ok {
+					ex.actualWrite.Refusal = st
+				}
 			}
 		})
 		return ex.actualWrite, true

@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -188,6 +187,8 @@ func (r *Run) refusedLate(ctx context.Context) string {
 		why = evictionBudgetReadLateWhy
 	case r.Status.Code == http.StatusForbidden && r.PluginErrName == "NamespaceLifecycle" && strings.Contains(r.Status.Message, "because it is being terminated"):
 		why = namespaceTerminatingLateWhy
+	case r.PluginErrName == "ResourceQuota" && quotaExceeded(r.Status):
+		why = quotaRefusedLateWhy
 	default:
 		return ""
 	}
@@ -197,49 +198,51 @@ func (r *Run) refusedLate(ctx context.Context) string {
 	return ""
 }
 
-// admittedEarly says why the replay's admission of a create says nothing
-// about the request, or "": the apiserver refused it 403 and the namespace
-// is being terminated (or is gone) now. NamespaceLifecycle refuses creates
-// in a terminating namespace; the apiserver's plugin, which saw the
-// namespace's delete, looks the namespace up live for 30 s after it
-// (forceLiveLookup), while the replay's reads an informer that may not yet
-// have seen the deletion, and never saw a delete sent past kproxy. Which
-// of them the request met is not known: the 403 names no resourceVersion.
-// namespaceNow reads the namespace as it is now (found false when it is
-// gone); it is called only when the answers disagree.
-func (r *Run) admittedEarly(ctx context.Context, namespace string, namespaceNow func(context.Context, string) (ns *corev1.Namespace, found bool, err error)) string {
-	if r.Read || r.actual == nil || r.Verb != "create" || namespace == "" || r.Status != nil || namespaceNow == nil {
+// admittedEarly says why the replay's admission of a write the apiserver
+// refused says nothing about the request, or "": the refusal came from
+// state the replay reads from an informer, after the request, and found
+// otherwise:
+//   - NamespaceLifecycle refused a create in a terminating namespace: the
+//     apiserver's plugin, which saw the namespace's delete, looks it up
+//     live for 30 s after one (forceLiveLookup); the replay's informer may
+//     not have seen the deletion yet, and its plugin never saw a delete
+//     sent past kproxy;
+//   - ResourceQuota refused it (exceeded quota): the replay read less
+//     usage than the apiserver had counted (writes its informer had not
+//     seen yet, or objects deleted since).
+func (r *Run) admittedEarly(ctx context.Context) string {
+	if r.Read || r.actual == nil || r.Status != nil {
 		return ""
 	}
-	if aw, ok := r.actual(ctx); !ok || aw.Status != http.StatusForbidden {
+	aw, ok := r.actual(ctx)
+	if !ok || aw.Status != http.StatusForbidden || aw.Refusal == nil {
 		return ""
 	}
-	ns, found, err := namespaceNow(ctx, namespace)
 	switch {
-	case err != nil:
-		return ""
-	case !found:
-		return fmt.Sprintf(namespaceEndedEarlyWhy, namespace, "is gone now")
-	case ns.Status.Phase == corev1.NamespaceTerminating || ns.DeletionTimestamp != nil:
-		return fmt.Sprintf(namespaceEndedEarlyWhy, namespace, "is being terminated now")
+	case r.Verb == "create" && namespaceTerminating(aw.Refusal):
+		return namespaceEndedEarlyWhy
+	case quotaExceeded(aw.Refusal):
+		return quotaAdmittedEarlyWhy
 	}
 	return ""
 }
 
-// namespaceNow reads a namespace through the apiserver, as the
-// apiserver's NamespaceLifecycle does in a live lookup (one replay read).
-func (s *ClusterState) namespaceNow(ctx context.Context, name string) (*corev1.Namespace, bool, error) {
-	if err := s.admitRead(); err != nil {
-		return nil, false, err
+// namespaceTerminating reports NamespaceLifecycle's refusal of a create in
+// a terminating namespace.
+func namespaceTerminating(st *metav1.Status) bool {
+	if st.Details != nil {
+		for _, c := range st.Details.Causes {
+			if c.Type == corev1.NamespaceTerminatingCause {
+				return true
+			}
+		}
 	}
-	ns, err := s.Client.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
-	switch {
-	case apierrors.IsNotFound(err):
-		return nil, false, nil
-	case err != nil:
-		return nil, false, err
-	}
-	return ns, true, nil
+	return strings.Contains(st.Message, "because it is being terminated")
+}
+
+// quotaExceeded reports ResourceQuota's refusal of a write over a quota.
+func quotaExceeded(st *metav1.Status) bool {
+	return st.Code == http.StatusForbidden && strings.Contains(st.Message, "exceeded quota: ")
 }
 
 func disruptionBudgetCause(st *metav1.Status) bool {
@@ -257,6 +260,8 @@ func disruptionBudgetCause(st *metav1.Status) bool {
 const (
 	evictionBudgetReadLateWhy   = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
 	namespaceGoneLateWhy        = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
-	namespaceEndedEarlyWhy      = "the apiserver refused the create (403), and the replay's NamespaceLifecycle admitted it from its informer, which showed namespace %q active; the namespace %s: its deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up, so the state on arrival is not known"
+	namespaceEndedEarlyWhy      = "the apiserver refused the create because the namespace is being terminated, and the replay's NamespaceLifecycle found it active in its informer: the deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up (or never saw a delete sent past kproxy), so the state on arrival is not known"
+	quotaAdmittedEarlyWhy       = "the apiserver's ResourceQuota refused the write (exceeded quota), and the replay's admits it: the replay reads the quota's usage from an informer, after the request, and found less used than the apiserver had counted (writes its informer had not seen yet, or objects deleted since), so the state on arrival is not known"
+	quotaRefusedLateWhy         = "the apiserver admitted the write, and the replay's ResourceQuota refuses it (exceeded quota): the apiserver's ResourceQuota adds each write it admits to the quota's usage before it stores it, so the usage the replay read after the request already counts this request (or later writes), so the state on arrival is not known"
 	namespaceTerminatingLateWhy = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"
 )

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
@@ -40,16 +41,22 @@ type Request struct {
 	// Actual waits for the apiserver's answer (false if ctx ends first):
 	// to tell a write's own write from the state at arrival, and to take
 	// the object a get of the latest met from its answer (answered.go);
-	// never to predict a refusal.
+	// never to predict a refusal; to say the replay met other state than
+	// the request did (own_write.go).
 	Actual func(ctx context.Context) (Answer, bool)
 }
 
 // Answer is what the apiserver answered: the status, for a write the
-// resourceVersion of the object it returned ("" if none), and for a get
-// the body of a successful answer when kproxy kept the whole of it.
+// resourceVersion of the object it returned ("" if none) or the Status it
+// refused with, and for a get the body of a successful answer when kproxy
+// kept the whole of it.
 type Answer struct {
 	Status          int
 	ResourceVersion string
+	// Refusal is a refused write's Status (nil when the body was none):
+	// read only to tell a replay that met other state (a quota's usage, a
+	// namespace's termination) from one that disagrees.
+	Refusal *metav1.Status
 	// Body is the whole body of a get's 200 answer (nil when it was not
 	// kept, or not whole), with its Content-Type and Content-Encoding.
 	Body                         []byte

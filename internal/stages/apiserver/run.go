@@ -435,10 +435,8 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		}
 	} else if !run.Read {
 		run.Object = resp.Body.Bytes()
-		if w.storage.state != nil {
-			if why := run.admittedEarly(ctx, req.Info.Namespace, w.storage.state.namespaceNow); why != "" {
-				run.markUnknown(why)
-			}
+		if why := run.admittedEarly(ctx); why != "" {
+			run.markUnknown(why)
 		}
 	}
 	return run

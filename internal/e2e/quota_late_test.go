@@ -1,0 +1,143 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestQuotaUsedByOwnWrite: creates in a namespace whose ResourceQuota
+// allows two configmaps, replayed late behind a queue of writes. The
+// apiserver's ResourceQuota adds each create it admits to the quota's
+// usage before it stores the object, so a replay that reads the usage
+// after the request finds it already counting the request itself: it
+// refused the two creates the apiserver admitted (403 "exceeded quota",
+// confidently wrong). They now say the state on arrival is not known; the
+// third create, refused by both, is predicted. A fourth, refused, whose
+// replay reads the usage after it went down, says unknown too.
+func TestQuotaUsedByOwnWrite(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	ns := fmt.Sprintf("quota-late-%d", time.Now().UnixNano()%1e6)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	q, err := cs.CoreV1().ResourceQuotas(ns).Create(ctx, &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "two"},
+		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"count/configmaps": resource.MustParse("2")}}}, createOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No quota controller runs here: the usage is set as it would be.
+	q.Status = corev1.ResourceQuotaStatus{Hard: q.Spec.Hard, Used: corev1.ResourceList{"count/configmaps": resource.MustParse("0")}}
+	if _, err := cs.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	recs, r, c := oneReplayWorker(t)
+	// kproxy's informers have the quota (and its usage) before the writes.
+	waitRecordedCreate(t, recs, r, c, ns)
+
+	// Forty dry-run writes queue their replays ahead of the creates'.
+	const ahead = 40
+	var wg sync.WaitGroup
+	for i := range ahead {
+		wg.Go(func() {
+			do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin",
+				body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"quota-ahead-%d"}}`, i)})
+		})
+	}
+	wg.Wait()
+	want := []int{201, 201, 403}
+	for i, w := range want {
+		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps", user: "admin",
+			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm-%d"}}`, i)})
+		if got.status != w {
+			t.Fatalf("create cm-%d: the apiserver answered %d, want %d: %s", i, got.status, w, got.body)
+		}
+	}
+	late := 0
+	for range ahead + len(want) {
+		rec := nextRecord(t, recs)
+		if rec.Request.Namespace != ns {
+			continue
+		}
+		switch {
+		case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "already counts this request"):
+			late++
+		case rec.Predicted.Stage == record.StageUnknown:
+			t.Errorf("%s: unknown for another reason: %s", rec.Request.Path, rec.Predicted.Message)
+		case rec.Predicted.Status != rec.Actual.Status:
+			t.Errorf("create in %s: predicted %+v, the apiserver answered %d: confidently wrong", ns, rec.Predicted, rec.Actual.Status)
+		case rec.Actual.Status == 403 && (rec.Predicted.Stage != record.StageValidatingAdmission || !strings.Contains(rec.Predicted.Message, "exceeded quota")):
+			t.Errorf("the refused create: predicted %+v, want exceeded quota at validating-admission", rec.Predicted)
+		}
+	}
+	if late == 0 {
+		t.Errorf("no replay of an admitted create read the quota after its own write: the path under test was not taken")
+	}
+	t.Logf("%d of the 2 admitted creates replayed after the quota counted them, said unknown", late)
+
+	// The other way: a create refused over quota, whose replay reads the
+	// usage after it has gone down (as the quota controller lowers it
+	// when objects are deleted), would admit it. It says unknown.
+	queue := func() {
+		var wg sync.WaitGroup
+		for i := range ahead {
+			wg.Go(func() {
+				do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin",
+					body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"quota-ahead-%d"}}`, i)})
+			})
+		}
+		wg.Wait()
+	}
+	queue()
+	if got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps", user: "admin",
+		body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm-3"}}`}); got.status != 403 {
+		t.Fatalf("create cm-3: the apiserver answered %d, want 403: %s", got.status, got.body)
+	}
+	if q, err = cs.CoreV1().ResourceQuotas(ns).Get(ctx, "two", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	q.Status.Used = corev1.ResourceList{"count/configmaps": resource.MustParse("0")}
+	if _, err := cs.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for range ahead + 1 {
+		rec := nextRecord(t, recs)
+		if rec.Request.Namespace != ns {
+			continue
+		}
+		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "found less used than the apiserver had counted") {
+			t.Errorf("cm-3, refused over quota, replayed after the usage went down: predicted %+v, want unknown", rec.Predicted)
+		}
+	}
+}
+
+// waitRecordedCreate sends a dry-run create into ns until its record is a
+// prediction (kproxy's replay has synced the namespace's state).
+func waitRecordedCreate(t *testing.T, recs <-chan *record.Record, r route, c *http.Client, ns string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps?dryRun=All", user: "admin",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe"}}`})
+		rec := nextRecord(t, recs)
+		if rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kproxy's replay of a create in %s: predicted %+v, answered %d", ns, rec.Predicted, rec.Actual.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
