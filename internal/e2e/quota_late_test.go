@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,18 +43,12 @@ func TestQuotaUsedByOwnWrite(t *testing.T) {
 	}
 	recs, r, c := oneReplayWorker(t)
 	// kproxy's informers have the quota (and its usage) before the writes.
-	waitRecordedCreate(t, recs, r, c, ns)
+	waitPredicted(t, recs, r, c, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps?dryRun=All", user: "admin",
+		body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe"}}`})
 
 	// Forty dry-run writes queue their replays ahead of the creates'.
 	const ahead = 40
-	var wg sync.WaitGroup
-	for i := range ahead {
-		wg.Go(func() {
-			do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin",
-				body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"quota-ahead-%d"}}`, i)})
-		})
-	}
-	wg.Wait()
+	queueWrites(t, r, c, ahead)
 	want := []int{201, 201, 403}
 	for i, w := range want {
 		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps", user: "admin",
@@ -90,17 +82,7 @@ func TestQuotaUsedByOwnWrite(t *testing.T) {
 	// The other way: a create refused over quota, whose replay reads the
 	// usage after it has gone down (as the quota controller lowers it
 	// when objects are deleted), would admit it. It says unknown.
-	queue := func() {
-		var wg sync.WaitGroup
-		for i := range ahead {
-			wg.Go(func() {
-				do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin",
-					body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"quota-ahead-%d"}}`, i)})
-			})
-		}
-		wg.Wait()
-	}
-	queue()
+	queueWrites(t, r, c, ahead)
 	if got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps", user: "admin",
 		body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm-3"}}`}); got.status != 403 {
 		t.Fatalf("create cm-3: the apiserver answered %d, want 403: %s", got.status, got.body)
@@ -120,24 +102,5 @@ func TestQuotaUsedByOwnWrite(t *testing.T) {
 		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "found less used than the apiserver had counted") {
 			t.Errorf("cm-3, refused over quota, replayed after the usage went down: predicted %+v, want unknown", rec.Predicted)
 		}
-	}
-}
-
-// waitRecordedCreate sends a dry-run create into ns until its record is a
-// prediction (kproxy's replay has synced the namespace's state).
-func waitRecordedCreate(t *testing.T, recs <-chan *record.Record, r route, c *http.Client, ns string) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps?dryRun=All", user: "admin",
-			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe"}}`})
-		rec := nextRecord(t, recs)
-		if rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("kproxy's replay of a create in %s: predicted %+v, answered %d", ns, rec.Predicted, rec.Actual.Status)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -448,14 +448,14 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 
 // actualAnswer is stages.Request.Actual: the apiserver's status and, for
 // a write, decoded only when the replay asks (off the response's path),
-// the resourceVersion it answered with or the Status it refused with.
+// the resourceVersion it answered with; for any request refused, the
+// Status it refused with.
 func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 	select {
 	case <-ex.done:
 		ex.rvOnce.Do(func() {
 			switch {
-			case !stages.IsWrite(ex.info):
-			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0:
+			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info):
 				ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
 			case ex.actualWrite.Status >= 400 && len(ex.errBody) > 0:
 				if st, ok := decode.Status(ex.errCT, ex.errBody); ok {

@@ -81,15 +81,29 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 				why = " by " + m
 			}
 		}
-		return withChildren(children, Pass("allowed"+who+why+rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs)))
+		res := withChildren(children, Pass("allowed"+who+why+rbacExplainer{a.m.state}.explainAllow(tr.reason, tr.attrs)))
+		if late := a.authorizedLate(ctx, req, true); late != "" {
+			return unknownNow(res, late)
+		}
+		return res
 	}
 	st := out.status()
 	why := firstNonEmpty(tr.reason, "no authorizer in the chain allowed it")
 	if tr.err != nil {
 		why += fmt.Sprintf(" (authorizer error: %v)", tr.err)
 	}
-	return withChildren(children, Reject(st, fmt.Sprintf("denied for %s: %s%s", describeUser(req.User), why,
+	res := withChildren(children, Reject(st, fmt.Sprintf("denied for %s: %s%s", describeUser(req.User), why,
 		rbacExplainer{a.m.state}.explainDeny(req.User, tr.attrs))))
+	if late := a.authorizedLate(ctx, req, false); late != "" {
+		return unknownNow(res, late)
+	}
+	return res
+}
+
+// unknownNow is an unknown verdict that says why, and what the stage
+// found as the cluster is now.
+func unknownNow(now Result, why string) Result {
+	return withChildren(now.Children, Unknown(why+"; read now: "+now.Explanation))
 }
 
 // impersonates reports a request that runs as another identity than its

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/kubernetes/pkg/controller/serviceaccount"
 	"k8s.io/kubernetes/pkg/features"
+	authzmodes "k8s.io/kubernetes/pkg/kubeapiserver/authorizer/modes"
 	"k8s.io/kubernetes/plugin/pkg/auth/authenticator/token/bootstrap"
 	"k8s.io/utils/clock"
 
@@ -68,6 +69,11 @@ type machinery struct {
 	// unreachable; read on every request without a lock (writer,
 	// writeError).
 	write atomic.Pointer[writePath]
+
+	// rbacChanges is when kproxy last saw an RBAC object change (nil
+	// without an RBAC authorizer): a verdict read from RBAC after a later
+	// change may not be the one the request met (authorization_late.go).
+	rbacChanges *changeClock
 
 	state *apiserver.ClusterState
 	opts  *apiserver.Options
@@ -307,6 +313,11 @@ func (m *machinery) buildAuthorization(ctx context.Context, o *apiserver.Options
 		}
 		chain.members = append(chain.members, chainMember{name: a.Name, kind: string(a.Type), authz: authz})
 		resolvers = append(resolvers, rules)
+		if a.Type == authzconfig.AuthorizerType(authzmodes.ModeRBAC) && m.rbacChanges == nil {
+			r := s.Informers.Rbac().V1()
+			m.rbacChanges = watchChanges(m.clock, r.Roles().Informer(), r.RoleBindings().Informer(),
+				r.ClusterRoles().Informer(), r.ClusterRoleBindings().Informer())
+		}
 	}
 	m.authz = chain
 	// The system:masters authorizer has no rules to list, as in

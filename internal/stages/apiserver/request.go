@@ -47,15 +47,15 @@ type Request struct {
 }
 
 // Answer is what the apiserver answered: the status, for a write the
-// resourceVersion of the object it returned ("" if none) or the Status it
-// refused with, and for a get the body of a successful answer when kproxy
-// kept the whole of it.
+// resourceVersion of the object it returned ("" if none), for a refusal
+// the Status it refused with, and for a get the body of a successful
+// answer when kproxy kept the whole of it.
 type Answer struct {
 	Status          int
 	ResourceVersion string
-	// Refusal is a refused write's Status (nil when the body was none):
+	// Refusal is a refused request's Status (nil when the body was none):
 	// read only to tell a replay that met other state (a quota's usage, a
-	// namespace's termination) from one that disagrees.
+	// namespace's termination, RBAC) from one that disagrees.
 	Refusal *metav1.Status
 	// Body is the whole body of a get's 200 answer (nil when it was not
 	// kept, or not whole), with its Content-Type and Content-Encoding.

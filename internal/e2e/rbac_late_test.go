@@ -1,0 +1,113 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestRBACChangedAfterRequest: requests replayed late, behind 40 queued
+// writes, after RBAC changed. alice deletes the RoleBinding that lets her
+// delete it: the apiserver allowed it (200), and the replay, reading RBAC
+// after the delete, had predicted 403 at authorization. bob's list of
+// secrets is refused (403), and then bob is granted it: the replay had
+// predicted 200. Both say unknown now, naming the change.
+func TestRBACChangedAfterRequest(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	ns := fmt.Sprintf("rbac-late-%d", time.Now().UnixNano()%1e6)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	role := func(name, resource string, verbs ...string) {
+		t.Helper()
+		if _, err := cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{rbacv1.GroupName, ""}, Resources: []string{resource}, Verbs: verbs}}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bind := func(name, roleName, user string) {
+		t.Helper()
+		if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: roleName},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	role("binding-admin", "rolebindings", "*")
+	bind("alice-self", "binding-admin", "alice")
+	role("secret-reader", "secrets", "list")
+
+	recs, r, c := oneReplayWorker(t)
+	// kproxy's replay has synced: alice may delete bindings, bob may not
+	// list secrets, both predicted.
+	waitPredicted(t, recs, r, c, request{method: "GET", path: "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/rolebindings/alice-self", user: "alice"})
+	waitPredicted(t, recs, r, c, request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets", user: "bob"})
+
+	queueWrites(t, r, c, 40)
+	if got := do(t, c, r.base, request{method: "DELETE", path: "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/rolebindings/alice-self", user: "alice"}); got.status != 200 {
+		t.Fatalf("alice deleting her own binding: %d %s", got.status, got.body)
+	}
+	if got := do(t, c, r.base, request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets", user: "bob"}); got.status != 403 {
+		t.Fatalf("bob listing secrets: %d %s", got.status, got.body)
+	}
+	bind("bob-reads", "secret-reader", "bob")
+	seen := 0
+	for range 42 {
+		rec := nextRecord(t, recs)
+		if rec.Request.Namespace != ns {
+			continue
+		}
+		seen++
+		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "kproxy saw RBAC change after this request arrived") {
+			t.Errorf("%s %s by %s, answered %d, replayed after RBAC changed: predicted %+v, want unknown naming the change",
+				rec.Request.Method, rec.Request.Path, rec.Request.User, rec.Actual.Status, rec.Predicted)
+		}
+	}
+	if seen != 2 {
+		t.Errorf("%d records of the two requests in %s", seen, ns)
+	}
+}
+
+// queueWrites sends n dry-run creates at once: their replays queue ahead
+// of the next requests' (writes' replays go first).
+func queueWrites(t *testing.T, r route, c *http.Client, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin",
+				body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"queued-%d"}}`, i)})
+		})
+	}
+	wg.Wait()
+}
+
+// waitPredicted sends req until its record's prediction is the
+// apiserver's answer (kproxy's replay has synced the state it reads).
+func waitPredicted(t *testing.T, recs <-chan *record.Record, r route, c *http.Client, req request) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		do(t, c, r.base, req)
+		rec := nextRecord(t, recs)
+		if rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kproxy's replay of %s %s: predicted %+v, answered %d", req.method, req.path, rec.Predicted, rec.Actual.Status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -1,0 +1,94 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+)
+
+// The authorizers read RBAC from informers, in the apiserver as in the
+// replay, and the replay reads it after the request: a replay behind a
+// queue, or a request that revoked its own permission (a user deleting
+// the RoleBinding that lets them delete it), meets RBAC as it is since.
+// When kproxy has seen an RBAC object change since the request arrived
+// and the apiserver's answer shows its authorizer decided otherwise than
+// the replay's, the verdict says nothing about the request: the stage
+// says unknown, with what it read now.
+
+// changeClock is when kproxy last saw one of some informers' objects
+// added, changed or deleted.
+type changeClock struct {
+	clock clock.PassiveClock
+	last  atomic.Int64 // unix nanoseconds
+}
+
+// watchChanges starts a changeClock over the informers (before they run:
+// their first list counts as a change, before any request it matters for).
+func watchChanges(clk clock.PassiveClock, informers ...cache.SharedIndexInformer) *changeClock {
+	c := &changeClock{clock: clk}
+	mark := func() { c.last.Store(c.clock.Now().UnixNano()) }
+	for _, inf := range informers {
+		_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { mark() },
+			UpdateFunc: func(any, any) { mark() },
+			DeleteFunc: func(any) { mark() },
+		})
+	}
+	return c
+}
+
+// changedSince reports a change seen after t.
+func (c *changeClock) changedSince(t time.Time) bool {
+	return c != nil && c.last.Load() > t.UnixNano()
+}
+
+// authorizedLate says why the replay's authorization verdict (allowed or
+// not), read after RBAC changed, is not the request's, or "".
+func (a *authorization) authorizedLate(ctx context.Context, req *Request, allowed bool) string {
+	if req.Actual == nil || req.Arrival.IsZero() || !a.m.rbacChanges.changedSince(req.Arrival) {
+		return ""
+	}
+	aw, ok := req.Actual(ctx)
+	if !ok {
+		return ""
+	}
+	switch {
+	case !allowed && answeredAfterAuthorization(aw.Status):
+		return fmt.Sprintf("the apiserver's authorizer allowed the request (it answered %d, which only a request past authorization gets), "+
+			"and the replay's denies it: kproxy saw RBAC change after this request arrived, so the permissions it met are not known", aw.Status)
+	case allowed && aw.Status == http.StatusForbidden && authorizerRefusal(aw.Refusal):
+		return "the apiserver's authorizer refused the request, and the replay's allows it: " +
+			"kproxy saw RBAC change after this request arrived, so the permissions it met are not known"
+	}
+	return ""
+}
+
+// answeredAfterAuthorization reports a status only a request the
+// authorizer allowed gets: a success, or a refusal of the handler's (the
+// filters before authorization answer 401, 403 and 429 only).
+func answeredAfterAuthorization(status int) bool {
+	switch {
+	case status >= 200 && status < 400:
+		return true
+	}
+	switch status {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusNotAcceptable, http.StatusConflict,
+		http.StatusGone, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
+		return true
+	}
+	return false
+}
+
+// authorizerRefusal reports the apiserver's authorization (or
+// impersonation) 403: `... is forbidden: User "u" cannot verb ...`.
+func authorizerRefusal(st *metav1.Status) bool {
+	return st != nil && st.Reason == metav1.StatusReasonForbidden &&
+		strings.Contains(st.Message, `forbidden: User "`) && strings.Contains(st.Message, `" cannot `)
+}

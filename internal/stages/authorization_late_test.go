@@ -1,0 +1,82 @@
+package stages
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// TestAuthorizedLate: an authorization verdict read after kproxy saw RBAC
+// change, which the apiserver's answer contradicts, is unknown; a verdict
+// the answer agrees with, or one read with no change since the request
+// arrived, stands.
+func TestAuthorizedLate(t *testing.T) {
+	arrival := time.Date(2026, 12, 4, 7, 0, 0, 0, time.UTC)
+	forbidden := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: `configmaps is forbidden: User "bob" cannot list resource "configmaps" in API group "" in the namespace "team-a"`}
+	admission := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: `pods "debug" is forbidden: violates PodSecurity "restricted:latest": privileged`}
+	for _, tc := range []struct {
+		name     string
+		changed  time.Duration // when RBAC last changed, from arrival
+		allowed  bool
+		answered int
+		refusal  *metav1.Status
+		want     string // contains; "" keeps the verdict
+	}{
+		{"denied now, answered 200 after a change", time.Millisecond, false, 200, nil, "the apiserver's authorizer allowed the request (it answered 200"},
+		{"denied now, answered 404 after a change", time.Millisecond, false, 404, nil, "it answered 404"},
+		{"denied now, answered 422 after a change", time.Millisecond, false, 422, nil, "it answered 422"},
+		{"denied now, answered 403", time.Millisecond, false, 403, forbidden, ""},
+		{"denied now, answered 429 (APF, before authorization)", time.Millisecond, false, 429, nil, ""},
+		{"denied now, answered 401", time.Millisecond, false, 401, nil, ""},
+		{"denied now, answered 200, no change since arrival", -time.Millisecond, false, 200, nil, ""},
+		{"allowed now, the authorizer refused after a change", time.Millisecond, true, 403, forbidden, "the apiserver's authorizer refused the request, and the replay's allows it"},
+		{"allowed now, admission refused", time.Millisecond, true, 403, admission, ""},
+		{"allowed now, a 403 without a Status", time.Millisecond, true, 403, nil, ""},
+		{"allowed now, the authorizer refused, no change since", -time.Millisecond, true, 403, forbidden, ""},
+		{"allowed now, answered 200", time.Millisecond, true, 200, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &changeClock{clock: clocktesting.NewFakePassiveClock(arrival)}
+			c.last.Store(arrival.Add(tc.changed).UnixNano())
+			a := &authorization{m: &machinery{rbacChanges: c}}
+			req := &Request{Arrival: arrival, Actual: func(context.Context) (Answer, bool) {
+				return Answer{Status: tc.answered, Refusal: tc.refusal}, true
+			}}
+			why := a.authorizedLate(context.Background(), req, tc.allowed)
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("authorizedLate = %q, want %q", why, tc.want)
+			}
+		})
+	}
+	// Without an RBAC authorizer, or a live request, nothing is late.
+	a := &authorization{m: &machinery{}}
+	if why := a.authorizedLate(context.Background(), &Request{Arrival: arrival, Actual: func(context.Context) (Answer, bool) { return Answer{Status: 200}, true }}, false); why != "" {
+		t.Errorf("no RBAC authorizer: %q", why)
+	}
+}
+
+// TestChangeClockSince: changedSince compares with the last change seen
+// (the informers' events are the e2e tests': TestRBACChangedAfterRequest).
+func TestChangeClockSince(t *testing.T) {
+	start := time.Date(2026, 12, 4, 7, 0, 0, 0, time.UTC)
+	fake := clocktesting.NewFakePassiveClock(start)
+	c := &changeClock{clock: fake}
+	if c.changedSince(start.Add(-time.Hour)) {
+		t.Error("a clock that saw nothing says changed")
+	}
+	fake.SetTime(start.Add(time.Second))
+	c.last.Store(c.clock.Now().UnixNano())
+	if !c.changedSince(start) || c.changedSince(start.Add(time.Second)) {
+		t.Error("changedSince does not compare with the last change")
+	}
+	var none *changeClock
+	if none.changedSince(start) {
+		t.Error("a nil clock says changed")
+	}
+}
