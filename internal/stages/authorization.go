@@ -100,12 +100,6 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	return res
 }
 
-// unknownNow is an unknown verdict that says why, and what the stage
-// found as the cluster is now.
-func unknownNow(now Result, why string) Result {
-	return withChildren(now.Children, Unknown(why+"; read now: "+now.Explanation))
-}
-
 // impersonates reports a request that runs as another identity than its
 // authenticated caller's.
 func impersonates(req *Request) bool {

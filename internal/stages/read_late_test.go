@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -78,5 +79,36 @@ func TestChangeClockSince(t *testing.T) {
 	var none *changeClock
 	if none.changedSince(start) {
 		t.Error("a nil clock says changed")
+	}
+}
+
+// TestAuthenticatedLate: a token the replay refuses because what it is
+// bound to is gone, which the apiserver authenticated, is unknown; any
+// other refusal, or one the apiserver shares, stands.
+func TestAuthenticatedLate(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		err      error
+		answered int
+		want     string // contains; "" keeps the verdict
+	}{
+		{"pod deleted, answered 403", errors.New("service account token has been invalidated"), 403, "the apiserver authenticated the request (it answered 403"},
+		{"service account deleted, answered 200", errors.New("[invalid bearer token, service account ns/worker has been deleted]"), 200, "was deleted or replaced after the request"},
+		{"service account replaced", errors.New("service account UID (a) does not match claim (b)"), 200, "deleted or replaced"},
+		{"pod replaced", errors.New("pod UID (a) does not match service account pod ref claim (b)"), 404, "it answered 404"},
+		{"pod deleted, answered 401", errors.New("service account token has been invalidated"), 401, ""},
+		{"pod deleted, kproxy's 502", errors.New("service account token has been invalidated"), 502, ""},
+		{"expired, answered 200", errors.New("service account token has expired"), 200, ""},
+		{"a bad token", errors.New("invalid bearer token"), 200, ""},
+		{"no error", nil, 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &authentication{}
+			req := &Request{Actual: func(context.Context) (Answer, bool) { return Answer{Status: tc.answered}, true }}
+			why := a.authenticatedLate(context.Background(), req, tc.err)
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("authenticatedLate = %q, want %q", why, tc.want)
+			}
+		})
 	}
 }

@@ -13,14 +13,28 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// The authorizers read RBAC from informers, in the apiserver as in the
-// replay, and the replay reads it after the request: a replay behind a
-// queue, or a request that revoked its own permission (a user deleting
-// the RoleBinding that lets them delete it), meets RBAC as it is since.
-// When kproxy has seen an RBAC object change since the request arrived
-// and the apiserver's answer shows its authorizer decided otherwise than
-// the replay's, the verdict says nothing about the request: the stage
-// says unknown, with what it read now.
+// The access stages read the cluster's state from informers, in the
+// apiserver as in the replay, and the replay reads it after the request:
+// a replay behind a queue meets the state as it is since. Two changes make
+// it meet another state than the request did, and the apiserver's answer
+// shows when they did:
+//   - RBAC: a user deleting the RoleBinding that lets them delete it, a
+//     request refused just before its caller was granted it. When kproxy
+//     has seen an RBAC object change since the request arrived and the
+//     answer shows the apiserver's authorizer decided otherwise than the
+//     replay's, the authorization verdict says nothing about the request.
+//   - The objects a service-account token is bound to: a pod's last
+//     requests before it is deleted. When the replay's authenticator
+//     refuses the token because its service account, secret, pod or node
+//     is gone (or replaced), and the apiserver authenticated the request,
+//     the authentication verdict says nothing about it either.
+// The stage then says unknown, with what it read now.
+
+// unknownNow is an unknown verdict that says why, and what the stage
+// found as the cluster is now.
+func unknownNow(now Result, why string) Result {
+	return withChildren(now.Children, Unknown(why+"; read now: "+now.Explanation))
+}
 
 // changeClock is when kproxy last saw one of some informers' objects
 // added, changed or deleted.
@@ -91,4 +105,31 @@ func answeredAfterAuthorization(status int) bool {
 func authorizerRefusal(st *metav1.Status) bool {
 	return st != nil && st.Reason == metav1.StatusReasonForbidden &&
 		strings.Contains(st.Message, `forbidden: User "`) && strings.Contains(st.Message, `" cannot `)
+}
+
+// authenticatedLate says why the replay's refusal of a credential (err,
+// the authenticators'), read after the token's bound objects changed, is
+// not the request's, or "".
+func (a *authentication) authenticatedLate(ctx context.Context, req *Request, err error) string {
+	if err == nil || req.Actual == nil || !boundObjectGone(err) {
+		return ""
+	}
+	aw, ok := req.Actual(ctx)
+	if !ok || aw.Status == 0 || aw.Status == http.StatusUnauthorized || aw.Status >= 500 {
+		return ""
+	}
+	return fmt.Sprintf("the apiserver authenticated the request (it answered %d, which only an authenticated request gets), "+
+		"and the replay's service-account authenticator refuses its token (%v): the object the token is bound to "+
+		"(its service account, secret, pod or node) was deleted or replaced after the request, before the replay read it, "+
+		"so the state on arrival is not known", aw.Status, err)
+}
+
+// boundObjectGone reports the service-account token validator's refusal
+// of a token whose service account, secret, pod or node is gone, being
+// deleted, or another object of the same name.
+func boundObjectGone(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "service account token has been invalidated") ||
+		(strings.Contains(s, "service account ") && strings.Contains(s, " has been deleted")) ||
+		strings.Contains(s, "service account UID (") || strings.Contains(s, "does not match service account")
 }
