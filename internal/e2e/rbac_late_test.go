@@ -21,7 +21,9 @@ import (
 // delete it: the apiserver allowed it (200), and the replay, reading RBAC
 // after the delete, had predicted 403 at authorization. bob's list of
 // secrets is refused (403), and then bob is granted it: the replay had
-// predicted 200. Both say unknown now, naming the change.
+// predicted 200. alice, impersonating a user she may impersonate until
+// the binding is deleted right after, had been predicted 403 at
+// impersonation. All say unknown now, naming the change.
 func TestRBACChangedAfterRequest(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
@@ -49,11 +51,29 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 	bind("alice-self", "binding-admin", "alice")
 	role("secret-reader", "secrets", "list")
 
+	// alice may impersonate this test's user (cluster-scoped: users).
+	who := ns + "-user"
+	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"users"}, ResourceNames: []string{who}, Verbs: []string{"impersonate"}}}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: ns},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "alice"}}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cs.RbacV1().ClusterRoleBindings().Delete(context.Background(), ns, metav1.DeleteOptions{})
+		_ = cs.RbacV1().ClusterRoles().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+	impersonating := request{method: "GET", path: "/version", user: "alice", header: http.Header{"Impersonate-User": {who}}}
+
 	recs, r, c := oneReplayWorker(t)
 	// kproxy's replay has synced: alice may delete bindings, bob may not
 	// list secrets, both predicted.
 	waitPredicted(t, recs, r, c, request{method: "GET", path: "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/rolebindings/alice-self", user: "alice"})
 	waitPredicted(t, recs, r, c, request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets", user: "bob"})
+	waitPredicted(t, recs, r, c, impersonating)
 
 	queueWrites(t, r, c, 40)
 	if got := do(t, c, r.base, request{method: "DELETE", path: "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/rolebindings/alice-self", user: "alice"}); got.status != 200 {
@@ -62,11 +82,17 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 	if got := do(t, c, r.base, request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets", user: "bob"}); got.status != 403 {
 		t.Fatalf("bob listing secrets: %d %s", got.status, got.body)
 	}
+	if got := do(t, c, r.base, impersonating); got.status != 200 {
+		t.Fatalf("alice as %s: %d %s", who, got.status, got.body)
+	}
 	bind("bob-reads", "secret-reader", "bob")
+	if err := cs.RbacV1().ClusterRoleBindings().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	seen := 0
-	for range 42 {
+	for range 43 {
 		rec := nextRecord(t, recs)
-		if rec.Request.Namespace != ns {
+		if rec.Request.Namespace != ns && rec.Request.Path != "/version" {
 			continue
 		}
 		seen++
@@ -75,8 +101,8 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 				rec.Request.Method, rec.Request.Path, rec.Request.User, rec.Actual.Status, rec.Predicted)
 		}
 	}
-	if seen != 2 {
-		t.Errorf("%d records of the two requests in %s", seen, ns)
+	if seen != 3 {
+		t.Errorf("%d records of the three requests", seen)
 	}
 }
 

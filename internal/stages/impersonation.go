@@ -56,10 +56,20 @@ func (s *impersonationStage) Run(ctx context.Context, req *Request) Result {
 	if out.passed {
 		u, _ := apirequest.UserFrom(out.req.Context())
 		req.User = u
-		return Pass(fmt.Sprintf("%s may impersonate; the request continues as %s", describeUser(caller), describeUser(u)))
+		res := Pass(fmt.Sprintf("%s may impersonate; the request continues as %s", describeUser(caller), describeUser(u)))
+		if late := rbacLate(ctx, s.m.rbacChanges, req, true, "impersonation", impersonationRefusal); late != "" {
+			req.User = nil
+			return unknownNow(res, late)
+		}
+		return res
 	}
 	st := out.status()
-	return Reject(st, fmt.Sprintf("%s may not impersonate what the headers ask for (%s): %s", describeUser(caller), impersonationForm(st.Message), st.Message))
+	res := Reject(st, fmt.Sprintf("%s may not impersonate what the headers ask for (%s): %s", describeUser(caller), impersonationForm(st.Message), st.Message))
+	if late := rbacLate(ctx, s.m.rbacChanges, req, false, "impersonation", impersonationRefusal); late != "" {
+		req.User = nil
+		return unknownNow(res, late)
+	}
+	return res
 }
 
 // impersonationForm says which check refused, from the verb the

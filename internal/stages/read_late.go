@@ -21,8 +21,9 @@ import (
 //   - RBAC: a user deleting the RoleBinding that lets them delete it, a
 //     request refused just before its caller was granted it. When kproxy
 //     has seen an RBAC object change since the request arrived and the
-//     answer shows the apiserver's authorizer decided otherwise than the
-//     replay's, the authorization verdict says nothing about the request.
+//     answer shows the apiserver's authorizer (or impersonation, which
+//     asks it) decided otherwise than the replay's, the verdict says
+//     nothing about the request.
 //   - The objects a service-account token is bound to: a pod's last
 //     requests before it is deleted. When the replay's authenticator
 //     refuses the token because its service account, secret, pod or node
@@ -66,7 +67,15 @@ func (c *changeClock) changedSince(t time.Time) bool {
 // authorizedLate says why the replay's authorization verdict (allowed or
 // not), read after RBAC changed, is not the request's, or "".
 func (a *authorization) authorizedLate(ctx context.Context, req *Request, allowed bool) string {
-	if req.Actual == nil || req.Arrival.IsZero() || !a.m.rbacChanges.changedSince(req.Arrival) {
+	return rbacLate(ctx, a.m.rbacChanges, req, allowed, "authorizer", authorizerRefusal)
+}
+
+// rbacLate says why a verdict of check (the authorizer, or impersonation
+// asking it), read after kproxy saw RBAC change since the request arrived,
+// is not the request's: the answer shows the apiserver's check decided
+// otherwise (refusedBy recognises its refusal). "" otherwise.
+func rbacLate(ctx context.Context, changes *changeClock, req *Request, allowed bool, check string, refusedBy func(*metav1.Status) bool) string {
+	if req.Actual == nil || req.Arrival.IsZero() || !changes.changedSince(req.Arrival) {
 		return ""
 	}
 	aw, ok := req.Actual(ctx)
@@ -75,11 +84,11 @@ func (a *authorization) authorizedLate(ctx context.Context, req *Request, allowe
 	}
 	switch {
 	case !allowed && answeredAfterAuthorization(aw.Status):
-		return fmt.Sprintf("the apiserver's authorizer allowed the request (it answered %d, which only a request past authorization gets), "+
-			"and the replay's denies it: kproxy saw RBAC change after this request arrived, so the permissions it met are not known", aw.Status)
-	case allowed && aw.Status == http.StatusForbidden && authorizerRefusal(aw.Refusal):
-		return "the apiserver's authorizer refused the request, and the replay's allows it: " +
-			"kproxy saw RBAC change after this request arrived, so the permissions it met are not known"
+		return fmt.Sprintf("the apiserver's %s allowed the request (it answered %d, which only a request past authorization gets), "+
+			"and the replay's denies it: kproxy saw RBAC change after this request arrived, so the permissions it met are not known", check, aw.Status)
+	case allowed && aw.Status == http.StatusForbidden && refusedBy(aw.Refusal):
+		return fmt.Sprintf("the apiserver's %s refused the request, and the replay's allows it: "+
+			"kproxy saw RBAC change after this request arrived, so the permissions it met are not known", check)
 	}
 	return ""
 }
@@ -100,11 +109,18 @@ func answeredAfterAuthorization(status int) bool {
 	return false
 }
 
-// authorizerRefusal reports the apiserver's authorization (or
-// impersonation) 403: `... is forbidden: User "u" cannot verb ...`.
+// authorizerRefusal reports the apiserver's authorization 403: `... is
+// forbidden: User "u" cannot verb ...`.
 func authorizerRefusal(st *metav1.Status) bool {
 	return st != nil && st.Reason == metav1.StatusReasonForbidden &&
 		strings.Contains(st.Message, `forbidden: User "`) && strings.Contains(st.Message, `" cannot `)
+}
+
+// impersonationRefusal reports the apiserver's impersonation 403: `...
+// is forbidden: User "u" cannot impersonate ...` (or a constrained
+// impersonation's impersonate-on: verb).
+func impersonationRefusal(st *metav1.Status) bool {
+	return authorizerRefusal(st) && strings.Contains(st.Message, `" cannot impersonate`)
 }
 
 // authenticatedLate says why the replay's refusal of a credential (err,

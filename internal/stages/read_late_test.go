@@ -112,3 +112,36 @@ func TestAuthenticatedLate(t *testing.T) {
 		})
 	}
 }
+
+// TestImpersonatedLate: impersonation asks the authorizer too; a refusal
+// of the apiserver's impersonation is told from its authorizer's (of the
+// impersonated user), which says nothing about impersonation.
+func TestImpersonatedLate(t *testing.T) {
+	arrival := time.Date(2026, 12, 4, 7, 0, 0, 0, time.UTC)
+	c := &changeClock{clock: clocktesting.NewFakePassiveClock(arrival)}
+	c.last.Store(arrival.Add(time.Millisecond).UnixNano())
+	impersonate := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: `users "erin" is forbidden: User "alice" cannot impersonate resource "users" in API group "" at the cluster scope`}
+	asErin := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: `secrets is forbidden: User "erin" cannot list resource "secrets" in API group "" in the namespace "default"`}
+	for _, tc := range []struct {
+		name     string
+		allowed  bool
+		answered int
+		refusal  *metav1.Status
+		want     string
+	}{
+		{"allowed now, the apiserver's impersonation refused", true, 403, impersonate, "the apiserver's impersonation refused the request"},
+		{"allowed now, the impersonated user refused by the authorizer", true, 403, asErin, ""},
+		{"refused now, answered 200", false, 200, nil, "the apiserver's impersonation allowed the request (it answered 200"},
+		{"refused now, the impersonated user refused by the authorizer", false, 403, asErin, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := &Request{Arrival: arrival, Actual: func(context.Context) (Answer, bool) { return Answer{Status: tc.answered, Refusal: tc.refusal}, true }}
+			why := rbacLate(context.Background(), c, req, tc.allowed, "impersonation", impersonationRefusal)
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("rbacLate = %q, want %q", why, tc.want)
+			}
+		})
+	}
+}
