@@ -137,3 +137,60 @@ func waitPredicted(t *testing.T, recs <-chan *record.Record, r route, c *http.Cl
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestNodeGraphChangedAfterRequest: node1 (its kubelet's certificate)
+// reads the secret of a pod bound to it, replayed late, behind 40 queued
+// writes, after the pod is deleted: the apiserver's Node authorizer
+// allowed it (200), and the replay's, whose graph no longer has the pod,
+// had predicted 403. It says unknown now, naming the Node authorizer's
+// graph.
+func TestNodeGraphChangedAfterRequest(t *testing.T) {
+	f := setupFixtures(t)
+	ctx := context.Background()
+	cs := adminClient()
+	ns := fmt.Sprintf("node-late-%d", time.Now().UnixNano()%1e6)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "app"}, StringData: map[string]string{"k": "v"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	// No controller makes the default service account here.
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	noToken := false
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: corev1.PodSpec{NodeName: "node1", AutomountServiceAccountToken: &noToken,
+		Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10",
+			EnvFrom: []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "app"}}}}}}}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	recs, r, c := oneReplayWorker(t)
+	kubelet := r.client(f.certs["cert:node1"])
+	secret := request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets/app"}
+	waitPredicted(t, recs, r, kubelet, secret)
+
+	queueWrites(t, r, c, 40)
+	if got := do(t, kubelet, r.base, secret); got.status != 200 {
+		t.Fatalf("node1 reading its pod's secret: %d %s", got.status, got.body)
+	}
+	if err := cs.CoreV1().Pods(ns).Delete(ctx, "p", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for range 41 {
+		rec := nextRecord(t, recs)
+		if rec.Request.Namespace != ns {
+			continue
+		}
+		seen++
+		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "kproxy saw the Node authorizer's graph (pods, nodes, volumes) change") {
+			t.Errorf("node1's read of its deleted pod's secret, answered %d: predicted %+v, want unknown naming the Node authorizer's graph",
+				rec.Actual.Status, rec.Predicted)
+		}
+	}
+	if seen != 1 {
+		t.Errorf("%d records of the read", seen)
+	}
+}

@@ -70,10 +70,11 @@ type machinery struct {
 	// writeError).
 	write atomic.Pointer[writePath]
 
-	// rbacChanges is when kproxy last saw an RBAC object change (nil
-	// without an RBAC authorizer): a verdict read from RBAC after a later
-	// change may not be the one the request met (authorization_late.go).
-	rbacChanges *changeClock
+	// authzChanges is when kproxy last saw the state the authorizers read
+	// change (RBAC's objects, the Node authorizer's graph): a verdict read
+	// after a later change may not be the one the request met
+	// (read_late.go).
+	authzChanges authzChanges
 
 	state *apiserver.ClusterState
 	opts  *apiserver.Options
@@ -313,10 +314,17 @@ func (m *machinery) buildAuthorization(ctx context.Context, o *apiserver.Options
 		}
 		chain.members = append(chain.members, chainMember{name: a.Name, kind: string(a.Type), authz: authz})
 		resolvers = append(resolvers, rules)
-		if a.Type == authzconfig.AuthorizerType(authzmodes.ModeRBAC) && m.rbacChanges == nil {
+		switch {
+		case a.Type == authzconfig.AuthorizerType(authzmodes.ModeRBAC) && m.authzChanges.rbac == nil:
 			r := s.Informers.Rbac().V1()
-			m.rbacChanges = watchChanges(m.clock, r.Roles().Informer(), r.RoleBindings().Informer(),
+			m.authzChanges.rbac = watchChanges(m.clock, r.Roles().Informer(), r.RoleBindings().Informer(),
 				r.ClusterRoles().Informer(), r.ClusterRoleBindings().Informer())
+		case a.Type == authzconfig.AuthorizerType(authzmodes.ModeNode) && m.authzChanges.nodeGraph == nil:
+			// The informers the Node authorizer's graph is built from
+			// (those of its optional features aside).
+			c := s.Informers.Core().V1()
+			m.authzChanges.nodeGraph = watchChanges(m.clock, c.Nodes().Informer(), c.Pods().Informer(),
+				c.PersistentVolumes().Informer(), s.Informers.Storage().V1().VolumeAttachments().Informer())
 		}
 	}
 	m.authz = chain

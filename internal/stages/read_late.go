@@ -18,12 +18,14 @@ import (
 // a replay behind a queue meets the state as it is since. Two changes make
 // it meet another state than the request did, and the apiserver's answer
 // shows when they did:
-//   - RBAC: a user deleting the RoleBinding that lets them delete it, a
-//     request refused just before its caller was granted it. When kproxy
-//     has seen an RBAC object change since the request arrived and the
-//     answer shows the apiserver's authorizer (or impersonation, which
-//     asks it) decided otherwise than the replay's, the verdict says
-//     nothing about the request.
+//   - The authorizers' state: RBAC (a user deleting the RoleBinding that
+//     lets them delete it, a request refused just before its caller was
+//     granted it), the Node authorizer's graph (a kubelet reading a
+//     secret of a pod deleted right after). When kproxy has seen it
+//     change since the request arrived and the answer shows the
+//     apiserver's authorizer (or impersonation, which asks it) decided
+//     otherwise than the replay's, the verdict says nothing about the
+//     request.
 //   - The objects a service-account token is bound to: a pod's last
 //     requests before it is deleted. When the replay's authenticator
 //     refuses the token because its service account, secret, pod or node
@@ -64,18 +66,41 @@ func (c *changeClock) changedSince(t time.Time) bool {
 	return c != nil && c.last.Load() > t.UnixNano()
 }
 
+// authzChanges are the change clocks of the state the authorizers read
+// (nil for an authorizer not in the chain).
+type authzChanges struct {
+	rbac, nodeGraph *changeClock
+}
+
+// changedSince names the state seen to change after t, or "".
+func (c authzChanges) changedSince(t time.Time) string {
+	var what []string
+	if c.rbac.changedSince(t) {
+		what = append(what, "RBAC")
+	}
+	if c.nodeGraph.changedSince(t) {
+		what = append(what, "the Node authorizer's graph (pods, nodes, volumes)")
+	}
+	return strings.Join(what, " and ")
+}
+
 // authorizedLate says why the replay's authorization verdict (allowed or
 // not), read after RBAC changed, is not the request's, or "".
 func (a *authorization) authorizedLate(ctx context.Context, req *Request, allowed bool) string {
-	return rbacLate(ctx, a.m.rbacChanges, req, allowed, "authorizer", authorizerRefusal)
+	return accessLate(ctx, a.m.authzChanges, req, allowed, "authorizer", authorizerRefusal)
 }
 
-// rbacLate says why a verdict of check (the authorizer, or impersonation
-// asking it), read after kproxy saw RBAC change since the request arrived,
-// is not the request's: the answer shows the apiserver's check decided
-// otherwise (refusedBy recognises its refusal). "" otherwise.
-func rbacLate(ctx context.Context, changes *changeClock, req *Request, allowed bool, check string, refusedBy func(*metav1.Status) bool) string {
-	if req.Actual == nil || req.Arrival.IsZero() || !changes.changedSince(req.Arrival) {
+// accessLate says why a verdict of check (the authorizer, or
+// impersonation asking it), read after kproxy saw the authorizers' state
+// change since the request arrived, is not the request's: the answer
+// shows the apiserver's check decided otherwise (refusedBy recognises its
+// refusal). "" otherwise.
+func accessLate(ctx context.Context, changes authzChanges, req *Request, allowed bool, check string, refusedBy func(*metav1.Status) bool) string {
+	if req.Actual == nil || req.Arrival.IsZero() {
+		return ""
+	}
+	changed := changes.changedSince(req.Arrival)
+	if changed == "" {
 		return ""
 	}
 	aw, ok := req.Actual(ctx)
@@ -85,10 +110,10 @@ func rbacLate(ctx context.Context, changes *changeClock, req *Request, allowed b
 	switch {
 	case !allowed && answeredAfterAuthorization(aw.Status):
 		return fmt.Sprintf("the apiserver's %s allowed the request (it answered %d, which only a request past authorization gets), "+
-			"and the replay's denies it: kproxy saw RBAC change after this request arrived, so the permissions it met are not known", check, aw.Status)
+			"and the replay's denies it: kproxy saw %s change after this request arrived, so the permissions it met are not known", check, aw.Status, changed)
 	case allowed && aw.Status == http.StatusForbidden && refusedBy(aw.Refusal):
 		return fmt.Sprintf("the apiserver's %s refused the request, and the replay's allows it: "+
-			"kproxy saw RBAC change after this request arrived, so the permissions it met are not known", check)
+			"kproxy saw %s change after this request arrived, so the permissions it met are not known", check, changed)
 	}
 	return ""
 }

@@ -45,7 +45,7 @@ func TestAuthorizedLate(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &changeClock{clock: clocktesting.NewFakePassiveClock(arrival)}
 			c.last.Store(arrival.Add(tc.changed).UnixNano())
-			a := &authorization{m: &machinery{rbacChanges: c}}
+			a := &authorization{m: &machinery{authzChanges: authzChanges{rbac: c}}}
 			req := &Request{Arrival: arrival, Actual: func(context.Context) (Answer, bool) {
 				return Answer{Status: tc.answered, Refusal: tc.refusal}, true
 			}}
@@ -79,6 +79,23 @@ func TestChangeClockSince(t *testing.T) {
 	var none *changeClock
 	if none.changedSince(start) {
 		t.Error("a nil clock says changed")
+	}
+	// The authorizers' clocks name what changed.
+	old := &changeClock{clock: fake}
+	old.last.Store(start.Add(-time.Second).UnixNano())
+	for _, tc := range []struct {
+		c    authzChanges
+		want string
+	}{
+		{authzChanges{}, ""},
+		{authzChanges{rbac: old, nodeGraph: old}, ""},
+		{authzChanges{rbac: c}, "RBAC"},
+		{authzChanges{rbac: old, nodeGraph: c}, "the Node authorizer's graph (pods, nodes, volumes)"},
+		{authzChanges{rbac: c, nodeGraph: c}, "RBAC and the Node authorizer's graph (pods, nodes, volumes)"},
+	} {
+		if got := tc.c.changedSince(start); got != tc.want {
+			t.Errorf("changedSince = %q, want %q", got, tc.want)
+		}
 	}
 }
 
@@ -138,9 +155,9 @@ func TestImpersonatedLate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := &Request{Arrival: arrival, Actual: func(context.Context) (Answer, bool) { return Answer{Status: tc.answered, Refusal: tc.refusal}, true }}
-			why := rbacLate(context.Background(), c, req, tc.allowed, "impersonation", impersonationRefusal)
+			why := accessLate(context.Background(), authzChanges{rbac: c}, req, tc.allowed, "impersonation", impersonationRefusal)
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
-				t.Errorf("rbacLate = %q, want %q", why, tc.want)
+				t.Errorf("accessLate = %q, want %q", why, tc.want)
 			}
 		})
 	}
