@@ -39,6 +39,14 @@ func unknownNow(now Result, why string) Result {
 	return withChildren(now.Children, Unknown(why+"; read now: "+now.Explanation))
 }
 
+// answerAwaited reports a request whose answer the access stages may
+// wait for: a live one (not a test case's) that is answered rather than
+// held open (a watch's or an exec's answer ends with the stream, past any
+// replay's budget).
+func answerAwaited(req *Request) bool {
+	return req.Actual != nil && (req.Info == nil || !IsLongRunning(req.HTTP, req.Info))
+}
+
 // changeClock is when kproxy last saw one of some informers' objects
 // added, changed or deleted.
 type changeClock struct {
@@ -96,7 +104,7 @@ func (a *authorization) authorizedLate(ctx context.Context, req *Request, allowe
 // shows the apiserver's check decided otherwise (refusedBy recognises its
 // refusal). "" otherwise.
 func accessLate(ctx context.Context, changes authzChanges, req *Request, allowed bool, check string, refusedBy func(*metav1.Status) bool) string {
-	if req.Actual == nil || req.Arrival.IsZero() {
+	if !answerAwaited(req) || req.Arrival.IsZero() {
 		return ""
 	}
 	changed := changes.changedSince(req.Arrival)
@@ -152,7 +160,7 @@ func impersonationRefusal(st *metav1.Status) bool {
 // the authenticators'), read after the token's bound objects changed, is
 // not the request's, or "".
 func (a *authentication) authenticatedLate(ctx context.Context, req *Request, err error) string {
-	if err == nil || req.Actual == nil || !boundObjectGone(err) {
+	if err == nil || !answerAwaited(req) || !boundObjectGone(err) {
 		return ""
 	}
 	aw, ok := req.Actual(ctx)

@@ -3,11 +3,14 @@ package stages
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -54,6 +57,18 @@ func TestAuthorizedLate(t *testing.T) {
 				t.Errorf("authorizedLate = %q, want %q", why, tc.want)
 			}
 		})
+	}
+	// A watch's answer ends with its stream: it is not waited for.
+	c := &changeClock{clock: clocktesting.NewFakePassiveClock(arrival)}
+	c.last.Store(arrival.Add(time.Millisecond).UnixNano())
+	watch := &Request{Arrival: arrival, HTTP: httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=true", nil),
+		Info: &apirequest.RequestInfo{IsResourceRequest: true, Verb: "watch", APIVersion: "v1", Resource: "pods"},
+		Actual: func(context.Context) (Answer, bool) {
+			t.Error("a watch's answer was waited for")
+			return Answer{Status: 200}, true
+		}}
+	if why := (&authorization{m: &machinery{authzChanges: authzChanges{rbac: c}}}).authorizedLate(context.Background(), watch, false); why != "" {
+		t.Errorf("a watch: %q", why)
 	}
 	// Without an RBAC authorizer, or a live request, nothing is late.
 	a := &authorization{m: &machinery{}}

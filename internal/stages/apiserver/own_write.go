@@ -211,7 +211,9 @@ func (r *Run) refusedLate(ctx context.Context) string {
 //     usage than the apiserver had counted (writes its informer had not
 //     seen yet, or objects deleted since).
 func (r *Run) admittedEarly(ctx context.Context) string {
-	if r.Read || r.actual == nil || r.Status != nil {
+	// A connect (exec, attach, port-forward, proxy) is answered with its
+	// stream: its answer is not waited for.
+	if r.Read || r.actual == nil || r.Status != nil || connectSubresource(r.Subresource) {
 		return ""
 	}
 	aw, ok := r.actual(ctx)

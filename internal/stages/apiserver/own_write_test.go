@@ -180,6 +180,7 @@ func TestAdmittedEarly(t *testing.T) {
 		{"admitted by both", &Run{Verb: "create", Resource: "configmaps"}, 201, nil, ""},
 		{"refused by the replay too", &Run{Verb: "create", Resource: "configmaps", Status: quota}, 403, quota, ""},
 		{"a read", &Run{Verb: "create", Resource: "configmaps", Read: true}, 403, quota, ""},
+		{"an exec (its answer is its stream)", &Run{Verb: "create", Resource: "pods", Subresource: "exec"}, 403, terminating, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.run
