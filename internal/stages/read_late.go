@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
 )
@@ -80,13 +82,16 @@ type authzChanges struct {
 	rbac, nodeGraph *changeClock
 }
 
-// changedSince names the state seen to change after t, or "".
-func (c authzChanges) changedSince(t time.Time) string {
+// changedSince names the state seen to change after t that can decide
+// for u, or "". The Node authorizer has an opinion only for nodes, and its
+// graph (pods above all) changes all the time: other callers' verdicts do
+// not wait for their answers on its account.
+func (c authzChanges) changedSince(t time.Time, u user.Info) string {
 	var what []string
 	if c.rbac.changedSince(t) {
 		what = append(what, "RBAC")
 	}
-	if c.nodeGraph.changedSince(t) {
+	if u != nil && slices.Contains(u.GetGroups(), user.NodesGroup) && c.nodeGraph.changedSince(t) {
 		what = append(what, "the Node authorizer's graph (pods, nodes, volumes)")
 	}
 	return strings.Join(what, " and ")
@@ -107,7 +112,7 @@ func accessLate(ctx context.Context, changes authzChanges, req *Request, allowed
 	if !answerAwaited(req) || req.Arrival.IsZero() {
 		return ""
 	}
-	changed := changes.changedSince(req.Arrival)
+	changed := changes.changedSince(req.Arrival, req.User)
 	if changed == "" {
 		return ""
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	clocktesting "k8s.io/utils/clock/testing"
 )
@@ -96,6 +97,7 @@ func TestChangeClockSince(t *testing.T) {
 		t.Error("a nil clock says changed")
 	}
 	// The authorizers' clocks name what changed.
+	node := &user.DefaultInfo{Name: "system:node:node1", Groups: []string{user.NodesGroup, user.AllAuthenticated}}
 	old := &changeClock{clock: fake}
 	old.last.Store(start.Add(-time.Second).UnixNano())
 	for _, tc := range []struct {
@@ -108,9 +110,13 @@ func TestChangeClockSince(t *testing.T) {
 		{authzChanges{rbac: old, nodeGraph: c}, "the Node authorizer's graph (pods, nodes, volumes)"},
 		{authzChanges{rbac: c, nodeGraph: c}, "RBAC and the Node authorizer's graph (pods, nodes, volumes)"},
 	} {
-		if got := tc.c.changedSince(start); got != tc.want {
+		if got := tc.c.changedSince(start, node); got != tc.want {
 			t.Errorf("changedSince = %q, want %q", got, tc.want)
 		}
+	}
+	// The Node authorizer's graph decides only for nodes.
+	if got := (authzChanges{rbac: old, nodeGraph: c}).changedSince(start, &user.DefaultInfo{Name: "alice", Groups: []string{"devs"}}); got != "" {
+		t.Errorf("the Node graph's change counted for alice: %q", got)
 	}
 }
 
