@@ -27,11 +27,7 @@ import (
 func TestRBACChangedAfterRequest(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
-	ns := fmt.Sprintf("rbac-late-%d", time.Now().UnixNano()%1e6)
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	ns := lateNamespace(t, "rbac-late")
 	role := func(name, resource string, verbs ...string) {
 		t.Helper()
 		if _, err := cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -106,6 +102,20 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 	}
 }
 
+// lateNamespace is a namespace of the test's own, named prefix-N, deleted
+// after it.
+func lateNamespace(t *testing.T, prefix string) string {
+	t.Helper()
+	ns := fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()%1e6)
+	if _, err := adminClient().CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = adminClient().CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+	return ns
+}
+
 // queueWrites sends n dry-run creates at once: their replays queue ahead
 // of the next requests' (writes' replays go first).
 func queueWrites(t *testing.T, r route, c *http.Client, n int) {
@@ -148,11 +158,7 @@ func TestNodeGraphChangedAfterRequest(t *testing.T) {
 	f := setupFixtures(t)
 	ctx := context.Background()
 	cs := adminClient()
-	ns := fmt.Sprintf("node-late-%d", time.Now().UnixNano()%1e6)
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	ns := lateNamespace(t, "node-late")
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "app"}, StringData: map[string]string{"k": "v"}}, createOpts); err != nil {
 		t.Fatal(err)
 	}
