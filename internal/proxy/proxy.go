@@ -13,6 +13,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -281,6 +282,9 @@ type exchange struct {
 	// token caller's user), at the time the response ended.
 	span trace.Span
 	info *apirequest.RequestInfo // the request as the apiserver resolves it
+	// dryRun: the request asks for a dry run (?dryRun=All), whose
+	// answer's resourceVersion the replay never reads.
+	dryRun bool
 	// answering: the request is not long-running, counted in
 	// Proxy.answering until its relay ends.
 	answering bool
@@ -377,10 +381,11 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 			KubernetesVersion: stages.KubernetesVersion,
 			Request:           requestFields(r, info),
 		},
-		span:  span,
-		info:  info,
-		start: start,
-		done:  make(chan struct{}),
+		span:   span,
+		info:   info,
+		dryRun: dryRunQuery(r.URL.RawQuery),
+		start:  start,
+		done:   make(chan struct{}),
 	}
 	ex.parts.Store(2)
 	// Counted only for the replay pool's CPU pressure signal: with it off,
@@ -455,7 +460,7 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 	case <-ex.done:
 		ex.rvOnce.Do(func() {
 			switch {
-			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info):
+			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !ex.dryRun:
 				ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
 			case ex.actualWrite.Status >= 400 && len(ex.errBody) > 0:
 				if st, ok := decode.Status(ex.errCT, ex.errBody); ok {
@@ -467,6 +472,16 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 	case <-ctx.Done():
 		return stages.Answer{}, false
 	}
+}
+
+// dryRunQuery reports a query asking for a dry run (dryRun=All), read
+// only when it names dryRun at all.
+func dryRunQuery(raw string) bool {
+	if !strings.Contains(raw, "dryRun") {
+		return false
+	}
+	q, err := url.ParseQuery(raw)
+	return err == nil && slices.Contains(q["dryRun"], "All")
 }
 
 // answer refuses what the apiserver would refuse before the upstream sees
