@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -282,9 +283,6 @@ type exchange struct {
 	// token caller's user), at the time the response ended.
 	span trace.Span
 	info *apirequest.RequestInfo // the request as the apiserver resolves it
-	// dryRun: the request asks for a dry run (?dryRun=All), whose
-	// answer's resourceVersion the replay never reads.
-	dryRun bool
 	// answering: the request is not long-running, counted in
 	// Proxy.answering until its relay ends.
 	answering bool
@@ -296,6 +294,9 @@ type exchange struct {
 	// client received it, whoever wrote it: the upstream, or kproxy.
 	errBody []byte
 	errCT   string
+	// errStatus is errBody decoded, once (refusal).
+	errStatus  *metav1.Status
+	statusOnce sync.Once
 	// actualWrite is the answer as the replay needs it; okBody the start
 	// of a write's or a get's successful body: a write's is decoded for
 	// the resourceVersion only when the replay asks (off the response's
@@ -381,11 +382,10 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 			KubernetesVersion: stages.KubernetesVersion,
 			Request:           requestFields(r, info),
 		},
-		span:   span,
-		info:   info,
-		dryRun: dryRunQuery(r.URL.RawQuery),
-		start:  start,
-		done:   make(chan struct{}),
+		span:  span,
+		info:  info,
+		start: start,
+		done:  make(chan struct{}),
 	}
 	ex.parts.Store(2)
 	// Counted only for the replay pool's CPU pressure signal: with it off,
@@ -459,19 +459,29 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 	select {
 	case <-ex.done:
 		ex.rvOnce.Do(func() {
+			// A dry run's resourceVersion the replay never reads.
 			switch {
-			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !ex.dryRun:
+			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !dryRunQuery(ex.replayReq.HTTP.URL.RawQuery):
 				ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
-			case ex.actualWrite.Status >= 400 && len(ex.errBody) > 0:
-				if st, ok := decode.Status(ex.errCT, ex.errBody); ok {
-					ex.actualWrite.Refusal = st
-				}
+			case ex.actualWrite.Status >= 400:
+				ex.actualWrite.Refusal, _ = ex.refusal()
 			}
 		})
 		return ex.actualWrite, true
 	case <-ctx.Done():
 		return stages.Answer{}, false
 	}
+}
+
+// refusal is the error answer's Status (false when its body is none),
+// decoded once for the replay and the record alike.
+func (ex *exchange) refusal() (*metav1.Status, bool) {
+	ex.statusOnce.Do(func() {
+		if len(ex.errBody) > 0 {
+			ex.errStatus, _ = decode.Status(ex.errCT, ex.errBody)
+		}
+	})
+	return ex.errStatus, ex.errStatus != nil
 }
 
 // dryRunQuery reports a query asking for a dry run (dryRun=All), read
@@ -978,7 +988,7 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 		rec.Latency.UpstreamNs = ex.upEnd.Sub(ex.upStart).Nanoseconds()
 	}
 	if len(ex.errBody) > 0 {
-		if st, ok := decode.Status(ex.errCT, ex.errBody); ok {
+		if st, ok := ex.refusal(); ok {
 			rec.Actual.Reason, rec.Actual.Message = string(st.Reason), st.Message
 		} else if strings.HasPrefix(ex.errCT, "text/plain") {
 			// Some answers are plain text (APF's 429, kproxy's 502).
