@@ -39,20 +39,41 @@ func BenchmarkReplayedGet(b *testing.B) {
 	b.Cleanup(func() {
 		_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), pod.Name, metav1.DeleteOptions{})
 	})
-	benchReplayed(b, func(int) request {
+	benchReplayed(b, true, func(int) request {
+		return request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/pods/" + pod.Name, user: "admin"}
+	})
+}
+
+// BenchmarkForwardedGet is BenchmarkReplayedGet's GET through a kproxy
+// whose --replay-filter leaves it out: forwarded, recorded and traced, not
+// replayed. The difference between the two is the replay's cost; this one
+// is the hop's.
+func BenchmarkForwardedGet(b *testing.B) {
+	cs := adminClient()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bench-forwarded-get"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+	if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), pod, createOpts); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), pod.Name, metav1.DeleteOptions{})
+	})
+	benchReplayed(b, false, func(int) request {
 		return request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/pods/" + pod.Name, user: "admin"}
 	})
 }
 
 func BenchmarkReplayedCreate(b *testing.B) {
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	benchReplayed(b, func(i int) request {
+	benchReplayed(b, true, func(i int) request {
 		return request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps?dryRun=All", user: "admin",
 			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"bench-` + run + `-` + strconv.Itoa(i) + `"},"data":{"k":"v"}}`}
 	})
 }
 
-func benchReplayed(b *testing.B, req func(int) request) {
+// benchReplayed sends req's requests one at a time and waits for each
+// record; replayed false filters every request out of the replay.
+func benchReplayed(b *testing.B, replayed bool, req func(int) request) {
 	ctx := context.Background()
 	j, err := localcluster.StartJaeger(ctx, "", "", os.Stderr)
 	if err != nil {
@@ -65,7 +86,12 @@ func benchReplayed(b *testing.B, req func(int) request) {
 	k := startKproxy(b, kproxyOptions{stream: stream, telemetry: telemetry.Options{
 		Endpoint: j.OTLPHTTP, Protocol: "http/protobuf", ServiceName: "kproxy-bench"},
 		// Every replay runs in full: none is shed for its reads.
-		set: func(o *serve.Options) { o.APIServer.ReplayEtcdQPS, o.APIServer.ReplayAPIServerQPS = 1e6, 1e6 }})
+		set: func(o *serve.Options) {
+			o.APIServer.ReplayEtcdQPS, o.APIServer.ReplayAPIServerQPS = 1e6, 1e6
+			if !replayed {
+				o.ReplayFilter = "~n not-" + testNS
+			}
+		}})
 	c := reverseRoute(k).client(nil)
 	one := func(i int) {
 		r := req(i)
@@ -88,7 +114,11 @@ func benchReplayed(b *testing.B, req func(int) request) {
 		}
 		select {
 		case rec := <-recs:
-			if rec.Predicted.Status != resp.StatusCode {
+			if !replayed {
+				if rec.Actual.Status != resp.StatusCode || rec.Predicted.Stage != "unknown" {
+					b.Fatalf("a request the replay filter leaves out: recorded %+v and %+v, answered %d", rec.Predicted, rec.Actual, resp.StatusCode)
+				}
+			} else if rec.Predicted.Status != resp.StatusCode {
 				b.Fatalf("predicted %+v, the apiserver answered %d", rec.Predicted, resp.StatusCode)
 			}
 		case <-time.After(30 * time.Second):

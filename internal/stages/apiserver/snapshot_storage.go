@@ -100,7 +100,7 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 	opts.CountMetricPollPeriod = 0 // no background polling of the storage
 	opts.Decorator = func(config *storagebackend.ConfigForResource, resourcePrefix string, _ func(runtime.Object) (string, error),
 		newFunc, newListFunc func() runtime.Object, _ storage.AttrFunc, _ storage.IndexerFuncs, _ *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
-		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder,
+		s := &snapshotStorage{state: o.state, gr: config.GroupResource, prefix: "/" + strings.Trim(resourcePrefix, "/"), decoder: o.decoder, scheme: o.scheme,
 			config: *config, access: o.etcd, transformer: o.transformers[config.GroupResource], noEtcd: o.noEtcd, clock: o.clock, unencoded: o.unencoded,
 			newList: newListFunc}
 		if s.clock == nil {
@@ -113,7 +113,7 @@ func (o *snapshotOptions) GetRESTOptions(resource schema.GroupResource, example 
 		o.stores.add(s)
 		if u, ok := newFunc().(*unstructured.Unstructured); ok {
 			// A custom resource's store serves one version of it.
-			s.gv, s.decoder = u.GroupVersionKind().GroupVersion(), unstructured.UnstructuredJSONScheme
+			s.gv, s.decoder, s.scheme = u.GroupVersionKind().GroupVersion(), unstructured.UnstructuredJSONScheme, nil
 			return s, func() {}, nil
 		}
 		s.gv, err = servedVersion(config.GroupResource, newFunc(), o.scheme, o.resources)
@@ -146,6 +146,7 @@ func servedVersion(gr schema.GroupResource, example runtime.Object, scheme *runt
 type snapshotStorage struct {
 	state   *ClusterState
 	decoder runtime.Decoder
+	scheme  *runtime.Scheme // nil for a custom resource
 	gr      schema.GroupResource
 	gv      schema.GroupVersion
 	prefix  string
