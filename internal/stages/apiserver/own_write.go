@@ -164,6 +164,10 @@ func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi s
 //     the namespace began terminating after the request (its controller
 //     empties it right after), or the apiserver's informer had not yet
 //     seen it.
+//
+// The replay's ServiceAccount admission finding no pod's ServiceAccount
+// that the apiserver's had found (it admitted the pod) is the same,
+// dry run or not: the ServiceAccount was deleted after the request.
 func (r *Run) refusedLate(ctx context.Context) string {
 	if r.Read || r.actual == nil || r.Status == nil {
 		return ""
@@ -175,6 +179,12 @@ func (r *Run) refusedLate(ctx context.Context) string {
 		// namespace (terminating, most likely), deleted since.
 		if aw, ok := r.actual(ctx); ok && aw.Status != http.StatusNotFound {
 			return fmt.Sprintf(namespaceGoneLateWhy, aw.Status)
+		}
+		return ""
+	}
+	if r.PluginErrName == "ServiceAccount" && serviceAccountLookup(r.Status) {
+		if aw, ok := r.actual(ctx); ok && aw.Status >= 200 && aw.Status < 300 {
+			return serviceAccountGoneLateWhy
 		}
 		return ""
 	}
@@ -209,7 +219,11 @@ func (r *Run) refusedLate(ctx context.Context) string {
 //     sent past kproxy;
 //   - ResourceQuota refused it (exceeded quota): the replay read less
 //     usage than the apiserver had counted (writes its informer had not
-//     seen yet, or objects deleted since).
+//     seen yet, or objects deleted since);
+//   - ServiceAccount admission found no pod's ServiceAccount (it looks in
+//     its informer, then live), which the replay's found: created right
+//     after the pod, as kubectl apply -f sends a directory's pod.yaml
+//     before its serviceaccount.yaml.
 func (r *Run) admittedEarly(ctx context.Context) string {
 	// A connect (exec, attach, port-forward, proxy) is answered with its
 	// stream: its answer is not waited for.
@@ -225,8 +239,16 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 		return namespaceEndedEarlyWhy
 	case quotaExceeded(aw.Refusal):
 		return quotaAdmittedEarlyWhy
+	case serviceAccountLookup(aw.Refusal):
+		return serviceAccountArrivedEarlyWhy
 	}
 	return ""
+}
+
+// serviceAccountLookup reports ServiceAccount admission's refusal of a pod
+// whose ServiceAccount it could not find.
+func serviceAccountLookup(st *metav1.Status) bool {
+	return st.Code == http.StatusForbidden && strings.Contains(st.Message, "error looking up service account ")
 }
 
 // namespaceTerminating reports NamespaceLifecycle's refusal of a create in
@@ -260,10 +282,12 @@ func disruptionBudgetCause(st *metav1.Status) bool {
 }
 
 const (
-	evictionBudgetReadLateWhy   = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
-	namespaceGoneLateWhy        = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
-	namespaceEndedEarlyWhy      = "the apiserver refused the create because the namespace is being terminated, and the replay's NamespaceLifecycle found it active in its informer: the deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up (or never saw a delete sent past kproxy), so the state on arrival is not known"
-	quotaAdmittedEarlyWhy       = "the apiserver's ResourceQuota refused the write (exceeded quota), and the replay's admits it: the replay reads the quota's usage from an informer, after the request, and found less used than the apiserver had counted (writes its informer had not seen yet, or objects deleted since), so the state on arrival is not known"
-	quotaRefusedLateWhy         = "the apiserver admitted the write, and the replay's ResourceQuota refuses it (exceeded quota): the apiserver's ResourceQuota adds each write it admits to the quota's usage before it stores it, so the usage the replay read after the request already counts this request (or later writes), so the state on arrival is not known"
-	namespaceTerminatingLateWhy = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"
+	evictionBudgetReadLateWhy     = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
+	namespaceGoneLateWhy          = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
+	namespaceEndedEarlyWhy        = "the apiserver refused the create because the namespace is being terminated, and the replay's NamespaceLifecycle found it active in its informer: the deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up (or never saw a delete sent past kproxy), so the state on arrival is not known"
+	quotaAdmittedEarlyWhy         = "the apiserver's ResourceQuota refused the write (exceeded quota), and the replay's admits it: the replay reads the quota's usage from an informer, after the request, and found less used than the apiserver had counted (writes its informer had not seen yet, or objects deleted since), so the state on arrival is not known"
+	quotaRefusedLateWhy           = "the apiserver admitted the write, and the replay's ResourceQuota refuses it (exceeded quota): the apiserver's ResourceQuota adds each write it admits to the quota's usage before it stores it, so the usage the replay read after the request already counts this request (or later writes), so the state on arrival is not known"
+	serviceAccountGoneLateWhy     = "the apiserver admitted the pod, so its ServiceAccount admission found the pod's ServiceAccount, and the replay's does not (in its informer, then live): the ServiceAccount was deleted after this request, before the replay read it, so the state on arrival is not known"
+	serviceAccountArrivedEarlyWhy = "the apiserver's ServiceAccount admission refused the pod (error looking up service account), and the replay's found the ServiceAccount: it was created after this request (as kubectl apply -f sends a directory's pod.yaml before its serviceaccount.yaml), before the replay read it, so the state on arrival is not known"
+	namespaceTerminatingLateWhy   = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"
 )

@@ -120,6 +120,8 @@ func TestRefusedLate(t *testing.T) {
 	terminating := &metav1.Status{Code: 403, Message: `configmaps "x" is forbidden: unable to create new content in namespace kcm-1 because it is being terminated`}
 	quota := &metav1.Status{Code: 403, Message: `configmaps "cm-1" is forbidden: exceeded quota: two, requested: count/configmaps=1, used: count/configmaps=2, limited: count/configmaps=2`}
 	budget := &metav1.Status{Code: 429, Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: "DisruptionBudget"}}}}
+	saGone := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: `pods "last" is forbidden: error looking up service account sa-late/leaving: serviceaccount "leaving" not found`}
 	for _, tc := range []struct {
 		name     string
 		run      *Run
@@ -138,6 +140,11 @@ func TestRefusedLate(t *testing.T) {
 		{"over quota for the replay, admitted by the apiserver", &Run{Verb: "create", Resource: "configmaps", Status: quota, PluginErrName: "ResourceQuota"}, 201, "already counts this request"},
 		{"over quota for both", &Run{Verb: "create", Resource: "configmaps", Status: quota, PluginErrName: "ResourceQuota"}, 403, ""},
 		{"over quota for a dry run the apiserver admitted", &Run{Verb: "create", Resource: "configmaps", DryRun: true, Status: quota, PluginErrName: "ResourceQuota"}, 201, ""},
+		{"no ServiceAccount for the replay, admitted by the apiserver", &Run{Verb: "create", Resource: "pods", Status: saGone, PluginErrName: "ServiceAccount"}, 201, "the ServiceAccount was deleted after this request"},
+		{"no ServiceAccount for the replay, a dry run the apiserver admitted", &Run{Verb: "create", Resource: "pods", DryRun: true, Status: saGone, PluginErrName: "ServiceAccount"}, 201, "deleted after this request"},
+		{"no ServiceAccount for both", &Run{Verb: "create", Resource: "pods", Status: saGone, PluginErrName: "ServiceAccount"}, 403, ""},
+		{"another ServiceAccount refusal, admitted by the apiserver", &Run{Verb: "create", Resource: "pods", PluginErrName: "ServiceAccount",
+			Status: &metav1.Status{Code: 403, Message: `pods "p" is forbidden: no service account specified for pod ns/p`}}, 201, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.run
@@ -162,6 +169,8 @@ func TestAdmittedEarly(t *testing.T) {
 	quota := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
 		Message: `configmaps "cm-2" is forbidden: exceeded quota: two, requested: count/configmaps=1, used: count/configmaps=2, limited: count/configmaps=2`}
 	rbac := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden, Message: `configmaps is forbidden: User "bob" cannot create resource "configmaps"`}
+	noSA := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: `pods "early" is forbidden: error looking up service account sa-late/arriving: serviceaccount "arriving" not found`}
 	for _, tc := range []struct {
 		name     string
 		run      *Run
@@ -176,6 +185,8 @@ func TestAdmittedEarly(t *testing.T) {
 		{"an update over quota", &Run{Verb: "update", Resource: "pods"}, 403, quota, "exceeded quota"},
 		{"an update in a terminating namespace", &Run{Verb: "update", Resource: "events"}, 403, terminating, ""},
 		{"refused by RBAC", &Run{Verb: "create", Resource: "configmaps"}, 403, rbac, ""},
+		{"a pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods"}, 403, noSA, "the ServiceAccount: it was created after this request"},
+		{"a dry-run pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods", DryRun: true}, 403, noSA, "created after this request"},
 		{"refused without a Status", &Run{Verb: "create", Resource: "configmaps"}, 403, nil, ""},
 		{"admitted by both", &Run{Verb: "create", Resource: "configmaps"}, 201, nil, ""},
 		{"refused by the replay too", &Run{Verb: "create", Resource: "configmaps", Status: quota}, 403, quota, ""},

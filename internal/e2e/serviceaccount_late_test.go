@@ -1,0 +1,89 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestServiceAccountChangedAfterRequest: pod creates replayed late, behind
+// 40 queued writes, after the pod's ServiceAccount changed. A pod sent
+// before its ServiceAccount (kubectl apply -f on a directory, pod.yaml
+// before serviceaccount.yaml) is refused by the apiserver's ServiceAccount
+// admission (403, "error looking up service account"), and the replay,
+// finding the ServiceAccount created right after, had predicted 201. A pod
+// admitted just before its ServiceAccount is deleted had been predicted
+// 403. Both say unknown now, naming the ServiceAccount.
+func TestServiceAccountChangedAfterRequest(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	recs, r, c := oneReplayWorker(t)
+	pod := func(ns, name, sa string) request {
+		return request{method: "POST", path: "/api/v1/namespaces/" + ns + "/pods?dryRun=All", user: "admin",
+			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":%q},"spec":{"serviceAccountName":%q,"automountServiceAccountToken":false,"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`, name, sa)}
+	}
+	serviceAccount := func(ns, name string) {
+		t.Helper()
+		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// attempt sends both pods behind queued writes and changes their
+	// ServiceAccounts right after the answers; it counts the records that
+	// said unknown for the change. A replay that still ran before the
+	// change must predict the answer.
+	attempt := func() (late int) {
+		ns := lateNamespace(t, "sa-late")
+		serviceAccount(ns, "leaving")
+		// kproxy's replay has synced: the pod of "leaving" is admitted,
+		// the pod of "arriving" (not there yet) refused.
+		waitPredicted(t, recs, r, c, pod(ns, "probe", "leaving"))
+		waitPredicted(t, recs, r, c, pod(ns, "probe", "arriving"))
+
+		queueWrites(t, r, c, 40)
+		if got := do(t, c, r.base, pod(ns, "early", "arriving")); got.status != 403 || !strings.Contains(string(got.body), "error looking up service account") {
+			t.Fatalf("a pod before its ServiceAccount: %d %s", got.status, got.body)
+		}
+		if got := do(t, c, r.base, pod(ns, "last", "leaving")); got.status != 201 {
+			t.Fatalf("a pod of an existing ServiceAccount: %d %s", got.status, got.body)
+		}
+		serviceAccount(ns, "arriving")
+		if err := cs.CoreV1().ServiceAccounts(ns).Delete(ctx, "leaving", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		for range 42 {
+			rec := nextRecord(t, recs)
+			if rec.Request.Namespace != ns {
+				continue
+			}
+			seen++
+			switch {
+			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "ServiceAccount"):
+				late++
+			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status:
+				// replayed before the change
+			default:
+				t.Errorf("%s %s, answered %d, replayed around a ServiceAccount change: predicted %+v, want the answer or unknown naming the ServiceAccount",
+					rec.Request.Method, rec.Request.Path, rec.Actual.Status, rec.Predicted)
+			}
+		}
+		if seen != 2 {
+			t.Errorf("%d records of the two pods", seen)
+		}
+		return late
+	}
+	late := 0
+	for i := 0; i < 5 && late < 2; i++ {
+		late += attempt()
+	}
+	if late < 2 {
+		t.Errorf("%d of the pods replayed after their ServiceAccount changed in 5 attempts, want 2: the path under test was not taken", late)
+	}
+}
