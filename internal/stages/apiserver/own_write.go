@@ -220,6 +220,10 @@ func (r *Run) refusedLate(ctx context.Context) string {
 //   - ResourceQuota refused it (exceeded quota): the replay read less
 //     usage than the apiserver had counted (writes its informer had not
 //     seen yet, or objects deleted since);
+//   - NamespaceLifecycle found no namespace (404 namespaces "..." not
+//     found), which the replay's found: created right after the request,
+//     as kubectl apply -f sends a directory's deployment.yaml before its
+//     namespace.yaml;
 //   - ServiceAccount admission found no pod's ServiceAccount (it looks in
 //     its informer, then live), which the replay's found: created right
 //     after the pod, as kubectl apply -f sends a directory's pod.yaml
@@ -231,7 +235,16 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 		return ""
 	}
 	aw, ok := r.actual(ctx)
-	if !ok || aw.Status != http.StatusForbidden || aw.Refusal == nil {
+	if !ok || aw.Refusal == nil {
+		return ""
+	}
+	if aw.Status == http.StatusNotFound {
+		if namespaceNotFound(aw.Refusal) {
+			return namespaceCreatedLateWhy
+		}
+		return ""
+	}
+	if aw.Status != http.StatusForbidden {
 		return ""
 	}
 	switch {
@@ -243,6 +256,12 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 		return serviceAccountArrivedEarlyWhy
 	}
 	return ""
+}
+
+// namespaceNotFound reports NamespaceLifecycle's refusal of a create in a
+// namespace that does not exist.
+func namespaceNotFound(st *metav1.Status) bool {
+	return st.Code == http.StatusNotFound && st.Details != nil && st.Details.Kind == "namespaces" && st.Details.Group == ""
 }
 
 // serviceAccountLookup reports ServiceAccount admission's refusal of a pod
@@ -287,6 +306,7 @@ const (
 	namespaceEndedEarlyWhy        = "the apiserver refused the create because the namespace is being terminated, and the replay's NamespaceLifecycle found it active in its informer: the deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up (or never saw a delete sent past kproxy), so the state on arrival is not known"
 	quotaAdmittedEarlyWhy         = "the apiserver's ResourceQuota refused the write (exceeded quota), and the replay's admits it: the replay reads the quota's usage from an informer, after the request, and found less used than the apiserver had counted (writes its informer had not seen yet, or objects deleted since), so the state on arrival is not known"
 	quotaRefusedLateWhy           = "the apiserver admitted the write, and the replay's ResourceQuota refuses it (exceeded quota): the apiserver's ResourceQuota adds each write it admits to the quota's usage before it stores it, so the usage the replay read after the request already counts this request (or later writes), so the state on arrival is not known"
+	namespaceCreatedLateWhy       = "the apiserver refused the write because its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace: it was created after this request (as kubectl apply -f sends a directory's deployment.yaml before its namespace.yaml), before the replay read it, so the state on arrival is not known"
 	serviceAccountGoneLateWhy     = "the apiserver admitted the pod, so its ServiceAccount admission found the pod's ServiceAccount, and the replay's does not (in its informer, then live): the ServiceAccount was deleted after this request, before the replay read it, so the state on arrival is not known"
 	serviceAccountArrivedEarlyWhy = "the apiserver's ServiceAccount admission refused the pod (error looking up service account), and the replay's found the ServiceAccount: it was created after this request (as kubectl apply -f sends a directory's pod.yaml before its serviceaccount.yaml), before the replay read it, so the state on arrival is not known"
 	namespaceTerminatingLateWhy   = "the apiserver admitted the write, and the replay's NamespaceLifecycle refuses it because the namespace is being terminated: the namespace began terminating after this request, or the apiserver's view of it had not caught up (both read namespaces from an informer), so the state on arrival is not known"

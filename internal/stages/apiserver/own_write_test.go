@@ -171,6 +171,10 @@ func TestAdmittedEarly(t *testing.T) {
 	rbac := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden, Message: `configmaps is forbidden: User "bob" cannot create resource "configmaps"`}
 	noSA := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
 		Message: `pods "early" is forbidden: error looking up service account sa-late/arriving: serviceaccount "arriving" not found`}
+	nsMissing := &metav1.Status{Code: 404, Reason: metav1.StatusReasonNotFound, Message: `namespaces "later" not found`,
+		Details: &metav1.StatusDetails{Name: "later", Kind: "namespaces"}}
+	objMissing := &metav1.Status{Code: 404, Reason: metav1.StatusReasonNotFound, Message: `configmaps "x" not found`,
+		Details: &metav1.StatusDetails{Name: "x", Kind: "configmaps"}}
 	for _, tc := range []struct {
 		name     string
 		run      *Run
@@ -185,6 +189,9 @@ func TestAdmittedEarly(t *testing.T) {
 		{"an update over quota", &Run{Verb: "update", Resource: "pods"}, 403, quota, "exceeded quota"},
 		{"an update in a terminating namespace", &Run{Verb: "update", Resource: "events"}, 403, terminating, ""},
 		{"refused by RBAC", &Run{Verb: "create", Resource: "configmaps"}, 403, rbac, ""},
+		{"a create before its namespace", &Run{Verb: "create", Resource: "configmaps"}, 404, nsMissing, "it was created after this request"},
+		{"a dry-run create before its namespace", &Run{Verb: "create", Resource: "configmaps", DryRun: true}, 404, nsMissing, "namespace"},
+		{"an update of an object not found", &Run{Verb: "update", Resource: "configmaps"}, 404, objMissing, ""},
 		{"a pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods"}, 403, noSA, "the ServiceAccount: it was created after this request"},
 		{"a dry-run pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods", DryRun: true}, 403, noSA, "created after this request"},
 		{"refused without a Status", &Run{Verb: "create", Resource: "configmaps"}, 403, nil, ""},

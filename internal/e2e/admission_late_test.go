@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -85,5 +86,54 @@ func TestServiceAccountChangedAfterRequest(t *testing.T) {
 	}
 	if late < 2 {
 		t.Errorf("%d of the pods replayed after their ServiceAccount changed in 5 attempts, want 2: the path under test was not taken", late)
+	}
+}
+
+// TestNamespaceCreatedAfterRequest: a create in a namespace that does not
+// exist yet, replayed late, behind 40 queued writes, after the namespace
+// is created (kubectl apply -f on a directory sends deployment.yaml before
+// namespace.yaml): the apiserver refused it 404 (namespaces "..." not
+// found), and the replay, whose NamespaceLifecycle finds the namespace,
+// had predicted 201. It says unknown now, naming the namespace. Replayed
+// in time, the same create is predicted 404.
+func TestNamespaceCreatedAfterRequest(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	recs, r, c := oneReplayWorker(t)
+	create := func(ns string) request {
+		return request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps", user: "admin",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"early"}}`}
+	}
+	// In time: predicted 404.
+	waitPredicted(t, recs, r, c, create(fmt.Sprintf("never-%d", time.Now().UnixNano()%1e6)))
+	late := 0
+	for i := 0; i < 5 && late == 0; i++ {
+		ns := fmt.Sprintf("ns-late-%d", time.Now().UnixNano()%1e6)
+		queueWrites(t, r, c, 40)
+		if got := do(t, c, r.base, create(ns)); got.status != 404 {
+			t.Fatalf("a create before its namespace: %d %s", got.status, got.body)
+		}
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+		for range 41 {
+			rec := nextRecord(t, recs)
+			if rec.Request.Namespace != ns {
+				continue
+			}
+			switch {
+			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace"):
+				late++
+			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status:
+				// replayed before the namespace was created
+			default:
+				t.Errorf("a create before its namespace, answered %d, replayed around the namespace's create: predicted %+v, want 404 or unknown naming the namespace",
+					rec.Actual.Status, rec.Predicted)
+			}
+		}
+	}
+	if late == 0 {
+		t.Errorf("no create replayed after its namespace was created in 5 attempts: the path under test was not taken")
 	}
 }
