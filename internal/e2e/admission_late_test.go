@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -135,5 +137,78 @@ func TestNamespaceCreatedAfterRequest(t *testing.T) {
 	}
 	if late == 0 {
 		t.Errorf("no create replayed after its namespace was created in 5 attempts: the path under test was not taken")
+	}
+}
+
+// TestAdmissionStateChangedAfterRequest: pods replayed late, behind 40
+// queued writes, after the state admission read for them changed, as
+// kubectl apply -f on a directory sends pod.yaml before limitrange.yaml
+// and priorityclass.yaml. A pod asking for more CPU than a LimitRange
+// created right after it allows was admitted (201), and the replay's
+// LimitRanger had refused it (403); a pod naming a PriorityClass created
+// right after it was refused (403, "no PriorityClass with name ... was
+// found"), and the replay's Priority plugin had admitted it (201). Both
+// say unknown now, naming what kproxy saw change.
+func TestAdmissionStateChangedAfterRequest(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	recs, r, c := oneReplayWorker(t)
+	pod := func(ns, name, spec string) request {
+		return request{method: "POST", path: "/api/v1/namespaces/" + ns + "/pods?dryRun=All", user: "admin",
+			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":%q},"spec":{"serviceAccountName":"robot","automountServiceAccountToken":false,%s"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10","resources":{"limits":{"cpu":"200m"}}}]}}`, name, spec)}
+	}
+	attempt := func() (late int) {
+		ns := lateNamespace(t, "adm-late")
+		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "robot"}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+		class := ns + "-high"
+		waitPredicted(t, recs, r, c, pod(ns, "probe", ""))
+		waitPredicted(t, recs, r, c, pod(ns, "probe", fmt.Sprintf(`"priorityClassName":%q,`, class)))
+
+		queueWrites(t, r, c, 40)
+		if got := do(t, c, r.base, pod(ns, "before-limits", "")); got.status != 201 {
+			t.Fatalf("a pod before its LimitRange: %d %s", got.status, got.body)
+		}
+		if got := do(t, c, r.base, pod(ns, "before-class", fmt.Sprintf(`"priorityClassName":%q,`, class))); got.status != 403 {
+			t.Fatalf("a pod before its PriorityClass: %d %s", got.status, got.body)
+		}
+		if _, err := cs.CoreV1().LimitRanges(ns).Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small"},
+			Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer,
+				Max: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}}}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: class}, Value: 1000}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cs.SchedulingV1().PriorityClasses().Delete(context.Background(), class, metav1.DeleteOptions{}) })
+		seen := 0
+		for range 42 {
+			rec := nextRecord(t, recs)
+			if rec.Request.Namespace != ns {
+				continue
+			}
+			seen++
+			switch {
+			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "change after this request arrived"):
+				late++
+			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status:
+				// replayed before the change
+			default:
+				t.Errorf("%s %s, answered %d, replayed around an admission state change: predicted %+v, want the answer or unknown naming the change",
+					rec.Request.Method, rec.Request.Path, rec.Actual.Status, rec.Predicted)
+			}
+		}
+		if seen != 2 {
+			t.Errorf("%d records of the two pods", seen)
+		}
+		return late
+	}
+	late := 0
+	for i := 0; i < 5 && late < 2; i++ {
+		late += attempt()
+	}
+	if late < 2 {
+		t.Errorf("%d of the pods replayed after the state admission read changed in 5 attempts, want 2: the path under test was not taken", late)
 	}
 }

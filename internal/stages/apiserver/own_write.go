@@ -238,16 +238,10 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 	if !ok || aw.Refusal == nil {
 		return ""
 	}
-	if aw.Status == http.StatusNotFound {
-		if namespaceNotFound(aw.Refusal) {
-			return namespaceCreatedLateWhy
-		}
-		return ""
-	}
-	if aw.Status != http.StatusForbidden {
-		return ""
-	}
 	switch {
+	case aw.Status == http.StatusNotFound && namespaceNotFound(aw.Refusal):
+		return namespaceCreatedLateWhy
+	case aw.Status != http.StatusForbidden:
 	case r.Verb == "create" && namespaceTerminating(aw.Refusal):
 		return namespaceEndedEarlyWhy
 	case quotaExceeded(aw.Refusal):
@@ -255,7 +249,9 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 	case serviceAccountLookup(aw.Refusal):
 		return serviceAccountArrivedEarlyWhy
 	}
-	return ""
+	// Any other admission refusal, where kproxy saw the state the
+	// plugins read change since the request arrived (admission_late.go).
+	return r.admittedByStateLate(aw)
 }
 
 // namespaceNotFound reports NamespaceLifecycle's refusal of a create in a

@@ -73,7 +73,12 @@ type Run struct {
 	// actual waits for the apiserver's answer to the request (nil for a
 	// replay with no live request, such as kproxy explain); bodyRV is
 	// the resourceVersion the request's body carries.
-	actual      func(context.Context) (Answer, bool)
+	actual func(context.Context) (Answer, bool)
+	// arrival and namespace are the request's; changes the clocks of the
+	// state admission reads (admission_late.go).
+	arrival     time.Time
+	namespace   string
+	changes     *admissionChanges
 	BodyRV      string
 	Verb        string
 	Resource    string
@@ -364,7 +369,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, Verb: req.Info.Verb, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
+	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, Verb: req.Info.Verb, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
 		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	rec := &warningRecorder{}
@@ -430,6 +435,8 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			run.markUnknown(replayTimeoutWhy)
 		default:
 			if why := run.refusedLate(ctx); why != "" {
+				run.markUnknown(why)
+			} else if why := run.refusedByStateLate(ctx); why != "" {
 				run.markUnknown(why)
 			}
 		}

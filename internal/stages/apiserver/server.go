@@ -77,8 +77,10 @@ import (
 // it stopped), so that each stage reports its own part.
 type Server struct {
 	handler http.Handler
-	// plugins are the enabled admission plugins, in the chain's order.
-	plugins []string
+	// plugins are the enabled admission plugins, in the chain's order;
+	// admissionChanges when kproxy last saw the state they read change.
+	plugins          []string
+	admissionChanges *admissionChanges
 	// crds lists the cluster's CustomResourceDefinitions.
 	crds apiextensionslisters.CustomResourceDefinitionLister
 	// storage is every registry's storage (etcd keys, codecs); etcd the
@@ -415,7 +417,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{handler: srv.Handler.Director, plugins: plugins,
+	return &Server{handler: srv.Handler.Director, plugins: plugins, admissionChanges: watchAdmissionState(clk, s.Informers, plugins),
 		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
 		storage: snapshots, etcd: access, noEtcd: noEtcd, served: served, opts: o}, nil
 }

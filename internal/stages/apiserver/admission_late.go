@@ -1,0 +1,189 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+)
+
+// Admission plugins read the cluster's state from informers, in the
+// apiserver as in the replay, and the replay reads it after the request:
+// a replay behind a queue meets the state as it is since. kubectl apply
+// -f on a directory sends its files in name order, so pod.yaml reaches
+// the apiserver before limitrange.yaml and priorityclass.yaml, and a
+// namespace's labels (Pod Security) or a webhook's configuration change
+// between two requests of one script. A write refused (or admitted) for
+// state created right after it is then admitted (or refused) by the
+// replay: a confident prediction the request never met.
+//
+// So kproxy keeps, per kind of state the enabled plugins read, when it
+// last saw an object of it change (per namespace for namespaced kinds,
+// namespaces by their own name). When the replay's admission verdict
+// contradicts the apiserver's answer and such state changed after the
+// request arrived, the verdict says nothing about the request: it is
+// unknown, naming what changed. The handlers ride on the informers the
+// plugins already registered: no list or watch is added.
+// ResourceQuota is left to its own check (own_write.go): its usage
+// changes with every write it counts.
+
+// admissionChanges are the change clocks of the state the enabled
+// admission plugins read (nil: none).
+type admissionChanges struct {
+	clock clock.PassiveClock
+	kinds []*kindChanges
+}
+
+// kindChanges is when kproxy last saw an object of one kind change: for
+// a cluster-scoped kind, anywhere (any namespace's request may read it);
+// for a namespaced one, per namespace.
+type kindChanges struct {
+	name  string // as the unknown names it: "LimitRanges"
+	key   func(metav1.Object) string
+	last  atomic.Int64 // cluster-scoped
+	mu    sync.Mutex
+	inNS  map[string]int64 // namespaced
+	clock clock.PassiveClock
+}
+
+func (k *kindChanges) mark(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	now := k.clock.Now().UnixNano()
+	if k.key == nil {
+		k.last.Store(now)
+		return
+	}
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return
+	}
+	k.mu.Lock()
+	k.inNS[k.key(m)] = now
+	k.mu.Unlock()
+}
+
+func (k *kindChanges) changedSince(t time.Time, namespace string) bool {
+	if k.key == nil {
+		return k.last.Load() > t.UnixNano()
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.inNS[namespace] > t.UnixNano()
+}
+
+// watchAdmissionState starts the change clocks of the state the enabled
+// plugins read from f.
+func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFactory, plugins []string) *admissionChanges {
+	byNamespace := func(m metav1.Object) string { return m.GetNamespace() }
+	byName := func(m metav1.Object) string { return m.GetName() }
+	type source struct {
+		name     string
+		key      func(metav1.Object) string
+		informer func() cache.SharedIndexInformer
+		readBy   []string
+	}
+	adm := f.Admissionregistration().V1()
+	sources := []source{
+		{"the namespace (its labels, its phase)", byName, func() cache.SharedIndexInformer { return f.Core().V1().Namespaces().Informer() },
+			[]string{"NamespaceLifecycle", "PodSecurity", "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "ValidatingAdmissionPolicy"}},
+		{"ServiceAccounts", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ServiceAccounts().Informer() }, []string{"ServiceAccount"}},
+		{"LimitRanges", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().LimitRanges().Informer() }, []string{"LimitRanger"}},
+		{"PriorityClasses", nil, func() cache.SharedIndexInformer { return f.Scheduling().V1().PriorityClasses().Informer() }, []string{"Priority"}},
+		{"RuntimeClasses", nil, func() cache.SharedIndexInformer { return f.Node().V1().RuntimeClasses().Informer() }, []string{"RuntimeClass"}},
+		{"MutatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.MutatingWebhookConfigurations().Informer() }, []string{"MutatingAdmissionWebhook"}},
+		{"ValidatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.ValidatingWebhookConfigurations().Informer() }, []string{"ValidatingAdmissionWebhook"}},
+		{"ValidatingAdmissionPolicies", nil, func() cache.SharedIndexInformer { return adm.ValidatingAdmissionPolicies().Informer() }, []string{"ValidatingAdmissionPolicy"}},
+		{"ValidatingAdmissionPolicyBindings", nil, func() cache.SharedIndexInformer { return adm.ValidatingAdmissionPolicyBindings().Informer() }, []string{"ValidatingAdmissionPolicy"}},
+	}
+	c := &admissionChanges{clock: clk}
+	for _, s := range sources {
+		if !slices.ContainsFunc(s.readBy, func(p string) bool { return slices.Contains(plugins, p) }) {
+			continue // no enabled plugin reads it: no informer to ride on
+		}
+		k := &kindChanges{name: s.name, key: s.key, inNS: map[string]int64{}, clock: clk}
+		_, _ = s.informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    k.mark,
+			UpdateFunc: func(_, obj any) { k.mark(obj) },
+			DeleteFunc: k.mark,
+		})
+		c.kinds = append(c.kinds, k)
+	}
+	return c
+}
+
+// changedSince names the state seen to change after t that a request in
+// namespace may have read, or "".
+func (c *admissionChanges) changedSince(t time.Time, namespace string) string {
+	if c == nil || t.IsZero() {
+		return ""
+	}
+	var what []string
+	for _, k := range c.kinds {
+		if k.changedSince(t, namespace) {
+			what = append(what, k.name)
+		}
+	}
+	return strings.Join(what, ", ")
+}
+
+// refusedByStateLate says why the replay's admission refusal of a write
+// the apiserver admitted (2xx), read after admission state changed, is
+// not the request's, or "".
+func (r *Run) refusedByStateLate(ctx context.Context) string {
+	// A connect (exec, attach, port-forward, proxy) is answered with its
+	// stream: its answer is not waited for.
+	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) ||
+		r.PluginErrName == "" || r.PluginErrName == "ResourceQuota" {
+		return ""
+	}
+	changed := r.changes.changedSince(r.arrival, r.namespace)
+	if changed == "" {
+		return ""
+	}
+	if aw, ok := r.actual(ctx); ok && aw.Status >= 200 && aw.Status < 300 {
+		return fmt.Sprintf("the apiserver admitted the write, and the replay's %s refuses it: kproxy saw %s change after this request arrived, "+
+			"before the replay read it, so the state on arrival is not known", r.PluginErrName, changed)
+	}
+	return ""
+}
+
+// admittedByStateLate says why the replay's admission of a write the
+// apiserver's admission refused, read after admission state changed, is
+// not the request's, or "".
+func (r *Run) admittedByStateLate(aw Answer) string {
+	if aw.Refusal == nil || !admissionRefusal(aw.Status, aw.Refusal) {
+		return ""
+	}
+	changed := r.changes.changedSince(r.arrival, r.namespace)
+	if changed == "" {
+		return ""
+	}
+	return fmt.Sprintf("the apiserver's admission refused the write (%d: %s), and the replay's admits it: kproxy saw %s change after this request arrived, "+
+		"before the replay read it, so the state on arrival is not known", aw.Status, aw.Refusal.Message, changed)
+}
+
+// admissionRefusal reports an admission plugin's refusal: a 403 `...
+// is forbidden: ...` that is not the authorizer's (`User "..." cannot`),
+// or a webhook's or an admission policy's denial.
+func admissionRefusal(status int, st *metav1.Status) bool {
+	switch {
+	case strings.Contains(st.Message, "admission webhook ") && strings.Contains(st.Message, " denied the request"):
+		return true
+	case strings.Contains(st.Message, "ValidatingAdmissionPolicy '"):
+		return true
+	case status != http.StatusForbidden || !strings.Contains(st.Message, " is forbidden: "):
+		return false
+	}
+	return !strings.Contains(st.Message, `forbidden: User "`)
+}

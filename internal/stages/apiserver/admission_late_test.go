@@ -1,0 +1,133 @@
+package apiserver
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	clocktesting "k8s.io/utils/clock/testing"
+)
+
+// TestAdmissionChangesSince: the clocks count a namespaced kind per
+// namespace, namespaces by their own name, and a cluster-scoped kind for
+// every request; only the kinds an enabled plugin reads are watched.
+func TestAdmissionChangesSince(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	f := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
+	c := watchAdmissionState(clk, f, []string{"NamespaceLifecycle", "LimitRanger", "Priority"})
+	if len(c.kinds) != 3 {
+		t.Fatalf("%d kinds watched, want 3 (namespaces, LimitRanges, PriorityClasses)", len(c.kinds))
+	}
+	arrival := clk.Now()
+	clk.Step(time.Second)
+	find := func(name string) *kindChanges {
+		for _, k := range c.kinds {
+			if k.name == name {
+				return k
+			}
+		}
+		t.Fatalf("%s not watched", name)
+		return nil
+	}
+	find("LimitRanges").mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "a"}})
+	find("the namespace (its labels, its phase)").mark(cache.DeletedFinalStateUnknown{Obj: &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "b"}}})
+	for _, tc := range []struct {
+		ns, want string
+	}{
+		{"a", "LimitRanges"},
+		{"b", "the namespace (its labels, its phase)"},
+		{"c", ""},
+	} {
+		if got := c.changedSince(arrival, tc.ns); got != tc.want {
+			t.Errorf("changedSince(%q) = %q, want %q", tc.ns, got, tc.want)
+		}
+	}
+	find("PriorityClasses").mark(&schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "high"}})
+	if got := c.changedSince(arrival, "c"); got != "PriorityClasses" {
+		t.Errorf("a cluster-scoped change: changedSince = %q, want PriorityClasses", got)
+	}
+	if got := c.changedSince(clk.Now(), "a"); got != "" {
+		t.Errorf("nothing changed after the request: %q", got)
+	}
+	var none *admissionChanges
+	if got := none.changedSince(arrival, "a"); got != "" {
+		t.Errorf("no clocks: %q", got)
+	}
+}
+
+// TestAdmissionStateLate: a replay's admission verdict that contradicts
+// the answer is unknown only when admission state changed after the
+// request arrived, and only for an admission refusal.
+func TestAdmissionStateLate(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	arrival := clk.Now()
+	changed := &admissionChanges{clock: clk, kinds: []*kindChanges{{name: "LimitRanges", key: func(m metav1.Object) string { return m.GetNamespace() }, inNS: map[string]int64{}, clock: clk}}}
+	clk.Step(time.Second)
+	changed.kinds[0].mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "ns"}})
+	unchanged := &admissionChanges{clock: clk}
+	limit := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden, Message: `pods "p" is forbidden: maximum cpu usage per Container is 100m, but limit is 200m`}
+	priority := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden, Message: `pods "p" is forbidden: no PriorityClass with name high was found`}
+	rbac := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden, Message: `pods is forbidden: User "bob" cannot create resource "pods" in API group "" in the namespace "ns"`}
+	webhook := &metav1.Status{Code: 400, Message: `admission webhook "deny.example.com" denied the request: no`}
+	policy := &metav1.Status{Code: 422, Message: `pods "p" is forbidden: ValidatingAdmissionPolicy 'max' with binding 'max' denied request: too many`}
+
+	t.Run("refused by the replay", func(t *testing.T) {
+		for _, tc := range []struct {
+			name     string
+			run      *Run
+			answered int
+			want     string
+		}{
+			{"LimitRanger, admitted by the apiserver", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, 201, "the replay's LimitRanger refuses it: kproxy saw LimitRanges change"},
+			{"a dry run, admitted by the apiserver", &Run{Status: limit, PluginErrName: "LimitRanger", DryRun: true, changes: changed}, 201, "LimitRanges"},
+			{"nothing changed", &Run{Status: limit, PluginErrName: "LimitRanger", changes: unchanged}, 201, ""},
+			{"refused by both", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, 403, ""},
+			{"not by admission", &Run{Status: limit, changes: changed}, 201, ""},
+			{"ResourceQuota (its own check)", &Run{Status: limit, PluginErrName: "ResourceQuota", changes: changed}, 201, ""},
+			{"an exec (its answer is its stream)", &Run{Status: limit, PluginErrName: "LimitRanger", Subresource: "exec", changes: changed}, 201, ""},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				r := tc.run
+				r.arrival, r.namespace = arrival, "ns"
+				r.actual = func(context.Context) (Answer, bool) { return Answer{Status: tc.answered}, true }
+				why := r.refusedByStateLate(context.Background())
+				if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+					t.Errorf("refusedByStateLate = %q, want %q", why, tc.want)
+				}
+			})
+		}
+	})
+	t.Run("admitted by the replay", func(t *testing.T) {
+		for _, tc := range []struct {
+			name    string
+			changes *admissionChanges
+			ns      string
+			answer  Answer
+			want    string
+		}{
+			{"Priority", changed, "ns", Answer{Status: 403, Refusal: priority}, "the apiserver's admission refused the write (403: pods \"p\" is forbidden: no PriorityClass"},
+			{"a webhook", changed, "ns", Answer{Status: 400, Refusal: webhook}, "kproxy saw LimitRanges change"},
+			{"an admission policy", changed, "ns", Answer{Status: 422, Refusal: policy}, "LimitRanges"},
+			{"the authorizer", changed, "ns", Answer{Status: 403, Refusal: rbac}, ""},
+			{"nothing changed", unchanged, "ns", Answer{Status: 403, Refusal: priority}, ""},
+			{"another namespace changed", changed, "other", Answer{Status: 403, Refusal: priority}, ""},
+			{"admitted by both", changed, "ns", Answer{Status: 201}, ""},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				r := &Run{Verb: "create", Resource: "pods", arrival: arrival, namespace: tc.ns, changes: tc.changes}
+				r.actual = func(context.Context) (Answer, bool) { return tc.answer, true }
+				why := r.admittedEarly(context.Background())
+				if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+					t.Errorf("admittedEarly = %q, want %q", why, tc.want)
+				}
+			})
+		}
+	})
+}
