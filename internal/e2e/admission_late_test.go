@@ -147,31 +147,47 @@ func TestNamespaceCreatedAfterRequest(t *testing.T) {
 // created right after it allows was admitted (201), and the replay's
 // LimitRanger had refused it (403); a pod naming a PriorityClass created
 // right after it was refused (403, "no PriorityClass with name ... was
-// found"), and the replay's Priority plugin had admitted it (201). Both
-// say unknown now, naming what kproxy saw change.
+// found"), and the replay's Priority plugin had admitted it (201); a pod
+// breaking both was refused for its PriorityClass, and the replay had
+// refused it for its CPU (the status right, the reason wrong). All say
+// unknown now, naming what kproxy saw change.
 func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
 	recs, r, c := oneReplayWorker(t)
-	pod := func(ns, name, spec string) request {
+	// A pod of 200m of CPU breaks the LimitRange, one of 50m does not.
+	pod := func(ns, name, class, cpu string) request {
+		spec := ""
+		if class != "" {
+			spec = fmt.Sprintf(`"priorityClassName":%q,`, class)
+		}
 		return request{method: "POST", path: "/api/v1/namespaces/" + ns + "/pods?dryRun=All", user: "admin",
-			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":%q},"spec":{"serviceAccountName":"robot","automountServiceAccountToken":false,%s"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10","resources":{"limits":{"cpu":"200m"}}}]}}`, name, spec)}
+			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":%q},"spec":{"serviceAccountName":"robot","automountServiceAccountToken":false,%s"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10","resources":{"limits":{"cpu":%q}}}]}}`, name, spec, cpu)}
 	}
-	attempt := func() (late int) {
+	lateLimits, lateClass, lateBoth := 0, 0, 0
+	// attempt sends the three pods behind queued writes, creates the
+	// LimitRange and the PriorityClass right after the answers, and counts
+	// the records that said unknown for the change. A replay that still
+	// ran before the change must predict the answer, reason included.
+	attempt := func() {
 		ns := lateNamespace(t, "adm-late")
 		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "robot"}}, createOpts); err != nil {
 			t.Fatal(err)
 		}
 		class := ns + "-high"
-		waitPredicted(t, recs, r, c, pod(ns, "probe", ""))
-		waitPredicted(t, recs, r, c, pod(ns, "probe", fmt.Sprintf(`"priorityClassName":%q,`, class)))
+		waitPredicted(t, recs, r, c, pod(ns, "probe", "", "200m"))
+		waitPredicted(t, recs, r, c, pod(ns, "probe", class, "50m"))
 
 		queueWrites(t, r, c, 40)
-		if got := do(t, c, r.base, pod(ns, "before-limits", "")); got.status != 201 {
+		if got := do(t, c, r.base, pod(ns, "before-limits", "", "200m")); got.status != 201 {
 			t.Fatalf("a pod before its LimitRange: %d %s", got.status, got.body)
 		}
-		if got := do(t, c, r.base, pod(ns, "before-class", fmt.Sprintf(`"priorityClassName":%q,`, class))); got.status != 403 {
+		if got := do(t, c, r.base, pod(ns, "before-class", class, "50m")); got.status != 403 {
 			t.Fatalf("a pod before its PriorityClass: %d %s", got.status, got.body)
+		}
+		// Refused for its PriorityClass; once both exist, for its CPU.
+		if got := do(t, c, r.base, pod(ns, "before-both", class, "200m")); got.status != 403 {
+			t.Fatalf("a pod before its PriorityClass and LimitRange: %d %s", got.status, got.body)
 		}
 		if _, err := cs.CoreV1().LimitRanges(ns).Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small"},
 			Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer,
@@ -181,34 +197,44 @@ func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 		if _, err := cs.SchedulingV1().PriorityClasses().Create(ctx, &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: class}, Value: 1000}, createOpts); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cs.SchedulingV1().PriorityClasses().Delete(context.Background(), class, metav1.DeleteOptions{}) })
-		seen := 0
-		for range 42 {
-			rec := nextRecord(t, recs)
-			if rec.Request.Namespace != ns {
-				continue
+		t.Cleanup(func() {
+			_ = cs.SchedulingV1().PriorityClasses().Delete(context.Background(), class, metav1.DeleteOptions{})
+		})
+		// One replay worker: the records come in the order sent.
+		var got []*record.Record
+		for range 43 {
+			if rec := nextRecord(t, recs); rec.Request.Namespace == ns {
+				got = append(got, rec)
 			}
-			seen++
+		}
+		if len(got) != 3 {
+			t.Fatalf("%d records of the three pods", len(got))
+		}
+		for i, c := range []struct {
+			what, late string
+			count      *int
+		}{
+			{"a pod before its LimitRange (admitted)", "the replay's LimitRanger refuses it: kproxy saw LimitRanges", &lateLimits},
+			{"a pod before its PriorityClass (refused)", "and the replay's admits it: kproxy saw LimitRanges, PriorityClasses change", &lateClass},
+			{"a pod before both (refused for its PriorityClass)", "refuses it for another reason: kproxy saw LimitRanges, PriorityClasses change", &lateBoth},
+		} {
+			rec := got[i]
 			switch {
-			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "change after this request arrived"):
-				late++
-			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status:
+			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, c.late):
+				*c.count++
+			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status && rec.Predicted.Message == rec.Actual.Message:
 				// replayed before the change
 			default:
-				t.Errorf("%s %s, answered %d, replayed around an admission state change: predicted %+v, want the answer or unknown naming the change",
-					rec.Request.Method, rec.Request.Path, rec.Actual.Status, rec.Predicted)
+				t.Errorf("%s, answered %d %q, replayed around the change: predicted %+v, want the answer or unknown naming the change",
+					c.what, rec.Actual.Status, rec.Actual.Message, rec.Predicted)
 			}
 		}
-		if seen != 2 {
-			t.Errorf("%d records of the two pods", seen)
-		}
-		return late
 	}
-	late := 0
-	for i := 0; i < 5 && late < 2; i++ {
-		late += attempt()
+	for i := 0; i < 5 && lateLimits*lateClass*lateBoth == 0; i++ {
+		attempt()
 	}
-	if late < 2 {
-		t.Errorf("%d of the pods replayed after the state admission read changed in 5 attempts, want 2: the path under test was not taken", late)
+	if lateLimits*lateClass*lateBoth == 0 {
+		t.Errorf("in 5 attempts, %d pods before their LimitRange, %d before their PriorityClass and %d before both replayed after the change, want each: the path under test was not taken",
+			lateLimits, lateClass, lateBoth)
 	}
 }

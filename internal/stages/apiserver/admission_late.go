@@ -138,8 +138,8 @@ func (c *admissionChanges) changedSince(t time.Time, namespace string) string {
 }
 
 // refusedByStateLate says why the replay's admission refusal of a write
-// the apiserver admitted (2xx), read after admission state changed, is
-// not the request's, or "".
+// the apiserver admitted (2xx), or refused for another reason, read after
+// admission state changed, is not the request's, or "".
 func (r *Run) refusedByStateLate(ctx context.Context) string {
 	// A connect (exec, attach, port-forward, proxy) is answered with its
 	// stream: its answer is not waited for.
@@ -151,9 +151,17 @@ func (r *Run) refusedByStateLate(ctx context.Context) string {
 	if changed == "" {
 		return ""
 	}
-	if aw, ok := r.actual(ctx); ok && aw.Status >= 200 && aw.Status < 300 {
+	aw, ok := r.actual(ctx)
+	switch {
+	case !ok:
+	case aw.Status >= 200 && aw.Status < 300:
 		return fmt.Sprintf("the apiserver admitted the write, and the replay's %s refuses it: kproxy saw %s change after this request arrived, "+
 			"before the replay read it, so the state on arrival is not known", r.PluginErrName, changed)
+	case aw.Refusal != nil && admissionRefusal(aw.Status, aw.Refusal) && aw.Refusal.Message != r.Status.Message:
+		// Refused by both, for other reasons: the status agrees, the
+		// explanation would not.
+		return fmt.Sprintf("the apiserver's admission refused the write (%d: %s), and the replay's %s refuses it for another reason: kproxy saw %s change after this request arrived, "+
+			"before the replay read it, so the state on arrival is not known", aw.Status, aw.Refusal.Message, r.PluginErrName, changed)
 	}
 	return ""
 }

@@ -82,13 +82,15 @@ func TestAdmissionStateLate(t *testing.T) {
 		for _, tc := range []struct {
 			name     string
 			run      *Run
-			answered int
+			answered int // -403: refused for a PriorityClass; -1: by the authorizer
 			want     string
 		}{
 			{"LimitRanger, admitted by the apiserver", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, 201, "the replay's LimitRanger refuses it: kproxy saw LimitRanges change"},
 			{"a dry run, admitted by the apiserver", &Run{Status: limit, PluginErrName: "LimitRanger", DryRun: true, changes: changed}, 201, "LimitRanges"},
 			{"nothing changed", &Run{Status: limit, PluginErrName: "LimitRanger", changes: unchanged}, 201, ""},
 			{"refused by both", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, 403, ""},
+			{"refused by the apiserver for another reason", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, -403, "refuses it for another reason"},
+			{"refused by the apiserver's authorizer", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, -1, ""},
 			{"not by admission", &Run{Status: limit, changes: changed}, 201, ""},
 			{"ResourceQuota (its own check)", &Run{Status: limit, PluginErrName: "ResourceQuota", changes: changed}, 201, ""},
 			{"an exec (its answer is its stream)", &Run{Status: limit, PluginErrName: "LimitRanger", Subresource: "exec", changes: changed}, 201, ""},
@@ -96,7 +98,16 @@ func TestAdmissionStateLate(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				r := tc.run
 				r.arrival, r.namespace = arrival, "ns"
-				r.actual = func(context.Context) (Answer, bool) { return Answer{Status: tc.answered}, true }
+				a := Answer{Status: tc.answered}
+				switch tc.answered {
+				case 403:
+					a.Refusal = limit
+				case -403:
+					a = Answer{Status: 403, Refusal: priority}
+				case -1:
+					a = Answer{Status: 403, Refusal: rbac}
+				}
+				r.actual = func(context.Context) (Answer, bool) { return a, true }
 				why := r.refusedByStateLate(context.Background())
 				if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 					t.Errorf("refusedByStateLate = %q, want %q", why, tc.want)
