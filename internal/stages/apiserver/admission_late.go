@@ -32,9 +32,11 @@ import (
 // contradicts the apiserver's answer and such state changed after the
 // request arrived, the verdict says nothing about the request: it is
 // unknown, naming what changed. The handlers ride on the informers the
-// plugins already registered: no list or watch is added.
-// ResourceQuota is left to its own check (own_write.go): its usage
-// changes with every write it counts.
+// plugins already registered: no list or watch is added. A quota's usage
+// changes with every write it counts, so in a namespace with quotas the
+// clock is rarely still: it only ever turns a contradiction into unknown.
+// A quota exceeded by the request's own write has its own check
+// (own_write.go), which needs no clock.
 
 // admissionChanges are the change clocks of the state the enabled
 // admission plugins read (nil: none).
@@ -99,6 +101,7 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 			[]string{"NamespaceLifecycle", "PodSecurity", "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "ValidatingAdmissionPolicy"}},
 		{"ServiceAccounts", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ServiceAccounts().Informer() }, []string{"ServiceAccount"}},
 		{"LimitRanges", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().LimitRanges().Informer() }, []string{"LimitRanger"}},
+		{"ResourceQuotas", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ResourceQuotas().Informer() }, []string{"ResourceQuota"}},
 		{"PriorityClasses", nil, func() cache.SharedIndexInformer { return f.Scheduling().V1().PriorityClasses().Informer() }, []string{"Priority"}},
 		{"RuntimeClasses", nil, func() cache.SharedIndexInformer { return f.Node().V1().RuntimeClasses().Informer() }, []string{"RuntimeClass"}},
 		{"MutatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.MutatingWebhookConfigurations().Informer() }, []string{"MutatingAdmissionWebhook"}},
@@ -143,8 +146,7 @@ func (c *admissionChanges) changedSince(t time.Time, namespace string) string {
 func (r *Run) refusedByStateLate(ctx context.Context) string {
 	// A connect (exec, attach, port-forward, proxy) is answered with its
 	// stream: its answer is not waited for.
-	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) ||
-		r.PluginErrName == "" || r.PluginErrName == "ResourceQuota" {
+	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) || r.PluginErrName == "" {
 		return ""
 	}
 	changed := r.changes.changedSince(r.arrival, r.namespace)
@@ -157,9 +159,11 @@ func (r *Run) refusedByStateLate(ctx context.Context) string {
 	case aw.Status >= 200 && aw.Status < 300:
 		return fmt.Sprintf("the apiserver admitted the write, and the replay's %s refuses it: kproxy saw %s change after this request arrived, "+
 			"before the replay read it, so the state on arrival is not known", r.PluginErrName, changed)
-	case aw.Refusal != nil && admissionRefusal(aw.Status, aw.Refusal) && aw.Refusal.Message != r.Status.Message:
+	case aw.Refusal != nil && admissionRefusal(aw.Status, aw.Refusal) && aw.Refusal.Message != r.Status.Message &&
+		!(quotaExceeded(aw.Refusal) && quotaExceeded(r.Status)):
 		// Refused by both, for other reasons: the status agrees, the
-		// explanation would not.
+		// explanation would not. (A quota exceeded for both is one
+		// reason, whatever usage each read.)
 		return fmt.Sprintf("the apiserver's admission refused the write (%d: %s), and the replay's %s refuses it for another reason: kproxy saw %s change after this request arrived, "+
 			"before the replay read it, so the state on arrival is not known", aw.Status, aw.Refusal.Message, r.PluginErrName, changed)
 	}

@@ -22,7 +22,7 @@ func TestAdmissionChangesSince(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	f := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
 	c := watchAdmissionState(clk, f, []string{"NamespaceLifecycle", "LimitRanger", "Priority"})
-	if len(c.kinds) != 3 {
+	if len(c.kinds) != 3 { // not ResourceQuotas, RuntimeClasses, ...
 		t.Fatalf("%d kinds watched, want 3 (namespaces, LimitRanges, PriorityClasses)", len(c.kinds))
 	}
 	arrival := clk.Now()
@@ -82,7 +82,7 @@ func TestAdmissionStateLate(t *testing.T) {
 		for _, tc := range []struct {
 			name     string
 			run      *Run
-			answered int // -403: refused for a PriorityClass; -1: by the authorizer
+			answered int // -403: refused for a PriorityClass; -1: by the authorizer; -2: over quota
 			want     string
 		}{
 			{"LimitRanger, admitted by the apiserver", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, 201, "the replay's LimitRanger refuses it: kproxy saw LimitRanges change"},
@@ -90,9 +90,12 @@ func TestAdmissionStateLate(t *testing.T) {
 			{"nothing changed", &Run{Status: limit, PluginErrName: "LimitRanger", changes: unchanged}, 201, ""},
 			{"refused by both", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, 403, ""},
 			{"refused by the apiserver for another reason", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, -403, "refuses it for another reason"},
+			{"over quota for both, at other usages", &Run{Status: &metav1.Status{Code: 403, Message: `configmaps "c" is forbidden: exceeded quota: two, requested: count/configmaps=1, used: count/configmaps=3, limited: count/configmaps=2`},
+				PluginErrName: "ResourceQuota", changes: changed}, -2, ""},
 			{"refused by the apiserver's authorizer", &Run{Status: limit, PluginErrName: "LimitRanger", changes: changed}, -1, ""},
 			{"not by admission", &Run{Status: limit, changes: changed}, 201, ""},
-			{"ResourceQuota (its own check)", &Run{Status: limit, PluginErrName: "ResourceQuota", changes: changed}, 201, ""},
+			{"ResourceQuota, a quota created after the request", &Run{Status: &metav1.Status{Code: 403, Message: `pods "p" is forbidden: failed quota: q: must specify limits.cpu for: c`},
+				PluginErrName: "ResourceQuota", changes: changed}, 201, "the replay's ResourceQuota refuses it"},
 			{"an exec (its answer is its stream)", &Run{Status: limit, PluginErrName: "LimitRanger", Subresource: "exec", changes: changed}, 201, ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
@@ -106,6 +109,8 @@ func TestAdmissionStateLate(t *testing.T) {
 					a = Answer{Status: 403, Refusal: priority}
 				case -1:
 					a = Answer{Status: 403, Refusal: rbac}
+				case -2:
+					a = Answer{Status: 403, Refusal: &metav1.Status{Code: 403, Message: `configmaps "c" is forbidden: exceeded quota: two, requested: count/configmaps=1, used: count/configmaps=2, limited: count/configmaps=2`}}
 				}
 				r.actual = func(context.Context) (Answer, bool) { return a, true }
 				why := r.refusedByStateLate(context.Background())
