@@ -23,7 +23,9 @@ import (
 // secrets is refused (403), and then bob is granted it: the replay had
 // predicted 200. alice, impersonating a user she may impersonate until
 // the binding is deleted right after, had been predicted 403 at
-// impersonation. All say unknown now, naming the change.
+// impersonation, and so had her list of secrets as that user, refused by
+// the authorizer past impersonation (the status right, the stage wrong).
+// All say unknown now, naming the change.
 func TestRBACChangedAfterRequest(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
@@ -70,11 +72,15 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 			_ = cs.RbacV1().ClusterRoles().Delete(context.Background(), ns, metav1.DeleteOptions{})
 		})
 		impersonating := request{method: "GET", path: "/version", user: "alice", header: http.Header{"Impersonate-User": {who}}}
+		// As that user, alice may not list secrets: past impersonation,
+		// the authorizer refuses the user she impersonates.
+		impersonatingList := request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets", user: "alice", header: http.Header{"Impersonate-User": {who}}}
 		// kproxy's replay has synced: alice may delete bindings and
 		// impersonate, bob may not list secrets, all predicted.
 		waitPredicted(t, recs, r, c, request{method: "GET", path: "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/rolebindings/alice-self", user: "alice"})
 		waitPredicted(t, recs, r, c, request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets", user: "bob"})
 		waitPredicted(t, recs, r, c, impersonating)
+		waitPredicted(t, recs, r, c, impersonatingList)
 
 		queueWrites(t, r, c, 40)
 		if got := do(t, c, r.base, request{method: "DELETE", path: "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/rolebindings/alice-self", user: "alice"}); got.status != 200 {
@@ -86,12 +92,15 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 		if got := do(t, c, r.base, impersonating); got.status != 200 {
 			t.Fatalf("alice as %s: %d %s", who, got.status, got.body)
 		}
+		if got := do(t, c, r.base, impersonatingList); got.status != 403 {
+			t.Fatalf("alice as %s listing secrets: %d %s", who, got.status, got.body)
+		}
 		bind("bob-reads", "secret-reader", "bob")
 		if err := cs.RbacV1().ClusterRoleBindings().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		seen := 0
-		for range 43 {
+		for range 44 {
 			rec := nextRecord(t, recs)
 			if rec.Request.Namespace != ns && rec.Request.Path != "/version" {
 				continue
@@ -100,24 +109,24 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 			switch {
 			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "kproxy saw RBAC change after this request arrived"):
 				late++
-			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status:
+			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status && rec.Predicted.Message == rec.Actual.Message:
 				// replayed before the change
 			default:
 				t.Errorf("%s %s by %s, answered %d, replayed around an RBAC change: predicted %+v, want the answer or unknown naming the change",
 					rec.Request.Method, rec.Request.Path, rec.Request.User, rec.Actual.Status, rec.Predicted)
 			}
 		}
-		if seen != 3 {
-			t.Errorf("%d records of the three requests", seen)
+		if seen != 4 {
+			t.Errorf("%d records of the four requests", seen)
 		}
 		return late
 	}
 	late := 0
-	for i := 0; i < 5 && late < 3; i++ {
+	for i := 0; i < 5 && late < 4; i++ {
 		late += attempt()
 	}
-	if late < 3 {
-		t.Errorf("%d of the requests replayed after the RBAC change in 5 attempts, want 3: the path under test was not taken", late)
+	if late < 4 {
+		t.Errorf("%d of the requests replayed after the RBAC change in 5 attempts, want 4: the path under test was not taken", late)
 	}
 }
 

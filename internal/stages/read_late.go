@@ -124,11 +124,31 @@ func accessLate(ctx context.Context, changes authzChanges, req *Request, allowed
 	case !allowed && answeredAfterAuthorization(aw.Status):
 		return fmt.Sprintf("the apiserver's %s allowed the request (it answered %d, which only a request past authorization gets), "+
 			"and the replay's denies it: kproxy saw %s change after this request arrived, so the permissions it met are not known", check, aw.Status, changed)
+	case !allowed && check == "impersonation" && passedImpersonation(aw):
+		// Impersonation comes before flow control and authorization: their
+		// refusals say it let the request through.
+		return fmt.Sprintf("the apiserver's impersonation allowed the request (it answered %d %q, which only a request past impersonation gets), "+
+			"and the replay's denies it: kproxy saw %s change after this request arrived, so the permissions it met are not known", aw.Status, refusalMessage(aw), changed)
 	case allowed && aw.Status == http.StatusForbidden && refusedBy(aw.Refusal):
 		return fmt.Sprintf("the apiserver's %s refused the request, and the replay's allows it: "+
 			"kproxy saw %s change after this request arrived, so the permissions it met are not known", check, changed)
 	}
 	return ""
+}
+
+// passedImpersonation reports an answer only a request past impersonation
+// gets, besides answeredAfterAuthorization's: flow control's 429, or the
+// authorizer's 403 of the impersonated user (not impersonation's own).
+func passedImpersonation(aw Answer) bool {
+	return aw.Status == http.StatusTooManyRequests ||
+		(aw.Status == http.StatusForbidden && authorizerRefusal(aw.Refusal) && !impersonationRefusal(aw.Refusal))
+}
+
+func refusalMessage(aw Answer) string {
+	if aw.Refusal == nil {
+		return ""
+	}
+	return aw.Refusal.Message
 }
 
 // answeredAfterAuthorization reports a status only a request the

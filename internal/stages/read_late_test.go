@@ -153,7 +153,7 @@ func TestAuthenticatedLate(t *testing.T) {
 
 // TestImpersonatedLate: impersonation asks the authorizer too; a refusal
 // of the apiserver's impersonation is told from its authorizer's (of the
-// impersonated user), which says nothing about impersonation.
+// impersonated user), which says impersonation let the request through.
 func TestImpersonatedLate(t *testing.T) {
 	arrival := time.Date(2026, 12, 4, 7, 0, 0, 0, time.UTC)
 	c := &changeClock{clock: clocktesting.NewFakePassiveClock(arrival)}
@@ -172,7 +172,10 @@ func TestImpersonatedLate(t *testing.T) {
 		{"allowed now, the apiserver's impersonation refused", true, 403, impersonate, "the apiserver's impersonation refused the request"},
 		{"allowed now, the impersonated user refused by the authorizer", true, 403, asErin, ""},
 		{"refused now, answered 200", false, 200, nil, "the apiserver's impersonation allowed the request (it answered 200"},
-		{"refused now, the impersonated user refused by the authorizer", false, 403, asErin, ""},
+		{"refused now, the impersonated user refused by the authorizer", false, 403, asErin, "(it answered 403 \"secrets is forbidden: User \\\"erin\\\" cannot list"},
+		{"refused now, the apiserver's impersonation refused too", false, 403, impersonate, ""},
+		{"refused now, answered 429 by flow control", false, 429, &metav1.Status{Code: 429, Reason: metav1.StatusReasonTooManyRequests}, "which only a request past impersonation gets"},
+		{"refused now, answered 401", false, 401, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req := &Request{Arrival: arrival, Actual: func(context.Context) (Answer, bool) { return Answer{Status: tc.answered, Refusal: tc.refusal}, true }}
