@@ -160,7 +160,7 @@ func (r *Run) refusedByStateLate(ctx context.Context) string {
 		return fmt.Sprintf("the apiserver admitted the write, and the replay's %s refuses it: kproxy saw %s change after this request arrived, "+
 			"before the replay read it, so the state on arrival is not known", r.PluginErrName, changed)
 	case aw.Refusal != nil && admissionRefusal(aw.Status, aw.Refusal) && aw.Refusal.Message != r.Status.Message &&
-		!(quotaExceeded(aw.Refusal) && quotaExceeded(r.Status)):
+		(!quotaExceeded(aw.Refusal) || !quotaExceeded(r.Status)):
 		// Refused by both, for other reasons: the status agrees, the
 		// explanation would not. (A quota exceeded for both is one
 		// reason, whatever usage each read.)
