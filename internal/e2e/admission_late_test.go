@@ -60,23 +60,7 @@ func TestServiceAccountChangedAfterRequest(t *testing.T) {
 		if err := cs.CoreV1().ServiceAccounts(ns).Delete(ctx, "leaving", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		seen := 0
-		for range 42 {
-			rec := nextRecord(t, recs)
-			if rec.Request.Namespace != ns {
-				continue
-			}
-			seen++
-			switch {
-			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "ServiceAccount"):
-				late++
-			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status:
-				// replayed before the change
-			default:
-				t.Errorf("%s %s, answered %d, replayed around a ServiceAccount change: predicted %+v, want the answer or unknown naming the ServiceAccount",
-					rec.Request.Method, rec.Request.Path, rec.Actual.Status, rec.Predicted)
-			}
-		}
+		late, seen := tallyLate(t, recs, 42, inNamespace(ns), "ServiceAccount", "a ServiceAccount change")
 		if seen != 2 {
 			t.Errorf("%d records of the two pods", seen)
 		}
@@ -119,21 +103,8 @@ func TestNamespaceCreatedAfterRequest(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
-		for range 41 {
-			rec := nextRecord(t, recs)
-			if rec.Request.Namespace != ns {
-				continue
-			}
-			switch {
-			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace"):
-				late++
-			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status:
-				// replayed before the namespace was created
-			default:
-				t.Errorf("a create before its namespace, answered %d, replayed around the namespace's create: predicted %+v, want 404 or unknown naming the namespace",
-					rec.Actual.Status, rec.Predicted)
-			}
-		}
+		n, _ := tallyLate(t, recs, 41, inNamespace(ns), "its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace", "the namespace's create")
+		late += n
 	}
 	if late == 0 {
 		t.Errorf("no create replayed after its namespace was created in 5 attempts: the path under test was not taken")

@@ -99,23 +99,8 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 		if err := cs.RbacV1().ClusterRoleBindings().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		seen := 0
-		for range 44 {
-			rec := nextRecord(t, recs)
-			if rec.Request.Namespace != ns && rec.Request.Path != "/version" {
-				continue
-			}
-			seen++
-			switch {
-			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "kproxy saw RBAC change after this request arrived"):
-				late++
-			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status && rec.Predicted.Message == rec.Actual.Message:
-				// replayed before the change
-			default:
-				t.Errorf("%s %s by %s, answered %d, replayed around an RBAC change: predicted %+v, want the answer or unknown naming the change",
-					rec.Request.Method, rec.Request.Path, rec.Request.User, rec.Actual.Status, rec.Predicted)
-			}
-		}
+		late, seen := tallyLate(t, recs, 44, func(rec *record.Record) bool { return rec.Request.Namespace == ns || rec.Request.Path == "/version" },
+			"kproxy saw RBAC change after this request arrived", "an RBAC change")
 		if seen != 4 {
 			t.Errorf("%d records of the four requests", seen)
 		}
@@ -128,6 +113,37 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 	if late < 4 {
 		t.Errorf("%d of the requests replayed after the RBAC change in 5 attempts, want 4: the path under test was not taken", late)
 	}
+}
+
+// tallyLate reads n records and sorts those keep picks: late when they
+// say unknown with the phrase, in time when predicted as answered (status
+// and message); any other prediction fails the test, described by around
+// (what changed around the request). It returns how many were late and
+// how many it picked.
+func tallyLate(t *testing.T, recs <-chan *record.Record, n int, keep func(*record.Record) bool, phrase, around string) (late, seen int) {
+	t.Helper()
+	for range n {
+		rec := nextRecord(t, recs)
+		if !keep(rec) {
+			continue
+		}
+		seen++
+		switch {
+		case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, phrase):
+			late++
+		case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status && rec.Predicted.Message == rec.Actual.Message:
+			// replayed before the change
+		default:
+			t.Errorf("%s %s by %s, answered %d %q, replayed around %s: predicted %+v, want the answer or unknown saying %q",
+				rec.Request.Method, rec.Request.Path, rec.Request.User, rec.Actual.Status, rec.Actual.Message, around, rec.Predicted, phrase)
+		}
+	}
+	return late, seen
+}
+
+// inNamespace picks the records of ns's requests.
+func inNamespace(ns string) func(*record.Record) bool {
+	return func(rec *record.Record) bool { return rec.Request.Namespace == ns }
 }
 
 // lateNamespace is a namespace of the test's own, named prefix-N, deleted
