@@ -49,13 +49,20 @@ type admissionChanges struct {
 // a cluster-scoped kind, anywhere (any namespace's request may read it);
 // for a namespaced one, per namespace.
 type kindChanges struct {
-	name  string // as the unknown names it: "LimitRanges"
-	key   func(metav1.Object) string
-	last  atomic.Int64 // cluster-scoped
-	mu    sync.Mutex
-	inNS  map[string]int64 // namespaced
-	clock clock.PassiveClock
+	name    string // as the unknown names it: "LimitRanges"
+	key     func(metav1.Object) string
+	last    atomic.Int64 // cluster-scoped
+	mu      sync.Mutex
+	inNS    map[string]int64 // namespaced
+	sweepAt int              // len(inNS) that prunes it
+	clock   clock.PassiveClock
 }
+
+// changeHorizon is how long a namespace's last change is kept: longer
+// than any replay runs after its request arrived. Older ones are pruned,
+// so a cluster that makes and deletes namespaces all day does not grow
+// the map without end.
+const changeHorizon = time.Hour
 
 func (k *kindChanges) mark(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -71,8 +78,16 @@ func (k *kindChanges) mark(obj any) {
 		return
 	}
 	k.mu.Lock()
+	defer k.mu.Unlock()
 	k.inNS[k.key(m)] = now
-	k.mu.Unlock()
+	if len(k.inNS) > k.sweepAt {
+		for ns, t := range k.inNS {
+			if t < now-int64(changeHorizon) {
+				delete(k.inNS, ns)
+			}
+		}
+		k.sweepAt = max(1024, 2*len(k.inNS))
+	}
 }
 
 func (k *kindChanges) changedSince(t time.Time, namespace string) bool {

@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,22 @@ func TestAdmissionChangesSince(t *testing.T) {
 	}
 	if got := c.changedSince(clk.Now(), "a"); got != "" {
 		t.Errorf("nothing changed after the request: %q", got)
+	}
+	// A namespace's change older than the horizon is pruned once the map
+	// grows past its sweep size; a recent one stays.
+	lr := find("LimitRanges")
+	for i := range 1100 {
+		lr.mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "l", Namespace: fmt.Sprintf("old-%d", i)}})
+	}
+	clk.Step(2 * changeHorizon)
+	for i := range 1000 {
+		lr.mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "l", Namespace: fmt.Sprintf("new-%d", i)}})
+	}
+	lr.mu.Lock()
+	kept := len(lr.inNS)
+	lr.mu.Unlock()
+	if kept != 1000 || !lr.changedSince(clk.Now().Add(-time.Second), "new-0") {
+		t.Errorf("after a sweep, %d namespaces kept, want the 1000 recent ones", kept)
 	}
 	var none *admissionChanges
 	if got := none.changedSince(arrival, "a"); got != "" {
