@@ -209,3 +209,44 @@ func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 			lateLimits, lateClass, lateBoth)
 	}
 }
+
+// TestPodSecurityLabelsChangedAfterRequest: a privileged pod admitted just
+// before its namespace is labelled to enforce the baseline Pod Security
+// level, replayed late, behind 40 queued writes: the replay's PodSecurity
+// reads the namespace's labels after the change and had refused it (403).
+// It says unknown now, naming the namespace.
+func TestPodSecurityLabelsChangedAfterRequest(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	recs, r, c := oneReplayWorker(t)
+	late := 0
+	for i := 0; i < 5 && late == 0; i++ {
+		ns := lateNamespace(t, "psa-late")
+		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "robot"}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+		privileged := request{method: "POST", path: "/api/v1/namespaces/" + ns + "/pods?dryRun=All", user: "admin",
+			body: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"privileged"},"spec":{"serviceAccountName":"robot","automountServiceAccountToken":false,"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10","securityContext":{"privileged":true}}]}}`}
+		waitPredicted(t, recs, r, c, privileged)
+		queueWrites(t, r, c, 40)
+		if got := do(t, c, r.base, privileged); got.status != 201 {
+			t.Fatalf("a privileged pod in an unlabelled namespace: %d %s", got.status, got.body)
+		}
+		n, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels["pod-security.kubernetes.io/enforce"] = "baseline"
+		if _, err := cs.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		k, _ := tallyLate(t, recs, 41, inNamespace(ns), "the replay's PodSecurity refuses it: kproxy saw the namespace (its labels, its phase) change", "the namespace's labelling")
+		late += k
+	}
+	if late == 0 {
+		t.Errorf("no privileged pod replayed after its namespace was labelled in 5 attempts: the path under test was not taken")
+	}
+}
