@@ -30,18 +30,8 @@ import (
 //
 //	KPROXY_BIN_DIR=$PWD/.cache/bin go test -run='^$' -bench=Replayed -benchtime=2000x ./internal/e2e/
 func BenchmarkReplayedGet(b *testing.B) {
-	cs := adminClient()
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bench-replayed-get"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
-	if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), pod, createOpts); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), pod.Name, metav1.DeleteOptions{})
-	})
-	benchReplayed(b, true, func(int) request {
-		return request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/pods/" + pod.Name, user: "admin"}
-	})
+	path := benchPod(b, "bench-replayed-get")
+	benchReplayed(b, true, func(int) request { return request{method: "GET", path: path, user: "admin"} })
 }
 
 // BenchmarkForwardedGet is BenchmarkReplayedGet's GET through a kproxy
@@ -49,18 +39,23 @@ func BenchmarkReplayedGet(b *testing.B) {
 // replayed. The difference between the two is the replay's cost; this one
 // is the hop's.
 func BenchmarkForwardedGet(b *testing.B) {
+	path := benchPod(b, "bench-forwarded-get")
+	benchReplayed(b, false, func(int) request { return request{method: "GET", path: path, user: "admin"} })
+}
+
+// benchPod creates a pod to GET, deleted after the benchmark, and returns
+// its path.
+func benchPod(b *testing.B, name string) string {
 	cs := adminClient()
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bench-forwarded-get"},
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
 	if _, err := cs.CoreV1().Pods(testNS).Create(context.Background(), pod, createOpts); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() {
-		_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), pod.Name, metav1.DeleteOptions{})
+		_ = cs.CoreV1().Pods(testNS).Delete(context.Background(), name, metav1.DeleteOptions{})
 	})
-	benchReplayed(b, false, func(int) request {
-		return request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/pods/" + pod.Name, user: "admin"}
-	})
+	return "/api/v1/namespaces/" + testNS + "/pods/" + name
 }
 
 func BenchmarkReplayedCreate(b *testing.B) {
