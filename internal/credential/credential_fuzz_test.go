@@ -10,8 +10,11 @@ import (
 
 // describeVocabulary is every fixed text Describe is made of: the
 // sources, schemeOf's answers, the apiserver's WebSocket authenticator's
-// errors, Describe's own phrases. A secret may coincide with a piece of it.
-var describeVocabulary = strings.ToLower(strings.Join([]string{
+// errors, Describe's own phrases, and the ignored-Authorization sentence
+// with each scheme in it (a secret may cross from the scheme into the
+// sentence: "token h" in "token header"). A secret may coincide with a
+// piece of it.
+var describeVocabulary = strings.ToLower(strings.Join(append(ignoredSentences(), []string{
 	SourceAuthorization, SourceWebSocket,
 	"Bearer with no token", "Bearer with a space before the token", "<value without a known scheme>",
 	"basic digest negotiate ntlm hoba mutual aws4-hmac-sha256 token",
@@ -20,7 +23,18 @@ var describeVocabulary = strings.ToLower(strings.Join([]string{
 	"a request without credentials", "a bearer token (", "a malformed bearer token (", ") and ", "an Authorization: ",
 	" header, which the apiserver does not read as a credential",
 	"a WebSocket bearer subprotocol on a request that is not a WebSocket upgrade, which the apiserver ignores",
-}, "\x00"))
+}...), "\x00"))
+
+// ignoredSentences is Describe's sentence for an Authorization header it
+// does not read, with each scheme schemeOf names.
+func ignoredSentences() []string {
+	var out []string
+	for _, scheme := range append(strings.Fields("Basic Digest Negotiate NTLM HOBA Mutual AWS4-HMAC-SHA256 Token"),
+		"<value without a known scheme>", "Bearer with no token", "Bearer with a space before the token") {
+		out = append(out, "an Authorization: "+scheme+" header, which the apiserver does not read as a credential")
+	}
+	return out
+}
 
 // FuzzInspect reads arbitrary credential headers (Authorization, a
 // WebSocket bearer subprotocol, on an upgrade or not) with the
