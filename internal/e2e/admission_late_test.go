@@ -60,7 +60,8 @@ func TestServiceAccountChangedAfterRequest(t *testing.T) {
 		if err := cs.CoreV1().ServiceAccounts(ns).Delete(ctx, "leaving", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		late, seen := tallyLate(t, recs, 42, inNamespace(ns), "ServiceAccount", "a ServiceAccount change")
+		lateRecs, seen := tallyLate(t, recs, 42, inNamespace(ns), "ServiceAccount", "a ServiceAccount change")
+		late = len(lateRecs)
 		if seen != 2 {
 			t.Errorf("%d records of the two pods", seen)
 		}
@@ -103,8 +104,8 @@ func TestNamespaceCreatedAfterRequest(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
-		n, _ := tallyLate(t, recs, 41, inNamespace(ns), "its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace", "the namespace's create")
-		late += n
+		lateRecs, _ := tallyLate(t, recs, 41, inNamespace(ns), "its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace", "the namespace's create")
+		late += len(lateRecs)
 	}
 	if late == 0 {
 		t.Errorf("no create replayed after its namespace was created in 5 attempts: the path under test was not taken")
@@ -243,8 +244,8 @@ func TestPodSecurityLabelsChangedAfterRequest(t *testing.T) {
 		if _, err := cs.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		k, _ := tallyLate(t, recs, 41, inNamespace(ns), "the replay's PodSecurity refuses it: kproxy saw the namespace (its labels, its phase) change", "the namespace's labelling")
-		late += k
+		lateRecs, _ := tallyLate(t, recs, 41, inNamespace(ns), "the replay's PodSecurity refuses it: kproxy saw the namespace (its labels, its phase) change", "the namespace's labelling")
+		late += len(lateRecs)
 	}
 	if late == 0 {
 		t.Errorf("no privileged pod replayed after its namespace was labelled in 5 attempts: the path under test was not taken")

@@ -57,30 +57,16 @@ func TestBoundTokenPodDeletedAfterRequest(t *testing.T) {
 		if err := cs.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
 			t.Fatal(err)
 		}
-		seen := 0
-		for range 41 {
-			rec := nextRecord(t, recs)
-			if rec.Request.Namespace != ns {
-				continue
-			}
-			seen++
-			switch {
-			case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "the object the token is bound to"):
-				late = true
-				if st := stageNamed(rec, record.StageAuthentication); !strings.Contains(st.Explanation, "service account token has been invalidated") {
-					t.Errorf("authentication does not say what it read now: %s", st.Explanation)
-				}
-			case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == rec.Actual.Status:
-				// replayed before the pod's deletion
-			default:
-				t.Errorf("the pod's token, answered %d, replayed around the pod's deletion: predicted %+v, want the answer or unknown naming the bound object",
-					rec.Actual.Status, rec.Predicted)
+		lateRecs, seen := tallyLate(t, recs, 41, inNamespace(ns), "the object the token is bound to", "the pod's deletion")
+		for _, rec := range lateRecs {
+			if st := stageNamed(rec, record.StageAuthentication); !strings.Contains(st.Explanation, "service account token has been invalidated") {
+				t.Errorf("authentication does not say what it read now: %s", st.Explanation)
 			}
 		}
 		if seen != 1 {
 			t.Errorf("%d records of the request in %s", seen, ns)
 		}
-		return late
+		return len(lateRecs) > 0
 	}
 	late := false
 	for i := 0; i < 5 && !late; i++ {
