@@ -136,19 +136,23 @@ func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 		return request{method: "POST", path: "/api/v1/namespaces/" + ns + "/pods?dryRun=All", user: "admin",
 			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":%q},"spec":{"serviceAccountName":"robot","automountServiceAccountToken":false,%s"containers":[{"name":"c","image":"registry.k8s.io/pause:3.10","resources":{"limits":{"cpu":%q}}}]}}`, name, spec, cpu)}
 	}
-	lateLimits, lateClass, lateBoth := 0, 0, 0
-	// attempt sends the three pods behind queued writes, creates the
-	// LimitRange and the PriorityClass right after the answers, and counts
+	lateLimits, lateClass, lateBoth, lateQuota := 0, 0, 0, 0
+	// attempt sends the three pods behind queued writes, and a fourth in
+	// another namespace, creates the LimitRange, the PriorityClass and the
+	// other namespace's ResourceQuota right after the answers, and counts
 	// the records that said unknown for the change. A replay that still
 	// ran before the change must predict the answer, reason included.
 	attempt := func() {
-		ns := lateNamespace(t, "adm-late")
-		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "robot"}}, createOpts); err != nil {
-			t.Fatal(err)
+		ns, quotaNS := lateNamespace(t, "adm-late"), lateNamespace(t, "quota-late")
+		for _, in := range []string{ns, quotaNS} {
+			if _, err := cs.CoreV1().ServiceAccounts(in).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "robot"}}, createOpts); err != nil {
+				t.Fatal(err)
+			}
 		}
 		class := ns + "-high"
 		waitPredicted(t, recs, r, c, pod(ns, "probe", "", "200m"))
 		waitPredicted(t, recs, r, c, pod(ns, "probe", class, "50m"))
+		waitPredicted(t, recs, r, c, pod(quotaNS, "probe", "", "50m"))
 
 		queueWrites(t, r, c, 40)
 		if got := do(t, c, r.base, pod(ns, "before-limits", "", "200m")); got.status != 201 {
@@ -161,6 +165,12 @@ func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 		if got := do(t, c, r.base, pod(ns, "before-both", class, "200m")); got.status != 403 {
 			t.Fatalf("a pod before its PriorityClass and LimitRange: %d %s", got.status, got.body)
 		}
+		// Admitted before its namespace's quota on memory limits; once the
+		// quota is there, a pod that sets none is refused ("must specify").
+		if got := do(t, c, r.base, pod(quotaNS, "before-quota", "", "50m")); got.status != 201 {
+			t.Fatalf("a pod before its namespace's ResourceQuota: %d %s", got.status, got.body)
+		}
+		createQuota(t, quotaNS, corev1.ResourceList{corev1.ResourceLimitsMemory: resource.MustParse("1Gi")})
 		if _, err := cs.CoreV1().LimitRanges(ns).Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small"},
 			Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer,
 				Max: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m")}}}}}, createOpts); err != nil {
@@ -174,13 +184,13 @@ func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 		})
 		// One replay worker: the records come in the order sent.
 		var got []*record.Record
-		for range 43 {
-			if rec := nextRecord(t, recs); rec.Request.Namespace == ns {
+		for range 44 {
+			if rec := nextRecord(t, recs); rec.Request.Namespace == ns || rec.Request.Namespace == quotaNS {
 				got = append(got, rec)
 			}
 		}
-		if len(got) != 3 {
-			t.Fatalf("%d records of the three pods", len(got))
+		if len(got) != 4 {
+			t.Fatalf("%d records of the four pods", len(got))
 		}
 		for i, c := range []struct {
 			what, late string
@@ -189,6 +199,7 @@ func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 			{"a pod before its LimitRange (admitted)", "the replay's LimitRanger refuses it: kproxy saw LimitRanges", &lateLimits},
 			{"a pod before its PriorityClass (refused)", "and the replay's admits it: kproxy saw LimitRanges, PriorityClasses change", &lateClass},
 			{"a pod before both (refused for its PriorityClass)", "refuses it for another reason: kproxy saw LimitRanges, PriorityClasses change", &lateBoth},
+			{"a pod before its namespace's ResourceQuota (admitted)", "the replay's ResourceQuota refuses it: kproxy saw ResourceQuotas", &lateQuota},
 		} {
 			rec := got[i]
 			switch {
@@ -202,12 +213,12 @@ func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 			}
 		}
 	}
-	for i := 0; i < 5 && lateLimits*lateClass*lateBoth == 0; i++ {
+	for i := 0; i < 5 && lateLimits*lateClass*lateBoth*lateQuota == 0; i++ {
 		attempt()
 	}
-	if lateLimits*lateClass*lateBoth == 0 {
-		t.Errorf("in 5 attempts, %d pods before their LimitRange, %d before their PriorityClass and %d before both replayed after the change, want each: the path under test was not taken",
-			lateLimits, lateClass, lateBoth)
+	if lateLimits*lateClass*lateBoth*lateQuota == 0 {
+		t.Errorf("in 5 attempts, %d pods before their LimitRange, %d before their PriorityClass, %d before both and %d before their quota replayed after the change, want each: the path under test was not taken",
+			lateLimits, lateClass, lateBoth, lateQuota)
 	}
 }
 

@@ -26,16 +26,7 @@ func TestQuotaUsedByOwnWrite(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
 	ns := lateNamespace(t, "quota-late")
-	q, err := cs.CoreV1().ResourceQuotas(ns).Create(ctx, &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "two"},
-		Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{"count/configmaps": resource.MustParse("2")}}}, createOpts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// No quota controller runs here: the usage is set as it would be.
-	q.Status = corev1.ResourceQuotaStatus{Hard: q.Spec.Hard, Used: corev1.ResourceList{"count/configmaps": resource.MustParse("0")}}
-	if _, err := cs.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createQuota(t, ns, corev1.ResourceList{"count/configmaps": resource.MustParse("2")})
 	recs, r, c := oneReplayWorker(t)
 	// kproxy's informers have the quota (and its usage) before the writes.
 	waitPredicted(t, recs, r, c, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps?dryRun=All", user: "admin",
@@ -82,7 +73,8 @@ func TestQuotaUsedByOwnWrite(t *testing.T) {
 		body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm-3"}}`}); got.status != 403 {
 		t.Fatalf("create cm-3: the apiserver answered %d, want 403: %s", got.status, got.body)
 	}
-	if q, err = cs.CoreV1().ResourceQuotas(ns).Get(ctx, "two", metav1.GetOptions{}); err != nil {
+	q, err := cs.CoreV1().ResourceQuotas(ns).Get(ctx, "quota", metav1.GetOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	q.Status.Used = corev1.ResourceList{"count/configmaps": resource.MustParse("0")}
@@ -97,5 +89,28 @@ func TestQuotaUsedByOwnWrite(t *testing.T) {
 		if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "found less used than the apiserver had counted") {
 			t.Errorf("cm-3, refused over quota, replayed after the usage went down: predicted %+v, want unknown", rec.Predicted)
 		}
+	}
+}
+
+// createQuota creates the ResourceQuota "quota" in ns with hard, and sets
+// its status as the quota controller would (no controller manager runs
+// for these tests): hard as the spec's, nothing used. The quota's
+// admission enforces only what the status holds.
+func createQuota(t *testing.T, ns string, hard corev1.ResourceList) {
+	t.Helper()
+	ctx := context.Background()
+	cs := adminClient()
+	q, err := cs.CoreV1().ResourceQuotas(ns).Create(ctx, &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "quota"},
+		Spec: corev1.ResourceQuotaSpec{Hard: hard}}, createOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := corev1.ResourceList{}
+	for name := range hard {
+		used[name] = resource.MustParse("0")
+	}
+	q.Status = corev1.ResourceQuotaStatus{Hard: hard, Used: used}
+	if _, err := cs.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
