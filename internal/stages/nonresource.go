@@ -47,11 +47,16 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 	case p == "/openapi/v3" || strings.HasPrefix(p, "/openapi/v3/"):
 		return d.openAPIV3(ctx, req, p)
 	case p == "/openapi/v2":
-		if h := conditionalHeader(req.HTTP.Header); h != "" {
-			return Unknown("a conditional or partial request (" + h + ") of the OpenAPI v2 document: the apiserver answers it from the document's ETag and modification time: not modelled")
-		}
 		if !openAPIAcceptable(req.HTTP.Header.Get("Accept")) {
 			return Unknown("the OpenAPI v2 document with Accept " + req.HTTP.Header.Get("Accept") + ": content negotiation not modelled")
+		}
+		switch h := conditionalHeader(req.HTTP.Header); {
+		case req.HTTP.Header.Get("Range") != "" || req.HTTP.Header.Get("If-Range") != "":
+			return Unknown("a partial request (Range) of the OpenAPI v2 document: the apiserver answers it from the document's size, ETag and modification time: not modelled")
+		case h != "":
+			// kubectl create and apply ask again with If-None-Match once
+			// their HTTP cache holds the document.
+			return d.conditionalDocument(ctx, req, h, openAPIV2)
 		}
 		return Pass("the apiserver serves its OpenAPI v2 document")
 	}
@@ -174,7 +179,7 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 	h := conditionalHeader(req.HTTP.Header)
 	switch {
 	case p == "/openapi/v3" && h != "":
-		return d.conditionalIndex(ctx, req, h)
+		return d.conditionalDocument(ctx, req, h, openAPIV3Index)
 	case h != "":
 		return Unknown("a conditional or partial request (" + h + ") of an OpenAPI document: the apiserver answers it from the document's modification time, which kproxy does not know: not modelled")
 	case p == "/openapi/v3":
@@ -201,34 +206,60 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 	return Pass("the apiserver serves the OpenAPI v3 document of " + gv)
 }
 
-// conditionalIndex answers a conditional request of the OpenAPI v3 index as
-// the apiserver does, with net/http's ServeContent over the index's ETag
-// and modification time, read from the apiserver now (kubectl asks with
-// If-Modified-Since).
+// servedDocument is a document the apiserver serves with net/http's
+// ServeContent, answering conditional requests from its version.
+type servedDocument struct {
+	path, name string
+	short      string // "index": "the index changed ..."
+	// whole: kproxy reads the document itself (a small one, whose size a
+	// Range request is answered from), not only its version.
+	whole bool
+}
+
+var (
+	openAPIV3Index = servedDocument{path: "/openapi/v3", name: "the OpenAPI v3 index", short: "index", whole: true}
+	// Range requests of the OpenAPI v2 document stay unknown: its version
+	// is read without it (megabytes).
+	openAPIV2 = servedDocument{path: "/openapi/v2", name: "the OpenAPI v2 document", short: "document"}
+)
+
+// conditionalDocument answers a conditional request of an OpenAPI document
+// (the v3 index, the v2 document) as the apiserver does, with net/http's
+// ServeContent over the document's ETag and modification time, read from
+// the apiserver now (kubectl asks for the v3 index with If-Modified-Since,
+// for the v2 document with If-None-Match).
 //
-// Read after the request, the index may have changed since the apiserver
-// answered (its OpenAPI controller updates it as the cluster's APIs
-// settle). The answer is known when the index did not change since the
-// request arrived (the last read kproxy had before the arrival shows the
-// same version, or by its Last-Modified it changed before), or when the
-// version kproxy last saw before the arrival and the current one get the
-// same answer: every version in between is newer than the first and
-// older than the second, and ServeContent's answer moves one way with
-// the version's age. Otherwise the record is unknown.
-func (d decode) conditionalIndex(ctx context.Context, req *Request, header string) Result {
+// Read after the request, the document may have changed since the
+// apiserver answered (its OpenAPI controllers update them as the
+// cluster's APIs settle). The answer is known when the document did not
+// change since the request arrived (the last read kproxy had before the
+// arrival shows the same version, or by its Last-Modified it changed
+// before), or when the version kproxy last saw before the arrival and the
+// current one get the same answer: every version in between is newer than
+// the first and older than the second, and ServeContent's answer moves one
+// way with the version's age. Otherwise the record is unknown.
+func (d decode) conditionalDocument(ctx context.Context, req *Request, header string, sd servedDocument) Result {
 	served := d.m.writer().Served()
-	doc, err := served.Read(ctx, "/openapi/v3", "")
+	read := served.Version
+	if sd.whole {
+		read = served.Read
+	}
+	doc, err := read(ctx, sd.path, req.HTTP.Header.Get("Accept"))
 	if err != nil {
-		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
+		return Unknown("the apiserver's " + strings.TrimPrefix(sd.name, "the ") + ": " + err.Error())
 	}
 	mod, err := http.ParseTime(doc.Header.Get("Last-Modified"))
-	if doc.Status != http.StatusOK || err != nil {
-		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d without a Last-Modified time", doc.Status))
+	if (doc.Status != http.StatusOK && doc.Status != http.StatusPartialContent) || err != nil {
+		return Unknown(fmt.Sprintf("the apiserver's %s answered %d without a Last-Modified time", strings.TrimPrefix(sd.name, "the "), doc.Status))
 	}
-	w := serveIndex(ctx, req, doc.Header.Get("Etag"), mod, doc.Body)
-	what := fmt.Sprintf("the OpenAPI v3 index last changed at %s (ETag %.12s…); the request's %s: %s", mod.UTC().Format(time.RFC3339), strings.Trim(doc.Header.Get("Etag"), `"`), header, req.HTTP.Header.Get(header))
-	seen, ok := served.SeenBefore("/openapi/v3", req.Arrival)
-	if why := indexChangedSinceArrival(ctx, req, doc, mod, w.Code, seen, ok); why != "" {
+	body := doc.Body
+	if !sd.whole {
+		body = nil // not read; no Range request gets here
+	}
+	w := serveDocument(ctx, req, doc.Header.Get("Etag"), mod, body)
+	what := fmt.Sprintf("%s last changed at %s (ETag %.12s…); the request's %s: %s", sd.name, mod.UTC().Format(time.RFC3339), strings.Trim(doc.Header.Get("Etag"), `"`), header, req.HTTP.Header.Get(header))
+	seen, ok := served.SeenBefore(sd.path, req.Arrival)
+	if why := sd.changedSinceArrival(ctx, req, doc, body, mod, w.Code, seen, ok); why != "" {
 		return Unknown(what + ": " + why)
 	}
 	switch {
@@ -237,27 +268,29 @@ func (d decode) conditionalIndex(ctx context.Context, req *Request, header strin
 		res.Answer = http.StatusNotModified
 		return res
 	case w.Code < 300:
-		return Pass(what + ": the index is sent again")
+		return Pass(what + ": the document is sent again")
 	}
 	st := &metav1.Status{Status: metav1.StatusFailure, Code: int32(w.Code), Message: strings.TrimSpace(w.Body.String())}
 	return Reject(st, what+": "+http.StatusText(w.Code))
 }
 
-// serveIndex is the apiserver's answer to req for an index of that
-// version.
-func serveIndex(ctx context.Context, req *Request, etag string, mod time.Time, body []byte) *httptest.ResponseRecorder {
+// serveDocument is the apiserver's answer to req for a document of that
+// version: body is the document, or nil where no Range request asks for
+// its bytes (the answer to the other conditions is the same).
+func serveDocument(ctx context.Context, req *Request, etag string, mod time.Time, body []byte) *httptest.ResponseRecorder {
 	w := httptest.NewRecorder()
 	w.Header().Set("Etag", etag)
 	http.ServeContent(w, req.HTTP.Clone(ctx), "/openapi/v3", mod, bytes.NewReader(body))
 	return w
 }
 
-// indexChangedSinceArrival says why the answer code, from doc (the index
-// read now, last modified at mod), may not be the one the apiserver gave
-// on req's arrival, or "". seen is kproxy's last read of the index before
-// the arrival, if ok.
-func indexChangedSinceArrival(ctx context.Context, req *Request, doc apiserver.ServedDoc, mod time.Time, code int, seen apiserver.Seen, ok bool) string {
-	if req.Arrival.IsZero() || !changedSinceArrival(mod, req.Arrival) {
+// changedSinceArrival says why the answer code, from doc (the
+// document's version read now, last modified at mod; body as for
+// serveDocument), may not be the one the apiserver gave on req's arrival,
+// or "". seen is kproxy's last read of the document before the arrival,
+// if ok.
+func (sd servedDocument) changedSinceArrival(ctx context.Context, req *Request, doc apiserver.ServedDoc, body []byte, mod time.Time, code int, seen apiserver.Seen, ok bool) string {
+	if req.Arrival.IsZero() || !modifiedSinceArrival(mod, req.Arrival) {
 		return "" // kproxy explain asks about now; or it changed before
 	}
 	if ok && seen.ETag == doc.Header.Get("Etag") && seen.LastModified == doc.Header.Get("Last-Modified") {
@@ -267,15 +300,15 @@ func indexChangedSinceArrival(ctx context.Context, req *Request, doc apiserver.S
 		if code == http.StatusNotModified {
 			return "" // not modified since: nor was any older version
 		}
-		if before, err := http.ParseTime(seen.LastModified); ok && err == nil && serveIndex(ctx, req, seen.ETag, before, doc.Body).Code == code {
+		if before, err := http.ParseTime(seen.LastModified); ok && err == nil && serveDocument(ctx, req, seen.ETag, before, body).Code == code {
 			return "" // the versions before and after get the same answer
 		}
 	}
 	if !ok {
-		return "the index changed at or after this request's arrival (" + req.Arrival.UTC().Format(time.RFC3339) + "), and kproxy had not read it before: the apiserver may have answered from the one before"
+		return "the " + sd.short + " changed at or after this request's arrival (" + req.Arrival.UTC().Format(time.RFC3339) + "), and kproxy had not read it before: the apiserver may have answered from the one before"
 	}
-	return fmt.Sprintf("the index changed between kproxy's last read before this request's arrival (at %s, when it had last changed at %s) and the replay's read, and the two versions get different answers: which one the apiserver answered from is not known",
-		seen.At.UTC().Format(time.RFC3339), seen.LastModified)
+	return fmt.Sprintf("the %s changed between kproxy's last read before this request's arrival (at %s, when it had last changed at %s) and the replay's read, and the two versions get different answers: which one the apiserver answered from is not known",
+		sd.short, seen.At.UTC().Format(time.RFC3339), seen.LastModified)
 }
 
 // byTimeOnly reports a request conditional on the document's time alone
@@ -290,11 +323,11 @@ func byTimeOnly(h http.Header) bool {
 	return true
 }
 
-// changedSinceArrival reports a document last modified at mod (an HTTP
+// modifiedSinceArrival reports a document last modified at mod (an HTTP
 // date: whole seconds, so it really changed within the second after) that
 // may have changed after a request that arrived at arrival, allowing a
 // second more for the clocks of kproxy and the apiserver.
-func changedSinceArrival(mod, arrival time.Time) bool {
+func modifiedSinceArrival(mod, arrival time.Time) bool {
 	return mod.After(arrival.Add(-2 * time.Second))
 }
 

@@ -56,12 +56,12 @@ func TestIndexChangedSinceArrival(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			code := serveIndex(context.Background(), req, tc.now.Header.Get("Etag"), mod, tc.now.Body).Code
+			code := serveDocument(context.Background(), req, tc.now.Header.Get("Etag"), mod, tc.now.Body).Code
 			var seen apiserver.Seen
 			if tc.seen != nil {
 				seen = *tc.seen
 			}
-			got := indexChangedSinceArrival(context.Background(), req, tc.now, mod, code, seen, tc.seen != nil)
+			got := openAPIV3Index.changedSinceArrival(context.Background(), req, tc.now, tc.now.Body, mod, code, seen, tc.seen != nil)
 			switch {
 			case tc.want == "" && got != "":
 				t.Errorf("unknown (%s), want the answer read now (%d)", got, code)

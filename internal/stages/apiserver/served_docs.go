@@ -128,14 +128,31 @@ func (d *ServedDocs) Get(ctx context.Context, path, accept string) (ServedDoc, e
 	return doc, nil
 }
 
-// read GETs path from the apiserver with kproxy's identity, now.
+// Read GETs path from the apiserver with kproxy's identity, now.
 func (d *ServedDocs) Read(ctx context.Context, path, accept string) (ServedDoc, error) {
+	return d.read(ctx, path, accept, "")
+}
+
+// Version reads which version of the document at path the apiserver
+// serves now (its ETag and Last-Modified) without the document: its first
+// byte (Range: bytes=0-0), which net/http's ServeContent, serving the
+// OpenAPI documents, answers 206 with the version's headers. The OpenAPI
+// v2 document is megabytes; a conditional request of it is answered from
+// its version alone.
+func (d *ServedDocs) Version(ctx context.Context, path, accept string) (ServedDoc, error) {
+	return d.read(ctx, path, accept, "bytes=0-0")
+}
+
+func (d *ServedDocs) read(ctx context.Context, path, accept, byteRange string) (ServedDoc, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.base+path, nil)
 	if err != nil {
 		return ServedDoc{}, err
 	}
 	if accept != "" {
 		req.Header.Set("Accept", accept)
+	}
+	if byteRange != "" {
+		req.Header.Set("Range", byteRange)
 	}
 	resp, err := d.http.Do(req)
 	if err != nil {
@@ -151,7 +168,8 @@ func (d *ServedDocs) Read(ctx context.Context, path, accept string) (ServedDoc, 
 	}
 	// A path with a query (a health check's, the client's own) is not a
 	// document whose versions are compared, and would grow the map.
-	if resp.StatusCode == http.StatusOK && resp.Header.Get("Last-Modified") != "" && !strings.Contains(path, "?") {
+	whole := resp.StatusCode == http.StatusOK || (byteRange != "" && resp.StatusCode == http.StatusPartialContent)
+	if whole && resp.Header.Get("Last-Modified") != "" && !strings.Contains(path, "?") {
 		d.remember(path, Seen{At: d.now(), ETag: resp.Header.Get("Etag"), LastModified: resp.Header.Get("Last-Modified")})
 	}
 	return ServedDoc{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
