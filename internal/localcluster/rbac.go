@@ -27,7 +27,7 @@ var KproxyClusterRole = &rbacv1.ClusterRole{
 		// The apiserver's version and feature gates; the paths it serves
 		// (its index), its health checks and its OpenAPI index, which the
 		// replay of non-resource requests reads.
-		{NonResourceURLs: []string{"/version", "/metrics", "/", "/healthz", "/healthz/*", "/livez", "/livez/*", "/readyz", "/readyz/*", "/openapi/v3"}, Verbs: []string{"get"}},
+		{NonResourceURLs: []string{"/version", "/metrics", "/", "/healthz", "/healthz/*", "/livez", "/livez/*", "/readyz", "/readyz/*", "/openapi/v3", "/openapi/v2"}, Verbs: []string{"get"}},
 	},
 }
 
