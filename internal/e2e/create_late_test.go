@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -22,6 +24,10 @@ import (
 // in etcd. Such a replay finds the object the request created and knows
 // it was absent just before (a create needs an absent key) without a
 // second read; every create is predicted 201, as the apiserver answered.
+// Some are large: the apiserver answers them gzip (the client asks), and
+// kproxy keeps only the answer's first 256 KiB; the resourceVersion that
+// tells the request's own write is read from that all the same (before,
+// such a create was predicted 409 AlreadyExists).
 func TestCreateReplayedLate(t *testing.T) {
 	recs, r, c := oneReplayWorker(t)
 	const n = 48
@@ -37,10 +43,22 @@ func TestCreateReplayedLate(t *testing.T) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
+			data := "v"
+			switch i % 12 {
+			case 5:
+				data = strings.Repeat("abcdefgh", 64<<10) // 512 KB, gzip to a few KB
+			case 11:
+				data = randomText(t, 900_000) // gzip to more than kproxy keeps
+			}
+			// As kubectl asks: the apiserver compresses answers over 128 KiB.
 			got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "admin",
-				body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"%s-%d"},"data":{"k":"v"}}`, run, i)})
+				header: http.Header{"Accept-Encoding": {"gzip"}},
+				body:   fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"%s-%d"},"data":{"k":%q}}`, run, i, data)})
 			if got.status != 201 {
-				t.Errorf("create %d: status %d: %s", i, got.status, got.body)
+				t.Errorf("create %d: status %d: %.300s", i, got.status, got.body)
+			}
+			if len(data) > 1 && got.header.Get("Content-Encoding") != "gzip" {
+				t.Errorf("create %d of %d bytes: answered without gzip (%q): the path under test was not taken", i, len(data), got.header.Get("Content-Encoding"))
 			}
 		})
 	}
@@ -294,4 +312,15 @@ func TestGetReplayedLate(t *testing.T) {
 		}
 	}
 	t.Logf("%d of %d gets replayed after the object was deleted or created (said unknown)", late, objects)
+}
+
+// randomText is n bytes of base64 text from random bytes: it compresses
+// little.
+func randomText(t *testing.T, n int) string {
+	t.Helper()
+	b := make([]byte, n*3/4)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(b)
 }

@@ -300,9 +300,11 @@ type exchange struct {
 	// actualWrite is the answer as the replay needs it; okBody the start
 	// of a write's or a get's successful body: a write's is decoded for
 	// the resourceVersion only when the replay asks (off the response's
-	// path), a get's handed whole to the replay.
+	// path), a get's handed whole to the replay. okEncoding is its
+	// Content-Encoding (gzip for a large answer to a client that asked).
 	actualWrite stages.Answer
 	okBody      []byte
+	okEncoding  string
 	rvOnce      sync.Once
 	upStart     time.Time
 	upEnd       time.Time
@@ -462,7 +464,7 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 			// A dry run's resourceVersion the replay never reads.
 			switch {
 			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !dryRunQuery(ex.replayReq.HTTP.URL.RawQuery):
-				ex.actualWrite.ResourceVersion = decode.ResourceVersion(ex.okBody)
+				ex.actualWrite.ResourceVersion = decode.AnswerResourceVersion(ex.okBody, ex.okEncoding)
 			case ex.actualWrite.Status >= 400:
 				ex.actualWrite.Refusal, _ = ex.refusal()
 			}
@@ -561,7 +563,7 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	ex.rec.Actual.ResponseBytes = rw.bytes
 	ex.rec.Actual.Headers = record.RedactHeaders(rw.Header())
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
-	ex.actualWrite, ex.okBody = stages.Answer{Status: rw.status}, rw.okBody
+	ex.actualWrite, ex.okBody, ex.okEncoding = stages.Answer{Status: rw.status}, rw.okBody, rw.Header().Get("Content-Encoding")
 	if rw.status == http.StatusOK && abort == "" && answersObject(ex.info) && int64(len(rw.okBody)) == rw.bytes {
 		h := rw.Header()
 		ex.actualWrite.Body, ex.actualWrite.ContentType, ex.actualWrite.ContentEncoding = rw.okBody, h.Get("Content-Type"), h.Get("Content-Encoding")

@@ -1,0 +1,203 @@
+package decode
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The resourceVersion of a write's answer tells the replay the request's
+// own write from one before it (a create that finds its object in etcd, an
+// update whose object moved on). The answer is what the client got: gzip
+// when the client asked for it and the object is large (the apiserver
+// compresses answers over 128 KiB), and only its first bytes when the
+// object is larger than what kproxy keeps of it. The resourceVersion sits
+// near the start of the object (metadata is the first field of every
+// built-in type, resourceVersion an early field of metadata), so it is
+// read from the stream without decoding the rest.
+
+// answerInflateLimit bounds what is inflated of a gzip answer while the
+// resourceVersion is looked for: more than any object the apiserver
+// stores, far less than a hostile stream could inflate to.
+const answerInflateLimit = 8 << 20
+
+// AnswerResourceVersion is the resourceVersion of the object an apiserver
+// answered with: body as it came on the wire, perhaps only its first
+// bytes, compressed as contentEncoding says (gzip or none). "" when the
+// object has none, or it is not in the bytes kept, or they are not an
+// object kproxy reads.
+func AnswerResourceVersion(body []byte, contentEncoding string) string {
+	var r io.Reader = bytes.NewReader(body)
+	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return ""
+		}
+		r = io.LimitReader(zr, answerInflateLimit)
+	default:
+		return ""
+	}
+	br := bufio.NewReader(r)
+	head, _ := br.Peek(len(protobufMagic))
+	switch {
+	case bytes.Equal(head, protobufMagic):
+		return protobufResourceVersion(br)
+	case firstNonSpace(br) == '{':
+		return jsonResourceVersion(json.NewDecoder(br))
+	}
+	// Another encoding (CBOR, YAML): decoded whole, as far as it is kept.
+	b, _ := io.ReadAll(br)
+	return ResourceVersion(b)
+}
+
+var protobufMagic = []byte{0x6b, 0x38, 0x73, 0x00} // "k8s\x00"
+
+// firstNonSpace peeks at the first byte that is not JSON whitespace.
+func firstNonSpace(br *bufio.Reader) byte {
+	for i := 1; ; i++ {
+		b, err := br.Peek(i)
+		if err != nil || len(b) < i {
+			return 0
+		}
+		switch c := b[i-1]; c {
+		case ' ', '\t', '\r', '\n':
+		default:
+			return c
+		}
+	}
+}
+
+// jsonResourceVersion reads a JSON object's metadata.resourceVersion from
+// the stream, skipping every other member, and stops there.
+func jsonResourceVersion(dec *json.Decoder) string {
+	if !delim(dec, '{') {
+		return ""
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		if key != "metadata" {
+			if !skipValue(dec) {
+				return ""
+			}
+			continue
+		}
+		if !delim(dec, '{') {
+			return ""
+		}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return ""
+			}
+			if k == "resourceVersion" {
+				v, err := dec.Token()
+				if s, ok := v.(string); ok && err == nil {
+					return s
+				}
+				return ""
+			}
+			if !skipValue(dec) {
+				return ""
+			}
+		}
+		return "" // metadata without one
+	}
+	return ""
+}
+
+// delim reads the next token and reports it is d.
+func delim(dec *json.Decoder, d json.Delim) bool {
+	t, err := dec.Token()
+	return err == nil && t == d
+}
+
+// skipValue reads past one JSON value, however nested.
+func skipValue(dec *json.Decoder) bool {
+	depth := 0
+	for {
+		t, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		switch t {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+		if depth == 0 {
+			return true
+		}
+	}
+}
+
+// Field numbers of the protobuf encoding: runtime.Unknown's raw object,
+// every built-in object's metadata, ObjectMeta's resourceVersion.
+const (
+	unknownRawField      = 2
+	objectMetadataField  = 1
+	metaResourceVersion  = 6
+	protobufPrefixToRead = 64 << 10 // what is read of the stream: metadata's start is in it
+)
+
+// protobufResourceVersion reads the resourceVersion of a "k8s\x00"
+// envelope's object from the start of the stream: the envelope's raw
+// object, its metadata (field 1 of every built-in type), metadata's field
+// 6. A message cut short is read as far as it goes.
+func protobufResourceVersion(br *bufio.Reader) string {
+	b, _ := io.ReadAll(io.LimitReader(br, protobufPrefixToRead))
+	b = b[len(protobufMagic):]
+	raw, ok := protoField(b, unknownRawField, false)
+	if !ok {
+		return ""
+	}
+	md, ok := protoField(raw, objectMetadataField, false)
+	if !ok {
+		return ""
+	}
+	rv, ok := protoField(md, metaResourceVersion, true)
+	if !ok {
+		return ""
+	}
+	return string(rv)
+}
+
+// protoField finds the length-delimited field num in the message b and
+// returns its bytes, cut short where b is unless whole: what precedes it
+// must be whole.
+func protoField(b []byte, num protowire.Number, whole bool) ([]byte, bool) {
+	for len(b) > 0 {
+		n, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return nil, false
+		}
+		b = b[l:]
+		if n == num && typ == protowire.BytesType {
+			size, l := protowire.ConsumeVarint(b)
+			if l < 0 {
+				return nil, false
+			}
+			b = b[l:]
+			if whole && size > uint64(len(b)) {
+				return nil, false
+			}
+			return b[:min(uint64(len(b)), size)], true
+		}
+		l = protowire.ConsumeFieldValue(n, typ, b)
+		if l < 0 {
+			return nil, false
+		}
+		b = b[l:]
+	}
+	return nil, false
+}

@@ -1,0 +1,91 @@
+package decode
+
+import (
+	"bytes"
+	"compress/gzip"
+	"crypto/rand"
+	"encoding/base64"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
+	"k8s.io/client-go/kubernetes/scheme"
+)
+
+// TestAnswerResourceVersion: a write's answer as the client got it, large
+// (gzip, as the apiserver compresses answers over 128 KiB for a client
+// that asks) and cut to what kproxy keeps (256 KiB). Before, only a whole
+// uncompressed answer was read: a large create whose replay found its own
+// write in etcd was predicted 409 AlreadyExists (seen with kubectl create
+// of a 500 KB ConfigMap).
+func TestAnswerResourceVersion(t *testing.T) {
+	const kept = 256 << 10
+	cm := func(size int) *corev1.ConfigMap {
+		// Random data compresses badly: a gzip answer longer than kept.
+		b := make([]byte, size*3/4)
+		_, _ = rand.Read(b)
+		return &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{Kind: "ConfigMap", APIVersion: "v1"},
+			ObjectMeta: metav1.ObjectMeta{Name: "big", Namespace: "default", UID: "u-1", ResourceVersion: "1015",
+				ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl-create", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1"}}},
+			Data: map[string]string{"blob": base64.StdEncoding.EncodeToString(b)}}
+	}
+	js := func(obj runtime.Object) []byte {
+		b, err := runtime.Encode(scheme.Codecs.LegacyCodec(corev1.SchemeGroupVersion), obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	pb := func(obj runtime.Object) []byte {
+		b, err := runtime.Encode(protobuf.NewSerializer(scheme.Scheme, scheme.Scheme), obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	gz := func(b []byte) []byte {
+		var buf bytes.Buffer
+		w := gzip.NewWriter(&buf)
+		_, _ = w.Write(b)
+		_ = w.Close()
+		return buf.Bytes()
+	}
+	cut := func(b []byte, n int) []byte { return b[:min(len(b), n)] }
+	small, big := cm(1000), cm(900_000)
+	pbSmall := pb(small)
+	rvAt := bytes.Index(pbSmall, []byte("1015"))
+	cr := []byte(`{"apiVersion":"probe.example.com/v1","kind":"Widget","metadata":{"annotations":{"a":"{\"b\":[1,2]}"},"name":"w1","namespace":"default","resourceVersion":"77"},"spec":{"size":3}}`)
+	for _, tc := range []struct {
+		name, encoding string
+		body           []byte
+		want           string
+	}{
+		{"JSON", "", js(small), "1015"},
+		{"JSON, large, gzip, cut", "gzip", cut(gz(js(big)), kept), "1015"},
+		{"JSON, large, cut", "", cut(js(big), kept), "1015"},
+		{"protobuf", "", pbSmall, "1015"},
+		{"protobuf, large, gzip, cut", "gzip", cut(gz(pb(big)), kept), "1015"},
+		{"protobuf cut inside the resourceVersion", "", pbSmall[:rvAt+2], ""},
+		{"a custom resource (keys in order: metadata after apiVersion and kind)", "GZIP", gz(cr), "77"},
+		{"YAML", "", []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n  resourceVersion: \"9\"\n"), "9"},
+		{"no metadata", "", []byte(`{"kind":"ConfigMap","apiVersion":"v1","data":{}}`), ""},
+		{"JSON cut before the resourceVersion", "", []byte(`{"kind":"ConfigMap","metadata":{"name":"x","resour`), ""},
+		{"not gzip", "gzip", js(small), ""},
+		{"an encoding kproxy does not read", "br", js(small), ""},
+		{"empty", "", nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := AnswerResourceVersion(tc.body, tc.encoding); got != tc.want {
+				t.Errorf("resourceVersion %q, want %q (%d bytes)", got, tc.want, len(tc.body))
+			}
+		})
+	}
+	// A whole answer reads as the full decode reads it.
+	for _, b := range [][]byte{js(small), pbSmall, js(big)} {
+		if got, want := AnswerResourceVersion(b, ""), ResourceVersion(b); got != want {
+			t.Errorf("streamed %q, decoded %q", got, want)
+		}
+	}
+}
