@@ -49,8 +49,16 @@ type admissionChanges struct {
 // a cluster-scoped kind, anywhere (any namespace's request may read it);
 // for a namespaced one, per namespace.
 type kindChanges struct {
-	name    string // as the unknown names it: "LimitRanges"
-	key     func(metav1.Object) string
+	name string // as the unknown names it: "LimitRanges"
+	// lag: the plugins load this kind's objects once in a while, not as
+	// they come (admission policies, policyLag): a change up to lag before
+	// the request arrived may have reached the apiserver's plugin after
+	// it, or the replay's before it.
+	lag time.Duration
+	// mutating: the plugins reading it mutate the object, so a change
+	// moves any later stage's verdict (validation, above all).
+	mutating bool
+	key      func(metav1.Object) string
 	last    atomic.Int64 // cluster-scoped
 	mu      sync.Mutex
 	inNS    map[string]int64 // namespaced
@@ -91,6 +99,7 @@ func (k *kindChanges) mark(obj any) {
 }
 
 func (k *kindChanges) changedSince(t time.Time, namespace string) bool {
+	t = t.Add(-k.lag)
 	if k.key == nil {
 		return k.last.Load() > t.UnixNano()
 	}
@@ -109,27 +118,31 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 		key      func(metav1.Object) string
 		informer func() cache.SharedIndexInformer
 		readBy   []string
+		lag      time.Duration
+		mutating bool
 	}
 	adm := f.Admissionregistration().V1()
 	sources := []source{
 		{"the namespace (its labels, its phase)", byName, func() cache.SharedIndexInformer { return f.Core().V1().Namespaces().Informer() },
-			[]string{"NamespaceLifecycle", "PodSecurity", "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "ValidatingAdmissionPolicy"}},
-		{"ServiceAccounts", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ServiceAccounts().Informer() }, []string{"ServiceAccount"}},
-		{"LimitRanges", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().LimitRanges().Informer() }, []string{"LimitRanger"}},
-		{"ResourceQuotas", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ResourceQuotas().Informer() }, []string{"ResourceQuota"}},
-		{"PriorityClasses", nil, func() cache.SharedIndexInformer { return f.Scheduling().V1().PriorityClasses().Informer() }, []string{"Priority"}},
-		{"RuntimeClasses", nil, func() cache.SharedIndexInformer { return f.Node().V1().RuntimeClasses().Informer() }, []string{"RuntimeClass"}},
-		{"MutatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.MutatingWebhookConfigurations().Informer() }, []string{"MutatingAdmissionWebhook"}},
-		{"ValidatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.ValidatingWebhookConfigurations().Informer() }, []string{"ValidatingAdmissionWebhook"}},
-		{"ValidatingAdmissionPolicies", nil, func() cache.SharedIndexInformer { return adm.ValidatingAdmissionPolicies().Informer() }, []string{"ValidatingAdmissionPolicy"}},
-		{"ValidatingAdmissionPolicyBindings", nil, func() cache.SharedIndexInformer { return adm.ValidatingAdmissionPolicyBindings().Informer() }, []string{"ValidatingAdmissionPolicy"}},
+			[]string{"NamespaceLifecycle", "PodSecurity", "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "ValidatingAdmissionPolicy"}, 0, false},
+		{"ServiceAccounts", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ServiceAccounts().Informer() }, []string{"ServiceAccount"}, 0, false},
+		{"LimitRanges", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().LimitRanges().Informer() }, []string{"LimitRanger"}, 0, false},
+		{"ResourceQuotas", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ResourceQuotas().Informer() }, []string{"ResourceQuota"}, 0, false},
+		{"PriorityClasses", nil, func() cache.SharedIndexInformer { return f.Scheduling().V1().PriorityClasses().Informer() }, []string{"Priority"}, 0, false},
+		{"RuntimeClasses", nil, func() cache.SharedIndexInformer { return f.Node().V1().RuntimeClasses().Informer() }, []string{"RuntimeClass"}, 0, false},
+		{"MutatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.MutatingWebhookConfigurations().Informer() }, []string{"MutatingAdmissionWebhook"}, 0, true},
+		{"ValidatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.ValidatingWebhookConfigurations().Informer() }, []string{"ValidatingAdmissionWebhook"}, 0, false},
+		{"ValidatingAdmissionPolicies", nil, func() cache.SharedIndexInformer { return adm.ValidatingAdmissionPolicies().Informer() }, []string{"ValidatingAdmissionPolicy"}, policyLag, false},
+		{"ValidatingAdmissionPolicyBindings", nil, func() cache.SharedIndexInformer { return adm.ValidatingAdmissionPolicyBindings().Informer() }, []string{"ValidatingAdmissionPolicy"}, policyLag, false},
+		{"MutatingAdmissionPolicies", nil, func() cache.SharedIndexInformer { return adm.MutatingAdmissionPolicies().Informer() }, []string{"MutatingAdmissionPolicy"}, policyLag, true},
+		{"MutatingAdmissionPolicyBindings", nil, func() cache.SharedIndexInformer { return adm.MutatingAdmissionPolicyBindings().Informer() }, []string{"MutatingAdmissionPolicy"}, policyLag, true},
 	}
 	c := &admissionChanges{clock: clk}
 	for _, s := range sources {
 		if !slices.ContainsFunc(s.readBy, func(p string) bool { return slices.Contains(plugins, p) }) {
 			continue // no enabled plugin reads it: no informer to ride on
 		}
-		k := &kindChanges{name: s.name, key: s.key, inNS: map[string]int64{}, clock: clk}
+		k := &kindChanges{name: s.name, key: s.key, lag: s.lag, mutating: s.mutating, inNS: map[string]int64{}, clock: clk}
 		_, _ = s.informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    k.mark,
 			UpdateFunc: func(_, obj any) { k.mark(obj) },
@@ -140,19 +153,44 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 	return c
 }
 
+// policyLag is how long before a request a change of admission policies
+// may still not have reached the apiserver's plugins, or already reached
+// the replay's: both load policies once a second (the policy source's
+// refresh interval), with a second more for their informers.
+const policyLag = 2 * time.Second
+
+// policyLagNote follows the names of lagging kinds in an unknown's reason.
+const policyLagNote = " (or in the 2s before it arrived: the apiserver and the replay each load admission policies once a second)"
+
 // changedSince names the state seen to change after t that a request in
 // namespace may have read, or "".
 func (c *admissionChanges) changedSince(t time.Time, namespace string) string {
+	return c.changed(t, namespace, false)
+}
+
+// mutatorsChangedSince names the state of mutating plugins seen to change
+// after t that a request in namespace may have read, or "".
+func (c *admissionChanges) mutatorsChangedSince(t time.Time, namespace string) string {
+	return c.changed(t, namespace, true)
+}
+
+func (c *admissionChanges) changed(t time.Time, namespace string, mutating bool) string {
 	if c == nil || t.IsZero() {
 		return ""
 	}
 	var what []string
+	lagged := false
 	for _, k := range c.kinds {
-		if k.changedSince(t, namespace) {
+		if (!mutating || k.mutating) && k.changedSince(t, namespace) {
 			what = append(what, k.name)
+			lagged = lagged || k.lag > 0
 		}
 	}
-	return strings.Join(what, ", ")
+	s := strings.Join(what, ", ")
+	if lagged {
+		s += policyLagNote
+	}
+	return s
 }
 
 // refusedByStateLate says why the replay's admission refusal of a write
@@ -198,6 +236,56 @@ func (r *Run) admittedByStateLate(aw Answer) string {
 	}
 	return fmt.Sprintf("the apiserver's admission refused the write (%d: %s), and the replay's admits it: kproxy saw %s change after this request arrived, "+
 		"before the replay read it, so the state on arrival is not known", aw.Status, aw.Refusal.Message, changed)
+}
+
+// mutatedLate says why the replay's refusal of a write, after admission's
+// mutations, is not the request's, or "": the apiserver answered
+// otherwise (admitted it, or refused it with another message), and kproxy
+// saw the state of a mutating plugin (a webhook configuration, a
+// MutatingAdmissionPolicy or its binding) change around the request's
+// arrival. A mutation the request did not meet (or met, and the replay
+// not) moves every later stage: a label the policy adds fails
+// validation, a default it sets passes it.
+func (r *Run) mutatedLate(ctx context.Context) string {
+	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) {
+		return ""
+	}
+	changed := r.changes.mutatorsChangedSince(r.arrival, r.namespace)
+	if changed == "" {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	switch {
+	case !ok:
+		return ""
+	case aw.Status >= 200 && aw.Status < 300:
+		return fmt.Sprintf("the apiserver admitted the write, and the replay refuses it (%d: %s) after admission's mutations: %s",
+			r.Code, r.Status.Message, mutatorsWhy(changed))
+	case aw.Refusal != nil && (aw.Status != r.Code || aw.Refusal.Message != r.Status.Message):
+		return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay refuses it otherwise (%d: %s) after admission's mutations: %s",
+			aw.Status, aw.Refusal.Message, r.Code, r.Status.Message, mutatorsWhy(changed))
+	}
+	return ""
+}
+
+// mutatedEarly says why the replay's admission of a write the apiserver
+// refused (aw), after admission's mutations, is not the request's, or "";
+// as mutatedLate.
+func (r *Run) mutatedEarly(aw Answer) string {
+	if aw.Refusal == nil {
+		return ""
+	}
+	changed := r.changes.mutatorsChangedSince(r.arrival, r.namespace)
+	if changed == "" {
+		return ""
+	}
+	return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay admits it after admission's mutations: %s",
+		aw.Status, aw.Refusal.Message, mutatorsWhy(changed))
+}
+
+func mutatorsWhy(changed string) string {
+	return "kproxy saw " + changed + " change after this request arrived, before the replay read it, " +
+		"so which mutations the request met, and what the stages after them saw, is not known"
 }
 
 // admissionRefusal reports an admission plugin's refusal: a 403 `...

@@ -164,3 +164,77 @@ func TestAdmissionStateLate(t *testing.T) {
 		}
 	})
 }
+
+// TestAdmissionPolicyLag: admission policies reach the apiserver's plugins
+// and the replay's once a second, so a policy or binding changed in the
+// 2s before a request arrived counts as changed around it; other state,
+// only after it. A mutating plugin's change makes any contradiction of a
+// write's verdict after admission unknown (validation of a label a
+// MutatingAdmissionPolicy added), never an agreeing one.
+func TestAdmissionPolicyLag(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	f := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
+	c := watchAdmissionState(clk, f, []string{"LimitRanger", "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy", "MutatingAdmissionWebhook"})
+	find := func(name string) *kindChanges {
+		for _, k := range c.kinds {
+			if k.name == name {
+				return k
+			}
+		}
+		t.Fatalf("%s not watched", name)
+		return nil
+	}
+	find("ValidatingAdmissionPolicyBindings").mark(&metav1.ObjectMeta{Name: "deny"})
+	find("LimitRanges").mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "ns"}})
+	clk.Step(1500 * time.Millisecond)
+	arrival := clk.Now() // 1.5s after both changes
+	if got := c.changedSince(arrival, "ns"); got != "ValidatingAdmissionPolicyBindings"+policyLagNote {
+		t.Errorf("a binding 1.5s before the arrival, a LimitRange too: changedSince = %q, want the binding only", got)
+	}
+	if got := c.changedSince(arrival.Add(time.Second), "ns"); got != "" {
+		t.Errorf("2.5s after: changedSince = %q, want nothing", got)
+	}
+	if got := c.mutatorsChangedSince(arrival, "ns"); got != "" {
+		t.Errorf("no mutating plugin's state changed: %q", got)
+	}
+	find("MutatingAdmissionPolicies").mark(&metav1.ObjectMeta{Name: "label"})
+	clk.Step(time.Second)
+	later := clk.Now()
+	if got := c.mutatorsChangedSince(later, "ns"); !strings.HasPrefix(got, "MutatingAdmissionPolicies") {
+		t.Errorf("a MutatingAdmissionPolicy a second before the arrival: mutatorsChangedSince = %q", got)
+	}
+
+	invalid := &metav1.Status{Code: 422, Reason: metav1.StatusReasonInvalid, Message: `ConfigMap "c1" is invalid: metadata.labels: Invalid value: "bad label!"`}
+	for _, tc := range []struct {
+		name     string
+		replay   *metav1.Status // nil: admitted
+		answer   Answer
+		changes  *admissionChanges
+		want     string
+		admitted bool
+	}{
+		{"the replay's validation refuses what a new policy added; the apiserver admitted", invalid, Answer{Status: 201}, c, "the apiserver admitted the write, and the replay refuses it (422", false},
+		{"refused by both alike", invalid, Answer{Status: 422, Refusal: invalid}, c, "", false},
+		{"the apiserver refused for another reason", invalid, Answer{Status: 409, Refusal: &metav1.Status{Code: 409, Message: "conflict"}}, c, "refuses it otherwise (422", false},
+		{"nothing mutating changed", invalid, Answer{Status: 201}, &admissionChanges{clock: clk}, "", false},
+		{"the replay admits what the apiserver's validation refused", nil, Answer{Status: 422, Refusal: invalid}, c, "and the replay admits it after admission's mutations: kproxy saw MutatingAdmissionPolicies", true},
+		{"admitted by both", nil, Answer{Status: 201}, c, "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: "create", Resource: "configmaps", arrival: later, namespace: "ns", changes: tc.changes, Status: tc.replay}
+			if tc.replay != nil {
+				r.Code = int(tc.replay.Code)
+			}
+			r.actual = func(context.Context) (Answer, bool) { return tc.answer, true }
+			var why string
+			if tc.admitted {
+				why = r.admittedEarly(context.Background())
+			} else {
+				why = r.mutatedLate(context.Background())
+			}
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("got %q, want %q", why, tc.want)
+			}
+		})
+	}
+}

@@ -250,8 +250,12 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 		return serviceAccountArrivedEarlyWhy
 	}
 	// Any other admission refusal, where kproxy saw the state the
-	// plugins read change since the request arrived (admission_late.go).
-	return r.admittedByStateLate(aw)
+	// plugins read change since the request arrived; any other refusal,
+	// where it saw a mutating plugin's (admission_late.go).
+	if why := r.admittedByStateLate(aw); why != "" {
+		return why
+	}
+	return r.mutatedEarly(aw)
 }
 
 // namespaceNotFound reports NamespaceLifecycle's refusal of a create in a

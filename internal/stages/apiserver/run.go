@@ -438,6 +438,8 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 				run.markUnknown(why)
 			} else if why := run.refusedByStateLate(ctx); why != "" {
 				run.markUnknown(why)
+			} else if why := run.mutatedLate(ctx); why != "" {
+				run.markUnknown(why)
 			}
 		}
 	} else if !run.Read {
