@@ -262,3 +262,95 @@ func TestPodSecurityLabelsChangedAfterRequest(t *testing.T) {
 		t.Errorf("no privileged pod replayed after its namespace was labelled in 5 attempts: the path under test was not taken")
 	}
 }
+
+// TestAdmissionPolicyChangedAroundRequest: kubectl apply -f of a directory
+// holding an admission policy, its binding and the objects it governs
+// sends them moments apart. The apiserver loads policies once a second,
+// and so does the replay: a write that arrives just after a binding is
+// created meets no policy in the apiserver (admitted), and the replay,
+// run later, meets it (a ValidatingAdmissionPolicy's denial; a
+// MutatingAdmissionPolicy's label that validation refuses). Just after a
+// binding is deleted, the other way round. These were confidently wrong
+// both ways (found by a probe, 5 of 12 and 6 of 24 tries); the changes
+// were before the arrival, which the clocks did not count. Each write is
+// replayed 2.5s after its answer (a held replay worker): the prediction
+// must be the answer, or unknown naming the policies.
+func TestAdmissionPolicyChangedAroundRequest(t *testing.T) {
+	recs, r, c := oneReplayWorker(t)
+	hold := startReplayHold(t, r, c, recs)
+	direct := directRoute()
+	dc := direct.client(nil)
+	const rules = `"matchConstraints":{"resourceRules":[{"apiGroups":[""],"apiVersions":["v1"],"operations":["CREATE"],"resources":["configmaps"]}]}`
+	for _, kind := range []struct {
+		name, policy, binding, plural, bindings string
+		names                                   string // in the unknown's reason
+	}{
+		{"ValidatingAdmissionPolicy",
+			`{"apiVersion":"admissionregistration.k8s.io/v1","kind":"ValidatingAdmissionPolicy","metadata":{"name":"%s"},"spec":{"failurePolicy":"Fail",` + rules + `,"validations":[{"expression":"false","message":"no configmaps here"}]}}`,
+			`{"apiVersion":"admissionregistration.k8s.io/v1","kind":"ValidatingAdmissionPolicyBinding","metadata":{"name":"%s"},"spec":{"policyName":"%s","validationActions":["Deny"],"matchResources":{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"%s"}}}}}`,
+			"validatingadmissionpolicies", "validatingadmissionpolicybindings", "ValidatingAdmissionPolic"},
+		{"MutatingAdmissionPolicy",
+			`{"apiVersion":"admissionregistration.k8s.io/v1","kind":"MutatingAdmissionPolicy","metadata":{"name":"%s"},"spec":{"failurePolicy":"Fail","reinvocationPolicy":"Never",` + rules + `,"mutations":[{"patchType":"ApplyConfiguration","applyConfiguration":{"expression":"Object{metadata: Object.metadata{labels: {\"bad label!\": \"x\"}}}"}}]}}`,
+			`{"apiVersion":"admissionregistration.k8s.io/v1","kind":"MutatingAdmissionPolicyBinding","metadata":{"name":"%s"},"spec":{"policyName":"%s","matchResources":{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"%s"}}}}}`,
+			"mutatingadmissionpolicies", "mutatingadmissionpolicybindings", "MutatingAdmissionPolic"},
+	} {
+		t.Run(kind.name, func(t *testing.T) {
+			api := "/apis/admissionregistration.k8s.io/v1/"
+			// send creates a ConfigMap through kproxy right after change,
+			// its replay held 2.5s, and judges its record: true when it
+			// was unknown for the policies.
+			send := func(ns, name string, change func()) bool {
+				hold.hold(t)
+				change()
+				got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps", user: "admin",
+					body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, name)})
+				time.Sleep(2500 * time.Millisecond)
+				hold.release()
+				nextRecord(t, recs) // the hold's own
+				rec := nextRecord(t, recs)
+				switch {
+				case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, kind.names) &&
+					strings.Contains(rec.Predicted.Message, "in the 2s before it arrived"):
+					return true
+				case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == got.status && rec.Predicted.Message == rec.Actual.Message:
+				default:
+					t.Errorf("%s, answered %d %q, replayed after the policy was loaded: predicted %+v, want the answer or unknown naming the policies",
+						name, got.status, rec.Actual.Message, rec.Predicted)
+				}
+				return false
+			}
+			created, deleted := 0, 0
+			for i := 0; i < 6 && created*deleted == 0; i++ {
+				ns := lateNamespace(t, "policy-late")
+				name := ns + "-p"
+				create := func(path, body string) {
+					if got := do(t, dc, direct.base, request{method: "POST", path: api + path, user: "admin", body: body}); got.status != 201 {
+						hold.release()
+						t.Fatalf("create %s: %d %s", path, got.status, got.body)
+					}
+				}
+				t.Cleanup(func() {
+					do(t, dc, direct.base, request{method: "DELETE", path: api + kind.plural + "/" + name, user: "admin"})
+				})
+				if send(ns, "after-binding", func() {
+					create(kind.plural, fmt.Sprintf(kind.policy, name))
+					create(kind.bindings, fmt.Sprintf(kind.binding, name, name, ns))
+				}) {
+					created++
+				}
+				if send(ns, "after-unbinding", func() {
+					if got := do(t, dc, direct.base, request{method: "DELETE", path: api + kind.bindings + "/" + name, user: "admin"}); got.status != 200 {
+						hold.release()
+						t.Fatalf("delete the binding: %d %s", got.status, got.body)
+					}
+				}) {
+					deleted++
+				}
+			}
+			if created*deleted == 0 {
+				t.Errorf("in 6 attempts, %d writes right after a binding and %d right after its deletion met another policy set in the apiserver than in the replay: the path under test was not taken",
+					created, deleted)
+			}
+		})
+	}
+}
