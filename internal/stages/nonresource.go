@@ -244,6 +244,7 @@ func (d decode) conditionalDocument(ctx context.Context, req *Request, header st
 	if sd.whole {
 		read = served.Read
 	}
+	readAt := d.m.clock.Now()
 	doc, err := read(ctx, sd.path, req.HTTP.Header.Get("Accept"))
 	if err != nil {
 		return Unknown("the apiserver's " + strings.TrimPrefix(sd.name, "the ") + ": " + err.Error())
@@ -255,6 +256,9 @@ func (d decode) conditionalDocument(ctx context.Context, req *Request, header st
 	body := doc.Body
 	if !sd.whole {
 		body = nil // not read; no Range request gets here
+	}
+	if res, ok := stampedAtServing(ctx, req, sd, doc, body, mod, readAt, header); ok {
+		return res
 	}
 	w := serveDocument(ctx, req, doc.Header.Get("Etag"), mod, body)
 	what := fmt.Sprintf("%s last changed at %s (ETag %.12s…); the request's %s: %s", sd.name, mod.UTC().Format(time.RFC3339), strings.Trim(doc.Header.Get("Etag"), `"`), header, req.HTTP.Header.Get(header))
@@ -272,6 +276,56 @@ func (d decode) conditionalDocument(ctx context.Context, req *Request, header st
 	}
 	st := &metav1.Status{Status: metav1.StatusFailure, Code: int32(w.Code), Message: strings.TrimSpace(w.Body.String())}
 	return Reject(st, what+": "+http.StatusText(w.Code))
+}
+
+// stampedSlack is how far from the request's arrival, on the apiserver's
+// clock as kproxy's read shows it, the apiserver may have stamped a
+// document it stamps when serving it: the request's way to the apiserver,
+// and the clocks' difference, which a Last-Modified (whole seconds) shows
+// only to the second. A read whose Last-Modified is further than twice
+// that from kproxy's clock is not of such a document.
+const stampedSlack = 1500 * time.Millisecond
+
+// stampedAtServing answers a conditional request of a document the
+// apiserver stamps with the time it serves it: the aggregator serves the
+// OpenAPI v3 index so (its handler passes time.Now() to ServeContent, and
+// sets no ETag), so the index is "modified" at every request, and a
+// client's copy is current only within the second it got it. kproxy
+// tells such a document by its read: no ETag, and a Last-Modified within
+// stampedSlack of the read. The request's answer is then ServeContent's
+// for the time the apiserver served it: the arrival, moved by the clocks'
+// difference the read shows, give or take stampedSlack. When both ends of
+// that window get the same answer it is known; otherwise (a copy from
+// within a second or two of the request) unknown. ok is false for a
+// document served otherwise.
+func stampedAtServing(ctx context.Context, req *Request, sd servedDocument, doc apiserver.ServedDoc, body []byte, mod, readAt time.Time, header string) (Result, bool) {
+	// The apiserver's clock ahead of kproxy's: mod is whole seconds, the
+	// apiserver's time at the read within the second after it. Clocks a
+	// second apart or less are read as one (NTP keeps them closer).
+	offset := mod.Add(500 * time.Millisecond).Sub(readAt)
+	if doc.Header.Get("Etag") != "" || offset.Abs() > 2*stampedSlack || req.Arrival.IsZero() {
+		return Result{}, false
+	}
+	if offset.Abs() <= time.Second {
+		offset = 0
+	}
+	served := req.Arrival.Add(offset)
+	early := serveDocument(ctx, req, "", served.Add(-stampedSlack), body)
+	late := serveDocument(ctx, req, "", served.Add(stampedSlack), body)
+	what := fmt.Sprintf("%s is stamped with the time the apiserver serves it (no ETag; kproxy's read at %s showed Last-Modified %s), so at this request about %s; the request's %s: %s",
+		sd.name, readAt.UTC().Format(time.RFC3339), doc.Header.Get("Last-Modified"), served.UTC().Format(time.RFC3339), header, req.HTTP.Header.Get(header))
+	switch {
+	case early.Code != late.Code:
+		return Unknown(what + ": within seconds of that time, which the answer depends on to the second: not known"), true
+	case late.Code == http.StatusNotModified:
+		res := Pass(what + ": the client's copy is as new, 304 Not Modified")
+		res.Answer = http.StatusNotModified
+		return res, true
+	case late.Code < 300:
+		return Pass(what + ": older than that, the " + sd.short + " is sent again"), true
+	}
+	st := &metav1.Status{Status: metav1.StatusFailure, Code: int32(late.Code), Message: strings.TrimSpace(late.Body.String())}
+	return Reject(st, what+": "+http.StatusText(late.Code)), true
 }
 
 // serveDocument is the apiserver's answer to req for a document of that
