@@ -59,11 +59,11 @@ type kindChanges struct {
 	// moves any later stage's verdict (validation, above all).
 	mutating bool
 	key      func(metav1.Object) string
-	last    atomic.Int64 // cluster-scoped
-	mu      sync.Mutex
-	inNS    map[string]int64 // namespaced
-	sweepAt int              // len(inNS) that prunes it
-	clock   clock.PassiveClock
+	last     atomic.Int64 // cluster-scoped
+	mu       sync.Mutex
+	inNS     map[string]int64 // namespaced
+	sweepAt  int              // len(inNS) that prunes it
+	clock    clock.PassiveClock
 }
 
 // changeHorizon is how long a namespace's last change is kept: longer
