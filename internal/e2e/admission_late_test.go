@@ -197,8 +197,8 @@ func TestAdmissionStateChangedAfterRequest(t *testing.T) {
 			count      *int
 		}{
 			{"a pod before its LimitRange (admitted)", "the replay's LimitRanger refuses it: kproxy saw LimitRanges", &lateLimits},
-			{"a pod before its PriorityClass (refused)", "and the replay's admits it: kproxy saw LimitRanges, PriorityClasses change", &lateClass},
-			{"a pod before both (refused for its PriorityClass)", "refuses it for another reason: kproxy saw LimitRanges, PriorityClasses change", &lateBoth},
+			{"a pod before its PriorityClass (refused)", "and the replay's admits it: kproxy saw LimitRanges, PriorityClasses", &lateClass},
+			{"a pod before both (refused for its PriorityClass)", "refuses it for another reason: kproxy saw LimitRanges, PriorityClasses", &lateBoth},
 			{"a pod before its namespace's ResourceQuota (admitted)", "the replay's ResourceQuota refuses it: kproxy saw ResourceQuotas", &lateQuota},
 		} {
 			rec := got[i]
@@ -255,7 +255,7 @@ func TestPodSecurityLabelsChangedAfterRequest(t *testing.T) {
 		if _, err := cs.CoreV1().Namespaces().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		lateRecs, _ := tallyLate(t, recs, 41, inNamespace(ns), "the replay's PodSecurity refuses it: kproxy saw the namespace (its labels, its phase) change", "the namespace's labelling")
+		lateRecs, _ := tallyLate(t, recs, 41, inNamespace(ns), "the replay's PodSecurity refuses it: kproxy saw the namespace (its labels, its phase)", "the namespace's labelling")
 		late += len(lateRecs)
 	}
 	if late == 0 {

@@ -72,11 +72,19 @@ type kindChanges struct {
 // the map without end.
 const changeHorizon = time.Hour
 
-func (k *kindChanges) mark(obj any) {
+func (k *kindChanges) mark(obj any) { k.markBefore(obj, 0) }
+
+// markInitial marks the informer's first list: a change at kproxy's start,
+// before any request; for a lagging kind, before any request's lag too
+// (the replay's plugins have loaded it before kproxy serves).
+func (k *kindChanges) markInitial(obj any) { k.markBefore(obj, k.lag) }
+
+// markBefore marks obj changed, back then.
+func (k *kindChanges) markBefore(obj any, back time.Duration) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
-	now := k.clock.Now().UnixNano()
+	now := k.clock.Now().Add(-back).UnixNano()
 	if k.key == nil {
 		k.last.Store(now)
 		return
@@ -143,8 +151,14 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 			continue // no enabled plugin reads it: no informer to ride on
 		}
 		k := &kindChanges{name: s.name, key: s.key, lag: s.lag, mutating: s.mutating, inNS: map[string]int64{}, clock: clk}
-		_, _ = s.informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    k.mark,
+		_, _ = s.informer().AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+			AddFunc: func(obj any, initial bool) {
+				if initial {
+					k.markInitial(obj)
+				} else {
+					k.mark(obj)
+				}
+			},
 			UpdateFunc: func(_, obj any) { k.mark(obj) },
 			DeleteFunc: k.mark,
 		})
