@@ -270,7 +270,7 @@ func (r *Run) mutatedLate(ctx context.Context) string {
 	}
 	aw, ok := r.actual(ctx)
 	switch {
-	case !ok:
+	case !ok || momentary(aw.Status) || momentary(r.Code):
 		return ""
 	case aw.Status >= 200 && aw.Status < 300:
 		return fmt.Sprintf("the apiserver admitted the write, and the replay refuses it (%d: %s) after admission's mutations: %s",
@@ -286,7 +286,7 @@ func (r *Run) mutatedLate(ctx context.Context) string {
 // refused (aw), after admission's mutations, is not the request's, or "";
 // as mutatedLate.
 func (r *Run) mutatedEarly(aw Answer) string {
-	if aw.Refusal == nil {
+	if aw.Refusal == nil || momentary(aw.Status) {
 		return ""
 	}
 	changed := r.changes.mutatorsChangedSince(r.arrival, r.namespace)
@@ -295,6 +295,13 @@ func (r *Run) mutatedEarly(aw Answer) string {
 	}
 	return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay admits it after admission's mutations: %s",
 		aw.Status, aw.Refusal.Message, mutatorsWhy(changed))
+}
+
+// momentary reports an answer of the moment (a 429: flow control, a
+// disruption budget; a 5xx): no mutation leads to it, and the stages say
+// why it was given then.
+func momentary(status int) bool {
+	return status == http.StatusTooManyRequests || status >= 500
 }
 
 func mutatorsWhy(changed string) string {
