@@ -28,15 +28,7 @@ func TestAdmissionChangesSince(t *testing.T) {
 	}
 	arrival := clk.Now()
 	clk.Step(time.Second)
-	find := func(name string) *kindChanges {
-		for _, k := range c.kinds {
-			if k.name == name {
-				return k
-			}
-		}
-		t.Fatalf("%s not watched", name)
-		return nil
-	}
+	find := func(name string) *kindChanges { return kindNamed(t, c, name) }
 	find("LimitRanges").mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "a"}})
 	find("the namespace (its labels, its phase)").mark(cache.DeletedFinalStateUnknown{Obj: &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "b"}}})
 	for _, tc := range []struct {
@@ -175,15 +167,7 @@ func TestAdmissionPolicyLag(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	f := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
 	c := watchAdmissionState(clk, f, []string{"LimitRanger", "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy", "MutatingAdmissionWebhook"})
-	find := func(name string) *kindChanges {
-		for _, k := range c.kinds {
-			if k.name == name {
-				return k
-			}
-		}
-		t.Fatalf("%s not watched", name)
-		return nil
-	}
+	find := func(name string) *kindChanges { return kindNamed(t, c, name) }
 	find("ValidatingAdmissionPolicyBindings").mark(&metav1.ObjectMeta{Name: "deny"})
 	find("LimitRanges").mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "ns"}})
 	clk.Step(1500 * time.Millisecond)
@@ -237,4 +221,16 @@ func TestAdmissionPolicyLag(t *testing.T) {
 			}
 		})
 	}
+}
+
+// kindNamed is c's clock of the kind named so.
+func kindNamed(t *testing.T, c *admissionChanges, name string) *kindChanges {
+	t.Helper()
+	for _, k := range c.kinds {
+		if k.name == name {
+			return k
+		}
+	}
+	t.Fatalf("%s not watched", name)
+	return nil
 }
