@@ -292,7 +292,7 @@ const stampedSlack = 1500 * time.Millisecond
 // sets no ETag), so the index is "modified" at every request, and a
 // client's copy is current only within the second it got it. kproxy
 // tells such a document by its read: no ETag, and a Last-Modified within
-// stampedSlack of the read. The request's answer is then ServeContent's
+// twice stampedSlack of the read. The request's answer is then ServeContent's
 // for the time the apiserver served it: the arrival, moved by the clocks'
 // difference the read shows, give or take stampedSlack. When both ends of
 // that window get the same answer it is known; otherwise (a copy from
