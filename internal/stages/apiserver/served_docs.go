@@ -168,8 +168,8 @@ func (d *ServedDocs) read(ctx context.Context, path, accept, byteRange string) (
 	}
 	// A path with a query (a health check's, the client's own) is not a
 	// document whose versions are compared, and would grow the map.
-	whole := resp.StatusCode == http.StatusOK || (byteRange != "" && resp.StatusCode == http.StatusPartialContent)
-	if whole && resp.Header.Get("Last-Modified") != "" && !strings.Contains(path, "?") {
+	version := resp.StatusCode == http.StatusOK || (byteRange != "" && resp.StatusCode == http.StatusPartialContent)
+	if version && resp.Header.Get("Last-Modified") != "" && !strings.Contains(path, "?") {
 		d.remember(path, Seen{At: d.now(), ETag: resp.Header.Get("Etag"), LastModified: resp.Header.Get("Last-Modified")})
 	}
 	return ServedDoc{Status: resp.StatusCode, Header: resp.Header, Body: body}, nil
