@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/serve"
@@ -82,12 +83,17 @@ func TestControllerSession(t *testing.T) {
 		}
 	}
 	pods(3)
-	scale, err := cs.AppsV1().Deployments(ns).GetScale(ctx, "web", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	scale.Spec.Replicas = 1
-	if _, err := cs.AppsV1().Deployments(ns).UpdateScale(ctx, "web", scale, metav1.UpdateOptions{}); err != nil {
+	// The deployment controller writes the Deployment's status meanwhile:
+	// a conflict is tried again, as kubectl scale does.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		scale, err := cs.AppsV1().Deployments(ns).GetScale(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		scale.Spec.Replicas = 1
+		_, err = cs.AppsV1().Deployments(ns).UpdateScale(ctx, "web", scale, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	pods(1)
@@ -98,7 +104,7 @@ func TestControllerSession(t *testing.T) {
 	if err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
 		l, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
