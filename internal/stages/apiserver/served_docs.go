@@ -100,6 +100,17 @@ func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexI
 	return d, nil
 }
 
+// SettledBefore reports that what the documents list (the groups the
+// CustomResourceDefinitions and APIServices make) last changed
+// discoverySettle or more before t, and not since: a document served at t
+// is the one served now, though its Last-Modified, when the apiserver
+// builds it at the first request after a change, may be later than t.
+func (d *ServedDocs) SettledBefore(t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return !d.changed.IsZero() && d.changed.Before(t.Add(-discoverySettle))
+}
+
 func (d *ServedDocs) invalidate() {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -35,3 +35,25 @@ func TestSeenBefore(t *testing.T) {
 		t.Error("a read of another document")
 	}
 }
+
+// TestSettledBefore: the documents are settled for a request when what
+// they list last changed discoverySettle or more before it arrived; a
+// change since, or none seen yet (the informers not synced), is not.
+func TestSettledBefore(t *testing.T) {
+	arrival := time.Date(2026, 12, 4, 14, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		changed time.Time
+		want    bool
+	}{
+		{"changed a minute before", arrival.Add(-time.Minute), true},
+		{"changed 10s before", arrival.Add(-10 * time.Second), false},
+		{"changed after", arrival.Add(time.Second), false},
+		{"no change seen yet", time.Time{}, false},
+	} {
+		d := &ServedDocs{changed: tc.changed}
+		if got := d.SettledBefore(arrival); got != tc.want {
+			t.Errorf("%s: SettledBefore = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
