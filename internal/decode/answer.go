@@ -26,12 +26,12 @@ import (
 // stores, far less than a hostile stream could inflate to.
 const answerInflateLimit = 8 << 20
 
-// AnswerResourceVersion is the resourceVersion of the object an apiserver
-// answered with: body as it came on the wire, perhaps only its first
-// bytes, compressed as contentEncoding says (gzip or none). "" when the
-// object has none, or it is not in the bytes kept, or they are not an
-// object kproxy reads.
-func AnswerResourceVersion(body []byte, contentEncoding string) string {
+// ObjectResourceVersion is the resourceVersion of the object in body as it
+// came on the wire (an apiserver's answer, a write's body), perhaps only
+// its first bytes, compressed as contentEncoding says (gzip or none). ""
+// when the object has none, or it is not in the bytes kept, or they are
+// not an object kproxy reads.
+func ObjectResourceVersion(body []byte, contentEncoding string) string {
 	var r io.Reader = bytes.NewReader(body)
 	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
 	case "", "identity":
@@ -77,42 +77,32 @@ func firstNonSpace(br *bufio.Reader) byte {
 // jsonResourceVersion reads a JSON object's metadata.resourceVersion from
 // the stream, skipping every other member, and stops there.
 func jsonResourceVersion(dec *json.Decoder) string {
-	if !delim(dec, '{') {
+	if !delim(dec, '{') || !member(dec, "metadata") || !delim(dec, '{') || !member(dec, "resourceVersion") {
 		return ""
 	}
+	v, err := dec.Token()
+	if s, ok := v.(string); ok && err == nil {
+		return s
+	}
+	return ""
+}
+
+// member reads the members of the object dec is in until the one named
+// name, and reports it found it: the decoder is then at its value.
+func member(dec *json.Decoder, name string) bool {
 	for dec.More() {
 		key, err := dec.Token()
 		if err != nil {
-			return ""
+			return false
 		}
-		if key != "metadata" {
-			if !skipValue(dec) {
-				return ""
-			}
-			continue
+		if key == name {
+			return true
 		}
-		if !delim(dec, '{') {
-			return ""
+		if !skipValue(dec) {
+			return false
 		}
-		for dec.More() {
-			k, err := dec.Token()
-			if err != nil {
-				return ""
-			}
-			if k == "resourceVersion" {
-				v, err := dec.Token()
-				if s, ok := v.(string); ok && err == nil {
-					return s
-				}
-				return ""
-			}
-			if !skipValue(dec) {
-				return ""
-			}
-		}
-		return "" // metadata without one
 	}
-	return ""
+	return false
 }
 
 // delim reads the next token and reports it is d.

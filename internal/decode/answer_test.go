@@ -14,13 +14,13 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
-// TestAnswerResourceVersion: a write's answer as the client got it, large
+// TestObjectResourceVersion: a write's answer as the client got it, large
 // (gzip, as the apiserver compresses answers over 128 KiB for a client
 // that asks) and cut to what kproxy keeps (256 KiB). Before, only a whole
 // uncompressed answer was read: a large create whose replay found its own
 // write in etcd was predicted 409 AlreadyExists (seen with kubectl create
 // of a 500 KB ConfigMap).
-func TestAnswerResourceVersion(t *testing.T) {
+func TestObjectResourceVersion(t *testing.T) {
 	const kept = 256 << 10
 	cm := func(size int) *corev1.ConfigMap {
 		// Random data compresses badly: a gzip answer longer than kept.
@@ -77,14 +77,14 @@ func TestAnswerResourceVersion(t *testing.T) {
 		{"empty", "", nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := AnswerResourceVersion(tc.body, tc.encoding); got != tc.want {
+			if got := ObjectResourceVersion(tc.body, tc.encoding); got != tc.want {
 				t.Errorf("resourceVersion %q, want %q (%d bytes)", got, tc.want, len(tc.body))
 			}
 		})
 	}
 	// A whole answer reads as the full decode reads it.
 	for _, b := range [][]byte{js(small), pbSmall, js(big)} {
-		if got, want := AnswerResourceVersion(b, ""), ResourceVersion(b); got != want {
+		if got, want := ObjectResourceVersion(b, ""), ResourceVersion(b); got != want {
 			t.Errorf("streamed %q, decoded %q", got, want)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 // content type, as kproxy reads the apiserver's answers. It checks that
 // Status never panics; that a Status it finds encodes in JSON, YAML and
 // protobuf and reads back equal from each; and that ResourceVersion and
-// AnswerResourceVersion (the body as it came, or as gzip) never panic on
+// ObjectResourceVersion (the body as it came, or as gzip) never panic on
 // the same body.
 func FuzzStatus(f *testing.F) {
 	cts := []string{"application/json", "application/yaml", "application/vnd.kubernetes.protobuf", "application/cbor", "",
@@ -28,8 +28,8 @@ func FuzzStatus(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
 		_ = ResourceVersion(body)
-		_ = AnswerResourceVersion(body, "")
-		_ = AnswerResourceVersion(body, "gzip")
+		_ = ObjectResourceVersion(body, "")
+		_ = ObjectResourceVersion(body, "gzip")
 		st, ok := Status(contentType, body)
 		if !ok {
 			if st != nil {

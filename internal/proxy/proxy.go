@@ -464,7 +464,7 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 			// A dry run's resourceVersion the replay never reads.
 			switch {
 			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !dryRunQuery(ex.replayReq.HTTP.URL.RawQuery):
-				ex.actualWrite.ResourceVersion = decode.AnswerResourceVersion(ex.okBody, ex.okEncoding)
+				ex.actualWrite.ResourceVersion = decode.ObjectResourceVersion(ex.okBody, ex.okEncoding)
 			case ex.actualWrite.Status >= 400:
 				ex.actualWrite.Refusal, _ = ex.refusal()
 			}
@@ -566,7 +566,7 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	ex.actualWrite, ex.okBody, ex.okEncoding = stages.Answer{Status: rw.status}, rw.okBody, rw.Header().Get("Content-Encoding")
 	if rw.status == http.StatusOK && abort == "" && answersObject(ex.info) && int64(len(rw.okBody)) == rw.bytes {
 		h := rw.Header()
-		ex.actualWrite.Body, ex.actualWrite.ContentType, ex.actualWrite.ContentEncoding = rw.okBody, h.Get("Content-Type"), h.Get("Content-Encoding")
+		ex.actualWrite.Body, ex.actualWrite.ContentType, ex.actualWrite.ContentEncoding = rw.okBody, h.Get("Content-Type"), ex.okEncoding
 	}
 	ex.end = p.clock.Now()
 	close(ex.done)

@@ -211,16 +211,10 @@ func (c *admissionChanges) changed(t time.Time, namespace string, mutating bool)
 // the apiserver admitted (2xx), or refused for another reason, read after
 // admission state changed, is not the request's, or "".
 func (r *Run) refusedByStateLate(ctx context.Context) string {
-	// A connect (exec, attach, port-forward, proxy) is answered with its
-	// stream: its answer is not waited for.
-	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) || r.PluginErrName == "" {
+	if r.PluginErrName == "" {
 		return ""
 	}
-	changed := r.changes.changedSince(r.arrival, r.namespace)
-	if changed == "" {
-		return ""
-	}
-	aw, ok := r.actual(ctx)
+	changed, aw, ok := r.refusalChanged(ctx, r.changes.changedSince)
 	switch {
 	case !ok:
 	case aw.Status >= 200 && aw.Status < 300:
@@ -235,6 +229,24 @@ func (r *Run) refusedByStateLate(ctx context.Context) string {
 			"before the replay read it, so the state on arrival is not known", aw.Status, aw.Refusal.Message, r.PluginErrName, changed)
 	}
 	return ""
+}
+
+// refusalChanged is, for the replay's refusal of a write, what of the
+// state since names changed around the request's arrival, and the
+// apiserver's answer; ok is false when nothing changed or there is no
+// answer to wait for.
+func (r *Run) refusalChanged(ctx context.Context, since func(time.Time, string) string) (string, Answer, bool) {
+	// A connect (exec, attach, port-forward, proxy) is answered with its
+	// stream: its answer is not waited for.
+	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) {
+		return "", Answer{}, false
+	}
+	changed := since(r.arrival, r.namespace)
+	if changed == "" {
+		return "", Answer{}, false
+	}
+	aw, ok := r.actual(ctx)
+	return changed, aw, ok
 }
 
 // admittedByStateLate says why the replay's admission of a write the
@@ -261,14 +273,7 @@ func (r *Run) admittedByStateLate(aw Answer) string {
 // not) moves every later stage: a label the policy adds fails
 // validation, a default it sets passes it.
 func (r *Run) mutatedLate(ctx context.Context) string {
-	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) {
-		return ""
-	}
-	changed := r.changes.mutatorsChangedSince(r.arrival, r.namespace)
-	if changed == "" {
-		return ""
-	}
-	aw, ok := r.actual(ctx)
+	changed, aw, ok := r.refusalChanged(ctx, r.changes.mutatorsChangedSince)
 	switch {
 	case !ok || momentary(aw.Status) || momentary(r.Code):
 		return ""

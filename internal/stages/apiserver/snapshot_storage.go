@@ -349,7 +349,7 @@ func (a apiObjects) latest(ctx context.Context, out runtime.Object) (bool, strin
 	case err != nil:
 		return false, "", fmt.Errorf("kproxy could not read %s from the apiserver: %w", a.path, err)
 	}
-	return true, resourceVersionOf(raw), a.decode(raw, out)
+	return true, kdecode.ObjectResourceVersion(raw, ""), a.decode(raw, out)
 }
 
 func (a apiObjects) at(ctx context.Context, rv string, out runtime.Object) (bool, error) {
@@ -562,27 +562,10 @@ func (s *snapshotStorage) findLastExisting(ctx context.Context, ns, name string)
 
 // bodyResourceVersion is the resourceVersion a request's body names, in
 // whatever encoding it was sent (JSON, YAML, protobuf, CBOR): a no-op
-// write that named it is told apart by it (Run.snapshotRevision).
+// write that named it is told apart by it (Run.snapshotRevision). JSON
+// and protobuf are read as far as metadata.resourceVersion, no further.
 func bodyResourceVersion(body []byte) string {
-	if len(body) == 0 {
-		return ""
-	}
-	if body[0] == '{' {
-		return resourceVersionOf(body) // most bodies: no scheme decode
-	}
-	return kdecode.ResourceVersion(body)
-}
-
-func resourceVersionOf(raw []byte) string {
-	var m struct {
-		Metadata struct {
-			ResourceVersion string `json:"resourceVersion"`
-		} `json:"metadata"`
-	}
-	if json.Unmarshal(raw, &m) != nil {
-		return ""
-	}
-	return m.Metadata.ResourceVersion
+	return kdecode.ObjectResourceVersion(body, "")
 }
 
 func (s *snapshotStorage) GetList(ctx context.Context, key string, opts storage.ListOptions, listObj runtime.Object) error {
