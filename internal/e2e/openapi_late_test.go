@@ -161,3 +161,47 @@ func TestOpenAPIV2Conditional(t *testing.T) {
 	}
 	hold.releaseAndCheck(t, "the OpenAPI v2 document changed", "the document changed between kproxy's last read before this request's arrival")
 }
+
+// TestOpenAPIV2BuiltAtRequest: the apiserver builds its OpenAPI v2
+// document at the first request after a change, so that request's answer
+// (and kproxy's read at replay) shows a Last-Modified of that moment,
+// though the change that made it is older. A conditional GET arriving
+// there, more than 30s after the CustomResourceDefinitions last changed,
+// is answered from the version read now, as it was at the arrival
+// (before, "the document changed at or after this request's arrival"
+// made it unknown).
+func TestOpenAPIV2BuiltAtRequest(t *testing.T) {
+	recs, r, c := oneReplayWorker(t)
+	const proto = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
+	doc := request{method: "GET", path: "/openapi/v2", user: "admin", accept: proto}
+	etag := do(t, c, r.base, doc).header.Get("Etag")
+	nextRecord(t, recs)
+	group := fmt.Sprintf("v2built%d.openapi.kproxy.test", time.Now().UnixNano())
+	direct := directRoute()
+	dc := direct.client(nil)
+	crd := `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.` + group + `"},
+"spec":{"group":"` + group + `","scope":"Namespaced","names":{"plural":"widgets","singular":"widget","kind":"Widget","listKind":"WidgetList"},
+"versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+	if got := do(t, dc, direct.base, request{method: "POST", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", user: "admin", body: crd}); got.status != 201 {
+		t.Fatalf("create the CRD: %d %s", got.status, got.body)
+	}
+	t.Cleanup(func() {
+		do(t, dc, direct.base, request{method: "DELETE", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets." + group, user: "admin"})
+	})
+	// Nobody asks for the document meanwhile: the next request builds it.
+	time.Sleep(32 * time.Second)
+	asKubectl := doc
+	asKubectl.header = http.Header{"If-None-Match": {etag}}
+	got := do(t, c, r.base, asKubectl)
+	if got.status != 200 {
+		t.Fatalf("kubectl's conditional GET with the ETag before the CRD: %d, want 200", got.status)
+	}
+	lastModified, err := http.ParseTime(got.header.Get("Last-Modified"))
+	if err != nil || time.Since(lastModified) > 3*time.Second {
+		t.Fatalf("the document's Last-Modified %q: want the moment of this request (the apiserver builds it then): the path under test was not taken", got.header.Get("Last-Modified"))
+	}
+	rec := nextRecord(t, recs)
+	if rec.Predicted.Stage == record.StageUnknown || rec.Predicted.Status != 200 {
+		t.Errorf("the conditional GET that built the document: predicted %d at %q (%s), the apiserver answered 200", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+	}
+}
