@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"io"
 	"strings"
 
@@ -190,4 +191,141 @@ func protoField(b []byte, num protowire.Number, whole bool) ([]byte, bool) {
 		b = b[l:]
 	}
 	return nil, false
+}
+
+// ObjectHead is what the start of an object's encoding says it is: its
+// apiVersion and kind, and its metadata's name, namespace and
+// resourceVersion.
+type ObjectHead struct {
+	APIVersion, Kind                 string
+	Name, Namespace, ResourceVersion string
+}
+
+// Field numbers of runtime.Unknown's TypeMeta and of ObjectMeta's name
+// and namespace (k8s.io/apimachinery's generated.proto).
+const (
+	unknownTypeMetaField = 1
+	typeMetaAPIVersion   = 1
+	typeMetaKind         = 2
+	metaName             = 1
+	metaNamespace        = 3
+)
+
+// ReadObjectHead reads an object's head from its JSON or protobuf
+// encoding, whole and uncompressed, without decoding the rest: a reader
+// that only needs to know which object body is (a get's answer, whose
+// content the replay never looks at) is spared a decode that costs more
+// than everything else it does. Metadata is read up to its
+// resourceVersion: name and namespace come before it in every encoding
+// the apiserver writes (ObjectMeta's field order), so another order reads
+// as an object with no namespace, a mismatch for a caller checking it,
+// never another object. ok is false for anything else: another encoding,
+// a body that is not an object, a head that is not all there.
+func ReadObjectHead(body []byte) (ObjectHead, bool) {
+	if bytes.HasPrefix(body, protobufMagic) {
+		return protobufHead(body[len(protobufMagic):])
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var h ObjectHead
+	if !delim(dec, '{') {
+		return h, false
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return h, false
+		}
+		switch key {
+		case "apiVersion":
+			h.APIVersion, err = stringToken(dec)
+		case "kind":
+			h.Kind, err = stringToken(dec)
+		case "metadata":
+			// The apiserver writes kind and apiVersion first; metadata
+			// is read only so far, so the head ends here.
+			err = jsonMetadataHead(dec, &h)
+			return h, err == nil && h.APIVersion != "" && h.Kind != "" && h.Name != ""
+		default:
+			if !skipValue(dec) {
+				return h, false
+			}
+		}
+		if err != nil {
+			return h, false
+		}
+	}
+	return h, false
+}
+
+var errNotString = errors.New("not a string")
+
+// stringToken reads a JSON string value.
+func stringToken(dec *json.Decoder) (string, error) {
+	t, err := dec.Token()
+	if s, ok := t.(string); ok && err == nil {
+		return s, nil
+	}
+	return "", errNotString
+}
+
+// jsonMetadataHead reads metadata's name, namespace and resourceVersion,
+// stopping at the resourceVersion (or metadata's end).
+func jsonMetadataHead(dec *json.Decoder, h *ObjectHead) error {
+	if !delim(dec, '{') {
+		return errNotString
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch key {
+		case "name":
+			h.Name, err = stringToken(dec)
+		case "namespace":
+			h.Namespace, err = stringToken(dec)
+		case "resourceVersion":
+			h.ResourceVersion, err = stringToken(dec)
+			return err
+		default:
+			if !skipValue(dec) {
+				return errNotString
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// protobufHead reads the head of a "k8s\x00" envelope's object (the magic
+// taken off): the envelope's TypeMeta, then the raw object's metadata.
+func protobufHead(b []byte) (ObjectHead, bool) {
+	var h ObjectHead
+	tm, ok := protoField(b, unknownTypeMetaField, true)
+	if !ok {
+		return h, false
+	}
+	raw, ok := protoField(b, unknownRawField, true)
+	if !ok {
+		return h, false
+	}
+	md, ok := protoField(raw, objectMetadataField, true)
+	if !ok {
+		return h, false
+	}
+	for _, f := range []struct {
+		msg []byte
+		num protowire.Number
+		to  *string
+	}{
+		{tm, typeMetaAPIVersion, &h.APIVersion}, {tm, typeMetaKind, &h.Kind},
+		{md, metaName, &h.Name}, {md, metaNamespace, &h.Namespace}, {md, metaResourceVersion, &h.ResourceVersion},
+	} {
+		if v, ok := protoField(f.msg, f.num, true); ok {
+			*f.to = string(v)
+		}
+	}
+	return h, h.APIVersion != "" && h.Kind != "" && h.Name != ""
 }

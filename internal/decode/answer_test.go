@@ -7,7 +7,9 @@ import (
 	"encoding/base64"
 	"testing"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
@@ -88,4 +90,63 @@ func TestObjectResourceVersion(t *testing.T) {
 			t.Errorf("streamed %q, decoded %q", got, want)
 		}
 	}
+}
+
+// TestReadObjectHead: the head of an object as the apiserver encodes it,
+// in JSON and protobuf, for namespaced and cluster-scoped objects of
+// several groups and a custom resource, agrees with a whole decode; a
+// body that is not a whole object's head is not read.
+func TestReadObjectHead(t *testing.T) {
+	objects := []runtime.Object{
+		&corev1.Pod{TypeMeta: metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
+			ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u", ResourceVersion: "7", Labels: map[string]string{"a": "b"},
+				ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "m", Operation: metav1.ManagedFieldsOperationApply}}},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause"}}}},
+		&corev1.Namespace{TypeMeta: metav1.TypeMeta{Kind: "Namespace", APIVersion: "v1"}, ObjectMeta: metav1.ObjectMeta{Name: "ns", ResourceVersion: "9"}},
+		&appsv1.Deployment{TypeMeta: metav1.TypeMeta{Kind: "Deployment", APIVersion: "apps/v1"}, ObjectMeta: metav1.ObjectMeta{Name: "d", Namespace: "ns", GenerateName: "d-", ResourceVersion: "11"}},
+	}
+	for _, obj := range objects {
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gvk := obj.GetObjectKind().GroupVersionKind()
+		want := ObjectHead{APIVersion: gvk.GroupVersion().String(), Kind: gvk.Kind, Name: m.GetName(), Namespace: m.GetNamespace(), ResourceVersion: m.GetResourceVersion()}
+		for enc, body := range map[string][]byte{
+			"json":     mustEncode(t, scheme.Codecs.LegacyCodec(gvk.GroupVersion()), obj),
+			"protobuf": mustEncode(t, protobuf.NewSerializer(scheme.Scheme, scheme.Scheme), obj),
+		} {
+			if got, ok := ReadObjectHead(body); !ok || got != want {
+				t.Errorf("%s %s: ReadObjectHead = %+v, %v; want %+v", gvk.Kind, enc, got, ok, want)
+			}
+		}
+	}
+	cr := `{"apiVersion":"probe.example.com/v1","kind":"Widget","metadata":{"annotations":{"a":"{\"b\":[1,2]}"},"name":"w1","namespace":"default","resourceVersion":"77"},"spec":{"size":3}}`
+	if got, ok := ReadObjectHead([]byte(cr)); !ok || got != (ObjectHead{"probe.example.com/v1", "Widget", "w1", "default", "77"}) {
+		t.Errorf("custom resource: ReadObjectHead = %+v, %v", got, ok)
+	}
+	for name, body := range map[string]string{
+		"empty":                     ``,
+		"an array":                  `[{"kind":"Pod"}]`,
+		"no metadata":               `{"kind":"Status","apiVersion":"v1","status":"Failure"}`,
+		"kind after metadata":       `{"metadata":{"name":"p","resourceVersion":"1"},"kind":"Pod","apiVersion":"v1"}`,
+		"no name":                   `{"kind":"Pod","apiVersion":"v1","metadata":{"generateName":"p-"}}`,
+		"a name that is not string": `{"kind":"Pod","apiVersion":"v1","metadata":{"name":7}}`,
+		"cut in metadata":           `{"kind":"Pod","apiVersion":"v1","metadata":{"na`,
+		"protobuf cut":              "k8s\x00\x0a\x05\x0a\x02v1",
+		"yaml":                      "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n",
+	} {
+		if got, ok := ReadObjectHead([]byte(body)); ok {
+			t.Errorf("%s: ReadObjectHead = %+v, true; want not read", name, got)
+		}
+	}
+}
+
+func mustEncode(t *testing.T, e runtime.Encoder, obj runtime.Object) []byte {
+	t.Helper()
+	b, err := runtime.Encode(e, obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

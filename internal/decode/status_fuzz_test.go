@@ -2,6 +2,7 @@ package decode
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -13,7 +14,8 @@ import (
 // Status never panics; that a Status it finds encodes in JSON, YAML and
 // protobuf and reads back equal from each; and that ResourceVersion and
 // ObjectResourceVersion (the body as it came, or as gzip) never panic on
-// the same body.
+// the same body, and that ReadObjectHead reads the resourceVersion
+// ObjectResourceVersion reads.
 func FuzzStatus(f *testing.F) {
 	cts := []string{"application/json", "application/yaml", "application/vnd.kubernetes.protobuf", "application/cbor", "",
 		"application/json; charset=utf-8", "text/plain", "application/json;;", "application/vnd.kubernetes.protobuf;stream=watch"}
@@ -23,13 +25,18 @@ func FuzzStatus(f *testing.F) {
 		}
 	}
 	for i, b := range []string{"", "{}", `{"kind":"Status","apiVersion":"v1","status":"Failure","code":404,"reason":"NotFound","details":{"causes":[{}]}}`,
-		"kind: Status\napiVersion: v1\ncode: 403\n", "k8s\x00\x0a\x0c\x0a\x02v1\x12\x06Status", "\xd9\xd9\xf7\xa0", "not a status"} {
+		"kind: Status\napiVersion: v1\ncode: 403\n", "k8s\x00\x0a\x0c\x0a\x02v1\x12\x06Status", `{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"n","resourceVersion":"5"}}`, "\xd9\xd9\xf7\xa0", "not a status"} {
 		f.Add(cts[i%len(cts)], []byte(b))
 	}
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
 		_ = ResourceVersion(body)
 		_ = ObjectResourceVersion(body, "")
 		_ = ObjectResourceVersion(body, "gzip")
+		if h, ok := ReadObjectHead(body); ok && h.ResourceVersion != "" && len(body) < protobufPrefixToRead {
+			if rv := ObjectResourceVersion(body, ""); rv != h.ResourceVersion {
+				t.Fatalf("ReadObjectHead(%q) reads resourceVersion %q, ObjectResourceVersion %q", body, h.ResourceVersion, rv)
+			}
+		}
 		st, ok := Status(contentType, body)
 		if !ok {
 			if st != nil {
@@ -43,7 +50,15 @@ func FuzzStatus(f *testing.F) {
 		for _, ct := range []string{runtime.ContentTypeJSON, runtime.ContentTypeYAML, runtime.ContentTypeProtobuf} {
 			info, _ := runtime.SerializerInfoForMediaType(StatusCodecs().SupportedMediaTypes(), ct)
 			var buf bytes.Buffer
-			if err := info.Serializer.Encode(st, &buf); err != nil {
+			err := info.Serializer.Encode(st, &buf)
+			if ct == runtime.ContentTypeYAML && err != nil && strings.Contains(err.Error(), "control characters are not allowed") {
+				// A message holding a control character (DEL, from an
+				// arbitrary body) has no YAML form: the YAML encoder
+				// refuses it, as it does in the apiserver. Found by this
+				// fuzzer; the corpus keeps the case.
+				continue
+			}
+			if err != nil {
 				t.Fatalf("the Status of %q does not encode as %s: %v", body, ct, err)
 			}
 			again, ok := Status(ct, buf.Bytes())

@@ -7,11 +7,13 @@ import (
 	"reflect"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/storage"
-	kjson "sigs.k8s.io/json"
+
+	"github.com/kproxy/kproxy/internal/decode"
 )
 
 // A get of the latest state that the apiserver answered with 200 carries
@@ -28,8 +30,9 @@ import (
 // read from storage as before, and a refusal is predicted by the stages
 // before storage, never taken from the answer.
 
-// fromAnswer decodes into out the object a get's 200 answer carries, and
-// returns its resourceVersion. ok is false, and out untouched, unless the
+// fromAnswer puts into out the object a get's 200 answer carries (its
+// head only, when answeredHead can read it), and returns its
+// resourceVersion. ok is false, and out untouched, unless the
 // run is a get of the latest state of the object itself (no
 // subresource), answered 200 with the whole body, not compressed, in
 // JSON or protobuf, holding the object itself (not a Table or partial
@@ -47,14 +50,12 @@ func (s *snapshotStorage) fromAnswer(ctx context.Context, run *Run, key string, 
 	if err != nil || params["as"] != "" || (mt != "application/json" && mt != "application/vnd.kubernetes.protobuf") {
 		return "", false
 	}
-	obj, ok := s.decodeJSONAnswer(ctx, mt, a.Body, out)
-	if !ok {
-		var err error
-		if obj, err = runtime.Decode(s.decoder, a.Body); err != nil {
-			return "", false
-		}
+	if obj, rv, ok := s.answeredHead(ctx, key, a.Body, out); ok {
+		reflect.ValueOf(out).Elem().Set(reflect.ValueOf(obj).Elem())
+		return rv, true
 	}
-	if reflect.TypeOf(obj) != reflect.TypeOf(out) {
+	obj, err := runtime.Decode(s.decoder, a.Body)
+	if err != nil || reflect.TypeOf(obj) != reflect.TypeOf(out) {
 		return "", false
 	}
 	if k := obj.GetObjectKind().GroupVersionKind(); !k.Empty() && k.GroupVersion() != s.gv {
@@ -73,36 +74,62 @@ func (s *snapshotStorage) fromAnswer(ctx context.Context, run *Run, key string, 
 	return m.GetResourceVersion(), true
 }
 
-// decodeJSONAnswer decodes a built-in object's JSON answer as the
-// universal decoder does (the JSON serializer's non-strict unmarshal,
-// then defaulting and conversion to the internal version), less the
-// serializer's first pass over the whole body for its apiVersion and kind
-// (a quarter of the decode): the answer holds out's kind in the request's
-// version, which the decoded object must then say it is. ok is false,
-// for the universal decoder to decide, for anything else: a custom
-// resource, protobuf, another kind or version, an object with nested
-// objects to decode.
-func (s *snapshotStorage) decodeJSONAnswer(ctx context.Context, mediaType string, body []byte, out runtime.Object) (runtime.Object, bool) {
+// answeredHead is the object the answer carries, as the replay needs it:
+// of out's type, named as the answer names it, nothing else. The replay
+// of a get never looks at the object's content: the store's decorators
+// (defaults on read for Services and PersistentVolumeClaims) cannot fail,
+// and the handler's encoder drops a read's object unencoded
+// (unencoded.go); only which object it is matters. Reading just the
+// answer's head spares the decode of the whole object, defaulting and
+// conversion included, which was a third of a get's replay. ok is false,
+// for the universal decoder to decide, unless the answer's head is the
+// object key names, of out's kind in the request's version (a built-in
+// kind the scheme knows, or this store's custom resource).
+func (s *snapshotStorage) answeredHead(ctx context.Context, key string, body []byte, out runtime.Object) (runtime.Object, string, bool) {
 	info, ok := genericapirequest.RequestInfoFrom(ctx)
-	if !ok || s.scheme == nil || mediaType != runtime.ContentTypeJSON {
-		return nil, false
+	if !ok {
+		return nil, "", false
+	}
+	head, ok := decode.ReadObjectHead(body)
+	if !ok {
+		return nil, "", false
+	}
+	if _, ns, name, err := s.apiPath(key, false); err != nil || head.Name != name || head.Namespace != ns {
+		return nil, "", false
+	}
+	gv := schema.GroupVersion{Group: info.APIGroup, Version: info.APIVersion}
+	if head.APIVersion != gv.String() {
+		return nil, "", false
+	}
+	if _, custom := out.(*unstructured.Unstructured); custom {
+		if gv != s.gv {
+			return nil, "", false
+		}
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion(head.APIVersion)
+		u.SetKind(head.Kind)
+		u.SetName(head.Name)
+		u.SetNamespace(head.Namespace)
+		u.SetResourceVersion(head.ResourceVersion)
+		return u, head.ResourceVersion, true
+	}
+	if s.scheme == nil {
+		return nil, "", false
 	}
 	kinds, _, err := s.scheme.ObjectKinds(out)
-	if err != nil || len(kinds) == 0 {
-		return nil, false
+	if err != nil || len(kinds) == 0 || head.Kind != kinds[0].Kind || !s.scheme.Recognizes(gv.WithKind(head.Kind)) {
+		return nil, "", false
 	}
-	gvk := schema.GroupVersionKind{Group: info.APIGroup, Version: info.APIVersion, Kind: kinds[0].Kind}
-	ext, err := s.scheme.New(gvk)
+	obj, ok := reflect.New(reflect.TypeOf(out).Elem()).Interface().(runtime.Object)
+	if !ok {
+		return nil, "", false
+	}
+	m, err := meta.Accessor(obj)
 	if err != nil {
-		return nil, false
+		return nil, "", false
 	}
-	if _, nested := ext.(runtime.NestedObjectDecoder); nested {
-		return nil, false
-	}
-	if err := kjson.UnmarshalCaseSensitivePreserveInts(body, ext); err != nil || ext.GetObjectKind().GroupVersionKind() != gvk {
-		return nil, false
-	}
-	s.scheme.Default(ext)
-	obj, err := s.scheme.UnsafeConvertToVersion(ext, runtime.InternalGroupVersioner)
-	return obj, err == nil
+	m.SetName(head.Name)
+	m.SetNamespace(head.Namespace)
+	m.SetResourceVersion(head.ResourceVersion)
+	return obj, head.ResourceVersion, true
 }

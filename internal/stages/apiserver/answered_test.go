@@ -3,13 +3,16 @@ package apiserver
 import (
 	"bytes"
 	"context"
+	"reflect"
+	"strings"
 	"testing"
 
-	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
@@ -88,8 +91,8 @@ func TestFromAnswer(t *testing.T) {
 				t.Fatalf("fromAnswer = %q, %v; want %q, %v", rv, ok, c.wantRV, c.wantDecoded)
 			}
 			switch {
-			case ok && (out.Name != "cm" || out.Data["k"] != "v"):
-				t.Errorf("decoded %+v, want the answer's ConfigMap", out)
+			case ok && (out.Name != "cm" || out.Namespace != "ns" || out.ResourceVersion != "42"):
+				t.Errorf("decoded %+v, want the answer's ConfigMap (its head)", out)
 			case !ok && out.Name != "":
 				t.Errorf("out was touched although the answer was not taken: %+v", out)
 			}
@@ -97,22 +100,23 @@ func TestFromAnswer(t *testing.T) {
 	}
 }
 
-// TestDecodeJSONAnswer: the fast decode of a JSON answer gives what the
-// apiserver's universal decoder gives (defaulted, in the internal
-// version), for objects of several groups as the apiserver encodes them,
-// and leaves to the universal decoder what it is not sure of.
-func TestDecodeJSONAnswer(t *testing.T) {
+// TestAnsweredHead: the head of an answer, as the apiserver encodes it in
+// JSON and protobuf for objects of several groups, gives an object of the
+// store's type that is the one the universal decoder gives as far as the
+// replay looks (which object, at which resourceVersion); any doubt is left
+// to the universal decoder.
+func TestAnsweredHead(t *testing.T) {
 	replicas := int32(2)
 	objects := []runtime.Object{
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", ResourceVersion: "7", Labels: map[string]string{"a": "b"}},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause", Ports: []corev1.ContainerPort{{ContainerPort: 80}}}}}},
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "ns"}, Data: map[string][]byte{"k": []byte("v")}},
-		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "svc", Namespace: "ns"}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}},
-		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "d", Namespace: "ns"}, Spec: appsv1.DeploymentSpec{Replicas: &replicas,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "ns", ResourceVersion: "8"}, Data: map[string][]byte{"k": []byte("v")}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ns", ResourceVersion: "9"}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "d", Namespace: "ns", ResourceVersion: "10"}, Spec: appsv1.DeploymentSpec{Replicas: &replicas,
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"a": "b"}},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"a": "b"}},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause"}}}}}},
-		&batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: "cj", Namespace: "ns"}, Spec: batchv1.CronJobSpec{Schedule: "* * * * *"}},
+		&batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: "cj", Namespace: "ns", ResourceVersion: "11"}, Spec: batchv1.CronJobSpec{Schedule: "* * * * *"}},
 	}
 	for _, obj := range objects {
 		gvks, _, err := legacyscheme.Scheme.ObjectKinds(obj)
@@ -120,48 +124,90 @@ func TestDecodeJSONAnswer(t *testing.T) {
 			t.Fatal(err)
 		}
 		gvk := gvks[0]
-		t.Run(gvk.Kind, func(t *testing.T) {
-			body, err := runtime.Encode(legacyscheme.Codecs.LegacyCodec(gvk.GroupVersion()), obj)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want, err := runtime.Decode(legacyscheme.Codecs.UniversalDecoder(), body)
-			if err != nil {
-				t.Fatal(err)
-			}
-			s := &snapshotStorage{scheme: legacyscheme.Scheme}
-			ctx := genericapirequest.WithRequestInfo(context.Background(),
-				&genericapirequest.RequestInfo{APIGroup: gvk.Group, APIVersion: gvk.Version, Verb: "get"})
-			out, err := legacyscheme.Scheme.New(gvk.GroupKind().WithVersion(runtime.APIVersionInternal))
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, ok := s.decodeJSONAnswer(ctx, runtime.ContentTypeJSON, body, out)
-			if !ok {
-				t.Fatal("the fast decode declined an answer the apiserver would write")
-			}
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("the fast decode differs from the universal decoder's (-universal +fast):\n%s", diff)
-			}
-			// Not sure: another version than the request's, another kind,
-			// protobuf, a custom resource's store.
-			other := &genericapirequest.RequestInfo{APIGroup: gvk.Group, APIVersion: "v9", Verb: "get"}
-			for name, c := range map[string]struct {
-				ctx context.Context
-				mt  string
-				s   *snapshotStorage
-				out runtime.Object
-			}{
-				"another version": {ctx: genericapirequest.WithRequestInfo(context.Background(), other), mt: runtime.ContentTypeJSON, s: s, out: out},
-				"another kind":    {ctx: ctx, mt: runtime.ContentTypeJSON, s: s, out: &api.Namespace{}},
-				"protobuf":        {ctx: ctx, mt: runtime.ContentTypeProtobuf, s: s, out: out},
-				"no scheme":       {ctx: ctx, mt: runtime.ContentTypeJSON, s: &snapshotStorage{}, out: out},
-				"no request info": {ctx: context.Background(), mt: runtime.ContentTypeJSON, s: s, out: out},
-			} {
-				if _, ok := c.s.decodeJSONAnswer(c.ctx, c.mt, body, c.out); ok {
-					t.Errorf("%s: the fast decode took an answer it should leave to the universal decoder", name)
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := "/" + strings.ToLower(gvk.Kind) + "s/" + m.GetName()
+		if m.GetNamespace() != "" {
+			key = "/" + strings.ToLower(gvk.Kind) + "s/" + m.GetNamespace() + "/" + m.GetName()
+		}
+		// As the apiserver encodes it: a versioning encoder, which
+		// writes the kind.
+		pb, err := runtime.Encode(legacyscheme.Codecs.EncoderForVersion(protobuf.NewSerializer(legacyscheme.Scheme, legacyscheme.Scheme), gvk.GroupVersion()), obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		asJSON, err := runtime.Encode(legacyscheme.Codecs.LegacyCodec(gvk.GroupVersion()), obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for enc, body := range map[string][]byte{"json": asJSON, "protobuf": pb} {
+			t.Run(gvk.Kind+"/"+enc, func(t *testing.T) {
+				want, err := runtime.Decode(legacyscheme.Codecs.UniversalDecoder(), body)
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-		})
+				wm, err := meta.Accessor(want)
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := &snapshotStorage{scheme: legacyscheme.Scheme, gr: schema.GroupResource{Group: gvk.Group, Resource: strings.ToLower(gvk.Kind) + "s"},
+					gv: gvk.GroupVersion(), prefix: "/" + strings.ToLower(gvk.Kind) + "s"}
+				ctx := genericapirequest.WithRequestInfo(context.Background(),
+					&genericapirequest.RequestInfo{APIGroup: gvk.Group, APIVersion: gvk.Version, Verb: "get"})
+				out, err := legacyscheme.Scheme.New(gvk.GroupKind().WithVersion(runtime.APIVersionInternal))
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, rv, ok := s.answeredHead(ctx, key, body, out)
+				if !ok {
+					t.Fatal("answeredHead declined an answer the apiserver would write")
+				}
+				gm, err := meta.Accessor(got)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if reflect.TypeOf(got) != reflect.TypeOf(want) || rv != wm.GetResourceVersion() ||
+					gm.GetName() != wm.GetName() || gm.GetNamespace() != wm.GetNamespace() || gm.GetResourceVersion() != rv {
+					t.Errorf("answeredHead = %T %s/%s@%s (%q); the universal decoder: %T %s/%s@%s",
+						got, gm.GetNamespace(), gm.GetName(), gm.GetResourceVersion(), rv, want, wm.GetNamespace(), wm.GetName(), wm.GetResourceVersion())
+				}
+				// Not sure: another version than the request's, another
+				// kind, another object, no scheme, no request info.
+				other := &genericapirequest.RequestInfo{APIGroup: gvk.Group, APIVersion: "v9", Verb: "get"}
+				for name, c := range map[string]struct {
+					ctx context.Context
+					key string
+					s   *snapshotStorage
+					out runtime.Object
+				}{
+					"another version": {ctx: genericapirequest.WithRequestInfo(context.Background(), other), key: key, s: s, out: out},
+					"another kind":    {ctx: ctx, key: key, s: s, out: &api.ConfigMap{}},
+					"another object":  {ctx: ctx, key: key + "x", s: s, out: out},
+					"no scheme":       {ctx: ctx, key: key, s: &snapshotStorage{prefix: s.prefix, gr: s.gr}, out: out},
+					"no request info": {ctx: context.Background(), key: key, s: s, out: out},
+				} {
+					if _, _, ok := c.s.answeredHead(c.ctx, c.key, body, c.out); ok {
+						t.Errorf("%s: answeredHead took an answer it should leave to the universal decoder", name)
+					}
+				}
+			})
+		}
 	}
+	t.Run("custom resource", func(t *testing.T) {
+		gv := schema.GroupVersion{Group: "probe.example.com", Version: "v1"}
+		body := []byte(`{"apiVersion":"probe.example.com/v1","kind":"Widget","metadata":{"name":"w1","namespace":"default","resourceVersion":"77"},"spec":{"size":3}}`)
+		s := &snapshotStorage{gr: schema.GroupResource{Group: gv.Group, Resource: "widgets"}, gv: gv, prefix: "/probe.example.com/widgets"}
+		info := &genericapirequest.RequestInfo{APIGroup: gv.Group, APIVersion: gv.Version, Verb: "get"}
+		got, rv, ok := s.answeredHead(genericapirequest.WithRequestInfo(context.Background(), info), "/probe.example.com/widgets/default/w1", body, &unstructured.Unstructured{})
+		u, isU := got.(*unstructured.Unstructured)
+		if !ok || !isU || rv != "77" || u.GetName() != "w1" || u.GetNamespace() != "default" || u.GetKind() != "Widget" || u.GetAPIVersion() != gv.String() {
+			t.Fatalf("answeredHead = %#v, %q, %v; want the Widget w1 at 77", got, rv, ok)
+		}
+		info.APIVersion = "v2"
+		if _, _, ok := s.answeredHead(genericapirequest.WithRequestInfo(context.Background(), info), "/probe.example.com/widgets/default/w1", body, &unstructured.Unstructured{}); ok {
+			t.Error("answeredHead took a custom resource in another version than its store's")
+		}
+	})
 }
