@@ -61,7 +61,11 @@ func TestSubresourceWrites(t *testing.T) {
 				{req: request{method: "POST", path: ns + "/pods/" + d + "/eviction", body: evict(d)}, storage: "the last before the request marked the pod for eviction"},
 				// A bound pod: the eviction marks it for deletion (graceful).
 				{req: request{method: "POST", path: ns + "/pods/" + a + "/eviction", body: evict(a)}, storage: "the last before the request marked the pod for eviction"},
-				{req: request{method: "POST", path: ns + "/pods/" + a + "/eviction", body: evict(a)}, storage: "the last before the request marked the pod for eviction"},
+				// Again, a pod already being deleted: the mark, made
+				// milliseconds before, may be this request's or not
+				// (TestEvictionOfTerminatingPod); pending, it is evicted
+				// either way.
+				{req: request{method: "POST", path: ns + "/pods/" + a + "/eviction", body: evict(a)}, storage: "marked the pod for eviction"},
 				// A running, ready pod guarded by a budget that allows one
 				// disruption: the request uses it before the replay reads
 				// the budget, which the replay cannot read as it was.
@@ -145,5 +149,80 @@ func TestSubresourceWritesReplayedLate(t *testing.T) {
 		case rec.Request.Method == "POST" && !strings.Contains(st, "the last before the request"):
 			t.Errorf("record %s (%s %s): storage %s", rec.ID, rec.Request.Method, rec.Request.Path, st)
 		}
+	}
+}
+
+// TestEvictionOfTerminatingPod: an eviction of a running pod that an
+// earlier eviction already marked and began deleting. The apiserver skips
+// the pod's disruption budget for a pod being deleted (canIgnorePDB) and
+// answers 201, writing nothing. Before, the replay took the earlier
+// eviction's mark for the request's own, read the pod as it was before
+// it (running, not deleting), asked the budget the first eviction had
+// used up, and said unknown because "the budget was read late" (a probe
+// of kubectl drain found it). The mark carries its time: from seconds
+// before the request arrived, the request met the pod marked, and the
+// replay predicts the 201; from within seconds, it cannot tell whose the
+// mark is, and says so.
+func TestEvictionOfTerminatingPod(t *testing.T) {
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(64)
+	defer cancel()
+	r := reverseRoute(startKproxy(t, kproxyOptions{stream: stream}))
+	c := r.client(nil)
+	run := fmt.Sprintf("evict-twice-%d", time.Now().UnixNano())
+	ns := "/api/v1/namespaces/" + testNS
+	send := func(q request, want int) *record.Record {
+		t.Helper()
+		q.user = "admin"
+		if got := do(t, c, r.base, q); got.status != want {
+			t.Fatalf("%s %s: %d %s, want %d", q.method, q.path, got.status, got.body, want)
+		}
+		return nextRecord(t, recs)
+	}
+	evict := func(pod string) request {
+		return request{method: "POST", path: ns + "/pods/" + pod + "/eviction", body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"` + pod + `"}}`}
+	}
+	// Two running, ready pods (bound to a node no kubelet runs: a deleted
+	// pod stays terminating), each guarded by a budget that allows one
+	// disruption.
+	for _, pod := range []string{run + "-a", run + "-b"} {
+		send(request{method: "POST", path: ns + "/pods", body: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + pod + `","labels":{"pdb":"` + pod + `"}},"spec":{"nodeName":"node-1","containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`}, 201)
+		send(request{method: "PATCH", path: ns + "/pods/" + pod + "/status", contentType: "application/merge-patch+json",
+			body: `{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`}, 200)
+		send(request{method: "POST", path: "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets",
+			body: `{"apiVersion":"policy/v1","kind":"PodDisruptionBudget","metadata":{"name":"` + pod + `"},"spec":{"maxUnavailable":1,"selector":{"matchLabels":{"pdb":"` + pod + `"}}}}`}, 201)
+		send(request{method: "PATCH", path: "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets/" + pod + "/status", contentType: "application/merge-patch+json",
+			body: `{"status":{"observedGeneration":1,"disruptionsAllowed":1,"currentHealthy":1,"desiredHealthy":0,"expectedPods":1}}`}, 200)
+		// The first eviction uses the budget's one disruption (the
+		// apiserver counts it in the budget's status) and marks the pod;
+		// the replay reads the budget after it (TestSubresourceWrites).
+		if rec := send(evict(pod), 201); rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "the budget as the request met it was not read") {
+			t.Errorf("first eviction of %s: predicted %d at %s (%s), want unknown: the budget was read after the request used it", pod, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+		}
+	}
+
+	// Pod b, evicted again at once: whose mark it is, the replay cannot
+	// tell (its time is in seconds). Never the budget's 429.
+	rec := send(evict(run+"-b"), 201)
+	st := stageNamed(rec, record.StageStorage).Explanation
+	switch {
+	case rec.Predicted.Stage == record.StageUnknown:
+		if !strings.Contains(rec.Predicted.Message, "or by an earlier one, which left the pod being deleted") {
+			t.Errorf("second eviction at once: unknown, saying %q; want it to say the mark may be an earlier request's", rec.Predicted.Message)
+		}
+	case rec.Predicted.Status != 201 || !strings.Contains(st, "already marked"):
+		// 201 only where the mark was seen as earlier (a stalled machine).
+		t.Errorf("second eviction at once: predicted %d at %s (%s), the apiserver answered 201; storage: %s", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, st)
+	}
+
+	// Pod a, evicted again seconds after its mark: the pod as the request
+	// met it was being deleted, and the budget is skipped.
+	time.Sleep(3 * time.Second)
+	rec = send(evict(run+"-a"), 201)
+	st = stageNamed(rec, record.StageStorage).Explanation
+	if rec.Predicted.Status != 201 || rec.Predicted.Stage == record.StageUnknown {
+		t.Errorf("second eviction, seconds later: predicted %d at %s (%s), the apiserver answered 201; storage: %s", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, st)
+	} else if !strings.Contains(st, "the request met the pod already marked") {
+		t.Errorf("second eviction, seconds later: storage says %q, want it to say the request met the pod already marked", st)
 	}
 }

@@ -61,6 +61,8 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		switch {
 		case r.Snapshot != "" && r.OwnWrite != "":
 			s += fmt.Sprintf(" as of resourceVersion %s, the last before the request %s (the apiserver's answer, a Status, names no resourceVersion)", r.Snapshot, r.OwnWrite)
+		case r.Snapshot != "" && r.MarkedEarlier != "":
+			s += fmt.Sprintf(" as of resourceVersion %s, the newest: %s", r.Snapshot, r.MarkedEarlier)
 		case r.Snapshot != "" && r.NoOp:
 			s += fmt.Sprintf(" as of resourceVersion %s, which the request left unchanged (the apiserver answered with it)", r.Snapshot)
 		case r.Snapshot != "":

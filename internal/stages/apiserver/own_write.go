@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -28,12 +29,31 @@ import (
 // the first revision of the pod showing it (reads at exact revisions,
 // stepping back from the newest that shows it, then bisecting) and reads
 // the pod just before: the state the request met.
+//
+// Unless that first mark is not the request's own: a pod already being
+// deleted (an earlier eviction, a delete) is evicted again without its
+// disruption budget being asked (the eviction's canIgnorePDB), and that
+// second eviction writes nothing. The mark carries its time (the
+// DisruptionTarget condition's lastTransitionTime, the deletion's
+// timestamp less its grace period), in seconds of the apiserver's clock:
+// a mark from clearly before the request arrived (markSlack) was met by
+// the request, which then read the pod as it is. A mark within seconds of
+// the arrival could be either; the replay reads before it, and a refusal
+// that contradicts the answer says so (refusedLate).
+
+// markSlack is how long before a request's arrival a mark must carry to
+// be known as earlier: its time is cut to the second, and the
+// apiserver's clock may be a second off kproxy's.
+const markSlack = 2 * time.Second
 
 // ownWrite reports whether the object already shows the request's own
 // write.
 type ownWrite struct {
 	what string // what the write does, for messages
 	done func(runtime.Object) bool
+	// markedAt is when the object's first state showing the write was
+	// written, as far as it says (nil: never known, a binding).
+	markedAt func(runtime.Object) (time.Time, bool)
 }
 
 // ownWriteOf is the write a request answered without a resourceVersion
@@ -62,26 +82,56 @@ func ownWriteOf(r *Run) *ownWrite {
 				}
 			}
 			return false
-		}}
+		}, markedAt: evictionMarkedAt}
 	}
 	return nil
 }
 
+// evictionMarkedAt is when a pod was marked for eviction or deletion: its
+// eviction's DisruptionTarget condition, or else its deletion (the
+// deletion timestamp is the deletion's time plus the grace period).
+func evictionMarkedAt(o runtime.Object) (time.Time, bool) {
+	p, ok := o.(*api.Pod)
+	if !ok {
+		return time.Time{}, false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == api.DisruptionTarget && c.Reason == "EvictionByEvictionAPI" && !c.LastTransitionTime.IsZero() {
+			return c.LastTransitionTime.Time, true
+		}
+	}
+	if p.DeletionTimestamp == nil || p.DeletionGracePeriodSeconds == nil {
+		return time.Time{}, false
+	}
+	return p.DeletionTimestamp.Add(-time.Duration(*p.DeletionGracePeriodSeconds) * time.Second), true
+}
+
+// ownWriteRead is which state readBeforeOwnWrite read.
+type ownWriteRead struct {
+	at string // the resourceVersion read at
+	// markedAt is when the first state showing the write was written, if
+	// it says; earlier, that it was clearly before the request arrived:
+	// the state read is then the newest, which the request met marked.
+	markedAt time.Time
+	earlier  bool
+}
+
 // readBeforeOwnWrite reads into out the object as it was just before the
-// request's own write w. out holds the newest state that shows it, at
-// resourceVersion hi. It returns the resourceVersion read at.
-func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi string, out runtime.Object) (string, error) {
+// request's own write w, or as it is when the first state showing w was
+// written clearly before the request arrived. out holds the newest state
+// that shows it, at resourceVersion hi.
+func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi string, arrival time.Time, out runtime.Object) (ownWriteRead, error) {
 	if !w.done(out) {
-		return "", fmt.Errorf("the request %s (the apiserver answered success), and the pod as last stored (resourceVersion %s) does not show it: it was replaced after this request, so the state on arrival is not known", w.what, hi)
+		return ownWriteRead{}, fmt.Errorf("the request %s (the apiserver answered success), and the pod as last stored (resourceVersion %s) does not show it: it was replaced after this request, so the state on arrival is not known", w.what, hi)
 	}
 	m, err := meta.Accessor(out)
 	if err != nil {
-		return "", err
+		return ownWriteRead{}, err
 	}
 	uid := m.GetUID()
 	after, err := strconv.ParseInt(hi, 10, 64)
 	if err != nil {
-		return "", fmt.Errorf("resourceVersion %q: %w", hi, err)
+		return ownWriteRead{}, fmt.Errorf("resourceVersion %q: %w", hi, err)
 	}
 	// probe reads the object at rev: before reports a state from before
 	// the write (this object not yet created counts as before it).
@@ -101,6 +151,7 @@ func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi s
 	}
 	var before int64
 	var met runtime.Object // the state before, once found
+	first := out           // the first state showing the write, once found
 	for step := int64(1); ; step *= 2 {
 		rev := after - step
 		if rev < 1 {
@@ -108,46 +159,56 @@ func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi s
 		}
 		obj, isBefore, err := probe(rev)
 		if err != nil {
-			return "", err
+			return ownWriteRead{}, err
 		}
 		if isBefore {
 			before, met = rev, obj
 			break
 		}
 		if rev == 1 {
-			return "", fmt.Errorf("the pod shows the request's write (%s) at every revision etcd holds", w.what)
+			return ownWriteRead{}, fmt.Errorf("the pod shows the request's write (%s) at every revision etcd holds", w.what)
 		}
-		after = rev
+		after, first = rev, obj
 	}
 	for after-before > 1 {
 		mid := before + (after-before)/2
 		obj, isBefore, err := probe(mid)
 		if err != nil {
-			return "", err
+			return ownWriteRead{}, err
 		}
 		if isBefore {
 			before, met = mid, obj
 		} else {
-			after = mid
+			after, first = mid, obj
 		}
 	}
-	if met == nil {
-		return "", fmt.Errorf("the pod was created already showing what the request did (%s, at resourceVersion %d): the state the request met is not known", w.what, after)
+	var res ownWriteRead
+	if w.markedAt != nil {
+		res.markedAt, _ = w.markedAt(first)
 	}
-	at := strconv.FormatInt(before, 10)
+	res.earlier = !res.markedAt.IsZero() && !arrival.IsZero() && res.markedAt.Add(markSlack).Before(arrival)
+	if met == nil && !res.earlier {
+		return ownWriteRead{}, fmt.Errorf("the pod was created already showing what the request did (%s, at resourceVersion %d): the state the request met is not known", w.what, after)
+	}
+	res.at = strconv.FormatInt(before, 10)
+	if res.earlier {
+		// Marked by an earlier request: this one met the pod marked, as
+		// it is now (out, at hi). Once marked, a pod stays so.
+		res.at = hi
+	}
 	// Read it once more, so the storage stage describes this read (etcd's
 	// answer for it), into a fresh object: a decode into out would keep
 	// fields the earlier state lacks.
 	obj := reflect.New(reflect.TypeOf(out).Elem()).Interface().(runtime.Object)
-	found, err := src.at(ctx, at, obj)
+	found, err := src.at(ctx, res.at, obj)
 	if err == nil && !found {
-		err = fmt.Errorf("the pod: absent at resourceVersion %s, where it was just read", at)
+		err = fmt.Errorf("the pod: absent at resourceVersion %s, where it was just read", res.at)
 	}
 	if err != nil {
-		return "", err
+		return ownWriteRead{}, err
 	}
 	reflect.ValueOf(out).Elem().Set(reflect.ValueOf(obj).Elem())
-	return at, nil
+	return res, nil
 }
 
 // refusedLate says why a refusal of the replay says nothing about the
@@ -195,6 +256,9 @@ func (r *Run) refusedLate(ctx context.Context) string {
 	switch {
 	case r.Status.Code == http.StatusTooManyRequests && r.Resource == "pods" && r.Subresource == "eviction" && disruptionBudgetCause(r.Status):
 		why = evictionBudgetReadLateWhy
+		if at, ok := r.markedAround(); ok {
+			why = fmt.Sprintf(evictionMarkedAroundWhy, at.UTC().Format(time.RFC3339))
+		}
 	case r.Status.Code == http.StatusForbidden && r.PluginErrName == "NamespaceLifecycle" && strings.Contains(r.Status.Message, "because it is being terminated"):
 		why = namespaceTerminatingLateWhy
 	case r.PluginErrName == "ResourceQuota" && quotaExceeded(r.Status):
@@ -206,6 +270,22 @@ func (r *Run) refusedLate(ctx context.Context) string {
 		return why
 	}
 	return ""
+}
+
+// markedAround reports when the pod the replay read before its mark was
+// marked, if that was within seconds of the request's arrival: by this
+// request or by one just before it, which the mark's time, cut to the
+// second, cannot tell apart.
+func (r *Run) markedAround() (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, read := range r.Reads {
+		if read.OwnWrite != "" && !read.MarkedAt.IsZero() && !r.arrival.IsZero() &&
+			!read.MarkedAt.Add(markSlack).Before(r.arrival) && read.MarkedAt.Before(r.arrival.Add(time.Second)) {
+			return read.MarkedAt, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // admittedEarly says why the replay's admission of a write the apiserver
@@ -302,6 +382,7 @@ func disruptionBudgetCause(st *metav1.Status) bool {
 
 const (
 	evictionBudgetReadLateWhy     = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
+	evictionMarkedAroundWhy       = "the apiserver allowed the eviction (201), and the replay refuses it for the pod's disruption budget, read after the request: the budget as the request met it was not read. The replay read the pod as it was before it was marked for eviction, at %s, within seconds of this request's arrival: by this request, which then used the budget's allowed disruption, or by an earlier one, which left the pod being deleted (an eviction of such a pod skips the budget); the mark's time, in seconds, cannot tell them apart, so the state on arrival is not known"
 	namespaceGoneLateWhy          = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
 	namespaceEndedEarlyWhy        = "the apiserver refused the create because the namespace is being terminated, and the replay's NamespaceLifecycle found it active in its informer: the deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up (or never saw a delete sent past kproxy), so the state on arrival is not known"
 	quotaAdmittedEarlyWhy         = "the apiserver's ResourceQuota refused the write (exceeded quota), and the replay's admits it: the replay reads the quota's usage from an informer, after the request, and found less used than the apiserver had counted (writes its informer had not seen yet, or objects deleted since), so the state on arrival is not known"

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -58,9 +59,19 @@ func podAt(rv int, uid, node string, deleting bool) *api.Pod {
 func TestReadBeforeOwnWrite(t *testing.T) {
 	binding := ownWriteOf(&Run{Verb: "create", Resource: "pods", Subresource: "binding"})
 	eviction := ownWriteOf(&Run{Verb: "create", Resource: "pods", Subresource: "eviction"})
-	evicted := func(rv int, uid string) *api.Pod {
+	arrival := time.Date(2026, 12, 4, 16, 0, 0, 0, time.UTC)
+	evictedAt := func(rv int, uid string, at time.Time) *api.Pod {
 		p := podAt(rv, uid, "node-1", false)
-		p.Status.Conditions = []api.PodCondition{{Type: api.DisruptionTarget, Status: api.ConditionTrue, Reason: "EvictionByEvictionAPI"}}
+		p.Status.Conditions = []api.PodCondition{{Type: api.DisruptionTarget, Status: api.ConditionTrue, Reason: "EvictionByEvictionAPI",
+			LastTransitionTime: metav1.NewTime(at)}}
+		return p
+	}
+	evicted := func(rv int, uid string) *api.Pod { return evictedAt(rv, uid, arrival) }
+	// deletedAt: a pod deleted (30 s of grace) at the time given.
+	deletedAt := func(rv int, uid string, at time.Time) *api.Pod {
+		p := podAt(rv, uid, "node-1", false)
+		ts, grace := metav1.NewTime(at.Add(30*time.Second)), int64(30)
+		p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &ts, &grace
 		return p
 	}
 	many := []*api.Pod{podAt(100, "u1", "", false)}
@@ -74,16 +85,25 @@ func TestReadBeforeOwnWrite(t *testing.T) {
 		hi       int // the newest version showing the write
 		at       string
 		why      string
+		earlier  bool // read as the newest: the write was an earlier request's
 	}{
-		{"binding, the newest write", binding, []*api.Pod{podAt(10, "u1", "", false), podAt(11, "u1", "node-1", false)}, 11, "10", ""},
-		{"binding, revisions of other objects between", binding, []*api.Pod{podAt(10, "u1", "", false), podAt(17, "u1", "node-1", false)}, 17, "16", ""},
-		{"binding, written often since", binding, many, 3998, "100", ""},
+		{"binding, the newest write", binding, []*api.Pod{podAt(10, "u1", "", false), podAt(11, "u1", "node-1", false)}, 11, "10", "", false},
+		{"binding, revisions of other objects between", binding, []*api.Pod{podAt(10, "u1", "", false), podAt(17, "u1", "node-1", false)}, 17, "16", "", false},
+		{"binding, written often since", binding, many, 3998, "100", "", false},
 		{"binding of a pod whose name an older pod had", binding,
-			[]*api.Pod{podAt(5, "u0", "node-2", false), {ObjectMeta: metav1.ObjectMeta{ResourceVersion: "6"}}, podAt(8, "u1", "", false), podAt(9, "u1", "node-1", false)}, 9, "8", ""},
+			[]*api.Pod{podAt(5, "u0", "node-2", false), {ObjectMeta: metav1.ObjectMeta{ResourceVersion: "6"}}, podAt(8, "u1", "", false), podAt(9, "u1", "node-1", false)}, 9, "8", "", false},
 		{"eviction: marked, then deleting", eviction,
-			[]*api.Pod{podAt(20, "u1", "node-1", false), evicted(30, "u1"), podAt(31, "u1", "node-1", true)}, 31, "29", ""},
-		{"the pod as stored does not show the write", binding, []*api.Pod{podAt(10, "u1", "", false)}, 10, "", "does not show it"},
-		{"created showing the write", binding, []*api.Pod{podAt(10, "u1", "node-1", false), podAt(12, "u1", "node-1", false)}, 12, "", "created already showing"},
+			[]*api.Pod{podAt(20, "u1", "node-1", false), evicted(30, "u1"), podAt(31, "u1", "node-1", true)}, 31, "29", "", false},
+		// A second eviction of a pod being deleted: the apiserver skips
+		// its budget and writes nothing.
+		{"eviction of a pod marked a minute before the request", eviction,
+			[]*api.Pod{podAt(20, "u1", "node-1", false), evictedAt(30, "u1", arrival.Add(-time.Minute)), deletedAt(31, "u1", arrival.Add(-time.Minute))}, 31, "31", "", true},
+		{"eviction of a pod deleted a minute before the request", eviction,
+			[]*api.Pod{podAt(20, "u1", "node-1", false), deletedAt(30, "u1", arrival.Add(-time.Minute))}, 30, "30", "", true},
+		{"eviction of a pod marked a second before the request: not known as earlier", eviction,
+			[]*api.Pod{podAt(20, "u1", "node-1", false), evictedAt(30, "u1", arrival.Add(-time.Second)), deletedAt(31, "u1", arrival.Add(-time.Second))}, 31, "29", "", false},
+		{"the pod as stored does not show the write", binding, []*api.Pod{podAt(10, "u1", "", false)}, 10, "", "does not show it", false},
+		{"created showing the write", binding, []*api.Pod{podAt(10, "u1", "node-1", false), podAt(12, "u1", "node-1", false)}, 12, "", "created already showing", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := &history{versions: tc.versions}
@@ -91,7 +111,7 @@ func TestReadBeforeOwnWrite(t *testing.T) {
 			if _, err := h.at(context.Background(), strconv.Itoa(tc.hi), out); err != nil {
 				t.Fatal(err)
 			}
-			at, err := readBeforeOwnWrite(context.Background(), h, tc.w, strconv.Itoa(tc.hi), out)
+			got, err := readBeforeOwnWrite(context.Background(), h, tc.w, strconv.Itoa(tc.hi), arrival, out)
 			switch {
 			case tc.why != "":
 				if err == nil || !strings.Contains(err.Error(), tc.why) {
@@ -99,10 +119,10 @@ func TestReadBeforeOwnWrite(t *testing.T) {
 				}
 			case err != nil:
 				t.Fatal(err)
-			case at != tc.at:
-				t.Errorf("read at %s, want %s", at, tc.at)
-			case tc.w.done(out):
-				t.Errorf("out shows the write: %+v", out)
+			case got.at != tc.at || got.earlier != tc.earlier:
+				t.Errorf("read at %s (earlier %v), want %s (earlier %v)", got.at, got.earlier, tc.at, tc.earlier)
+			case tc.w.done(out) != tc.earlier:
+				t.Errorf("out shows the write: %v, want %v: %+v", tc.w.done(out), tc.earlier, out)
 			}
 			if h.reads > 30 {
 				t.Errorf("%d reads", h.reads)
@@ -136,6 +156,10 @@ func TestRefusedLate(t *testing.T) {
 		{"terminating for both", &Run{Verb: "create", Resource: "configmaps", Status: terminating, PluginErrName: "NamespaceLifecycle"}, 403, ""},
 		{"budget used by the request itself", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget}, 201, "the budget as the request met it was not read"},
 		{"budget refused for both", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget}, 429, ""},
+		{"budget, the pod read before a mark made within seconds of the arrival", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget,
+			arrival: time.Unix(1000, 0), Reads: []StorageRead{{OwnWrite: "marked the pod for eviction", MarkedAt: time.Unix(999, 0)}}}, 201, "or by an earlier one, which left the pod being deleted"},
+		{"budget, the pod read before a mark made after the arrival", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget,
+			arrival: time.Unix(1000, 0), Reads: []StorageRead{{OwnWrite: "marked the pod for eviction", MarkedAt: time.Unix(1002, 0)}}}, 201, "the budget as the request met it was not read"},
 		{"a 404 from another plugin", &Run{Verb: "create", Resource: "configmaps", Status: nsGone, PluginErrName: "SomethingElse"}, 403, ""},
 		{"over quota for the replay, admitted by the apiserver", &Run{Verb: "create", Resource: "configmaps", Status: quota, PluginErrName: "ResourceQuota"}, 201, "already counts this request"},
 		{"over quota for both", &Run{Verb: "create", Resource: "configmaps", Status: quota, PluginErrName: "ResourceQuota"}, 403, ""},

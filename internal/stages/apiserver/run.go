@@ -252,6 +252,13 @@ type StorageRead struct {
 	// answered without a resourceVersion (a binding, an eviction): the
 	// state at Snapshot is the last before the object showed it.
 	OwnWrite string
+	// MarkedEarlier, for such a write, says the object showed it from a
+	// time clearly before the request arrived (an earlier request's
+	// doing): the state at Snapshot is the newest, which the request met.
+	MarkedEarlier string
+	// MarkedAt is when the object's first state showing the write was
+	// written, as far as it says.
+	MarkedAt time.Time
 	// Later is the object's resourceVersion when the replay read it
 	// ("deleted" when it was gone), when a write after the request's had
 	// changed it: the replay ran late and read the state at Snapshot.

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -262,11 +263,18 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 					return err
 				}
 			}
-			if at, err = readBeforeOwnWrite(ctx, src, w, rv, out); err != nil {
+			own, err := readBeforeOwnWrite(ctx, src, w, rv, run.arrival, out)
+			if err != nil {
 				read.Err = err
 				return err
 			}
-			read.Snapshot, read.OwnWrite, found = at, w.what, true
+			read.Snapshot, read.MarkedAt, found = own.at, own.markedAt, true
+			if own.earlier {
+				read.MarkedEarlier = fmt.Sprintf("the request met the pod already marked (%s at %s, %s before the request arrived: an earlier request's doing)",
+					w.what, own.markedAt.UTC().Format(time.RFC3339), run.arrival.Sub(own.markedAt).Truncate(time.Second))
+			} else {
+				read.OwnWrite = w.what
+			}
 		case at != "" && run.createdHere(ctx):
 			// Just before its own create the object was absent: no
 			// second read for etcd (or the apiserver) to serve.
