@@ -41,6 +41,9 @@ type corpusCase struct {
 	// Explains are texts the record's stage explanations (children
 	// included) must contain: the explanation, not just the verdict.
 	Explains []string `json:"explains"`
+	// Skips are stages a write that succeeds does not reach, rightly (a
+	// deletecollection whose list matched nothing admits no object).
+	Skips []string `json:"skips"`
 	// Pad, when set, replaces PAD in the body with that many bytes (large
 	// values without large corpus files).
 	Pad int `json:"pad"`

@@ -93,6 +93,10 @@ func admitted(plugins int, changed []string, children []record.StageResult, fold
 
 // notReached explains a write-path stage the run never got to.
 func notReached(run *apiserver.Run) string {
+	if run.Decided == "" && run.Verb == "deletecollection" {
+		// The registry admits each object it deletes, after listing them.
+		return "not reached: a deletecollection admits each object it deletes, and its list matched none"
+	}
 	if run.Decided == "" {
 		return "not reached"
 	}

@@ -117,7 +117,7 @@ func (s *snapshotStorage) readList(ctx context.Context, run *Run, key string, op
 	if opts.Predicate.Continue != "" {
 		read.Options += ", continue token"
 	}
-	read.Path, _, _, _ = s.apiPath(key, true)
+	read.Path, _ = s.listPath(key, opts)
 	read.NoEtcd = s.noEtcd
 	defer func() { run.addRead(read) }()
 	if s.etcd != nil {
@@ -137,6 +137,9 @@ func (s *snapshotStorage) readList(ctx context.Context, run *Run, key string, op
 			return read.Err
 		}
 		read.EtcdPrefix = strings.TrimSuffix(s.access.key(key), "/") + "/"
+		if !opts.Recursive {
+			read.EtcdPrefix = s.access.key(key) // one object's key (listPath)
+		}
 		s.unencoded.hold(run, listObj)
 		return settleRead(&read, err, listObj)
 	}

@@ -206,6 +206,23 @@ func (s *snapshotStorage) apiPath(key string, list bool) (p, ns, name string, er
 	return "", "", "", fmt.Errorf("storage key %q: unexpected shape", key)
 }
 
+// listPath is the API path of the collection a list of key reads. A
+// list whose field selector names one object (metadata.name=, as kubectl
+// delete --field-selector sends it) is given that object's own key, not
+// recursive (the registry's MatchesSingle): its collection is the one the
+// object is in, and the selector, passed on, picks the object.
+func (s *snapshotStorage) listPath(key string, opts storage.ListOptions) (string, error) {
+	if opts.Recursive {
+		p, _, _, err := s.apiPath(key, true)
+		return p, err
+	}
+	p, _, _, err := s.apiPath(key, false)
+	if err != nil {
+		return "", err
+	}
+	return path.Dir(p), nil
+}
+
 func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetOptions, out runtime.Object) error {
 	if run := runFrom(ctx); run != nil && run.Read {
 		return s.readGet(ctx, run, key, opts, out)
@@ -586,7 +603,7 @@ func (s *snapshotStorage) GetList(ctx context.Context, key string, opts storage.
 // listViaAPI lists through the apiserver (latest state, selectors and
 // limit only).
 func (s *snapshotStorage) listViaAPI(ctx context.Context, key string, opts storage.ListOptions, listObj runtime.Object) error {
-	p, _, _, err := s.apiPath(key, true)
+	p, err := s.listPath(key, opts)
 	if err != nil {
 		return err
 	}
