@@ -219,7 +219,10 @@ func (st storageStage) reportRead(run *apiserver.Run) Result {
 
 func describeRead(r apiserver.StorageRead) string {
 	what := "get " + r.Key
-	if r.List {
+	switch {
+	case r.Watch:
+		what = "watch " + r.Key
+	case r.List:
 		what = "list " + r.Key
 	}
 	what += " with " + r.Options
@@ -235,7 +238,7 @@ func describeRead(r apiserver.StorageRead) string {
 	}
 	switch {
 	case r.BeforeRead:
-		what += " (the watch cache parses a get's resourceVersion before reading anything)"
+		what += " (the watch cache parses a get's or a watch's resourceVersion before reading anything)"
 	case r.FromAnswer:
 		what += " (the object in the apiserver's answer: etcd not read again)"
 	case r.FromEtcd:

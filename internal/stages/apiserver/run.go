@@ -279,6 +279,7 @@ type StorageRead struct {
 	// the number of keys under the prefix).
 	List       bool
 	BeforeRead bool   // refused before reading (the options)
+	Watch      bool   // a watch's start, refused before reading
 	NoEtcd     string // why etcd was not read
 	Options    string
 	FromEtcd   bool

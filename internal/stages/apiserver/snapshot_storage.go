@@ -659,10 +659,19 @@ func (s *snapshotStorage) Watch(ctx context.Context, key string, opts storage.Li
 	if run := runFrom(ctx); run != nil && run.Read {
 		// The handler has accepted the watch's options; its events are
 		// not replayed: the watch ends at once.
+		run.enter(PhaseStorage)
+		if _, err := (storage.APIObjectVersioner{}).ParseResourceVersion(opts.ResourceVersion); err != nil {
+			// The watch cache parses the resourceVersion before anything
+			// else: a plain error, which the handler answers 500.
+			read := StorageRead{Key: key, Watch: true, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, string(opts.ResourceVersionMatch)),
+				Refused: err, BeforeRead: true}
+			read.Path, _ = s.listPath(key, opts)
+			run.addRead(read)
+			return nil, err
+		}
 		run.mu.Lock()
 		run.Watched = true
 		run.mu.Unlock()
-		run.enter(PhaseStorage)
 		return watch.NewEmptyWatch(), nil
 	}
 	return nil, errors.New("the kproxy replay does not watch through its storage")
