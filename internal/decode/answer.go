@@ -329,3 +329,82 @@ func protobufHead(b []byte) (ObjectHead, bool) {
 	}
 	return h, h.APIVersion != "" && h.Kind != "" && h.Name != ""
 }
+
+// ObjectMeta field numbers of a deletion's state.
+const (
+	metaDeletionTimestamp = 9
+	metaFinalizers        = 14
+)
+
+// ObjectEmptiedFinalizers reports that body, an object as it came on the
+// wire (compressed as contentEncoding says), is being deleted and has no
+// finalizers left: the answer to an update that removed the last
+// finalizers of an object being deleted, which the apiserver deletes
+// instead of storing the update, answering with the request's object at
+// the resourceVersion the request met. (A pod in graceful deletion is
+// stored so; the caller tells them apart.) False for anything it cannot
+// read whole: metadata cut off, another encoding.
+func ObjectEmptiedFinalizers(body []byte, contentEncoding string) bool {
+	var r io.Reader = bytes.NewReader(body)
+	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return false
+		}
+		r = io.LimitReader(zr, answerInflateLimit)
+	default:
+		return false
+	}
+	br := bufio.NewReader(r)
+	head, _ := br.Peek(len(protobufMagic))
+	if bytes.Equal(head, protobufMagic) {
+		b, _ := io.ReadAll(io.LimitReader(br, answerInflateLimit))
+		raw, ok := protoField(b[len(protobufMagic):], unknownRawField, true)
+		if !ok {
+			return false
+		}
+		md, ok := protoField(raw, objectMetadataField, true)
+		if !ok {
+			return false
+		}
+		_, deleting := protoField(md, metaDeletionTimestamp, true)
+		_, finalizers := protoField(md, metaFinalizers, true)
+		return deleting && !finalizers
+	}
+	if firstNonSpace(br) != '{' {
+		return false
+	}
+	dec := json.NewDecoder(br)
+	if !delim(dec, '{') || !member(dec, "metadata") || !delim(dec, '{') {
+		return false
+	}
+	var deleting, finalizers bool
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		switch key {
+		case "deletionTimestamp":
+			t, err := dec.Token()
+			if err != nil {
+				return false
+			}
+			deleting = t != nil
+		case "finalizers":
+			var f []string
+			if err := dec.Decode(&f); err != nil {
+				return false
+			}
+			finalizers = len(f) > 0
+		default:
+			if !skipValue(dec) {
+				return false
+			}
+		}
+	}
+	// Only a whole metadata is read: the closing brace must be there.
+	return delim(dec, '}') && deleting && !finalizers
+}

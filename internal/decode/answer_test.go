@@ -150,3 +150,58 @@ func mustEncode(t *testing.T, e runtime.Encoder, obj runtime.Object) []byte {
 	}
 	return b
 }
+
+// TestObjectEmptiedFinalizers: an update's answer for an object being
+// deleted whose last finalizers it removed (the apiserver deleted it),
+// as JSON, protobuf and gzip; an object still held by a finalizer, one
+// not being deleted, or a cut answer is not.
+func TestObjectEmptiedFinalizers(t *testing.T) {
+	now := metav1.Now()
+	cm := func(deleting bool, finalizers ...string) *corev1.ConfigMap {
+		c := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{Kind: "ConfigMap", APIVersion: "v1"},
+			ObjectMeta: metav1.ObjectMeta{Name: "cm", Namespace: "ns", ResourceVersion: "598", Finalizers: finalizers,
+				ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl-patch", Operation: metav1.ManagedFieldsOperationUpdate}}},
+			Data: map[string]string{"k": "v"}}
+		if deleting {
+			c.DeletionTimestamp = &now
+		}
+		return c
+	}
+	gz := func(b []byte) []byte {
+		var buf bytes.Buffer
+		w := gzip.NewWriter(&buf)
+		_, _ = w.Write(b)
+		_ = w.Close()
+		return buf.Bytes()
+	}
+	js := func(c *corev1.ConfigMap) []byte {
+		return mustEncode(t, scheme.Codecs.LegacyCodec(corev1.SchemeGroupVersion), c)
+	}
+	pb := func(c *corev1.ConfigMap) []byte {
+		return mustEncode(t, protobuf.NewSerializer(scheme.Scheme, scheme.Scheme), c)
+	}
+	emptied, held, alive := cm(true), cm(true, "foregroundDeletion"), cm(false)
+	for _, tc := range []struct {
+		name     string
+		body     []byte
+		encoding string
+		want     bool
+	}{
+		{"json, emptied", js(emptied), "", true},
+		{"protobuf, emptied", pb(emptied), "", true},
+		{"gzip, emptied", gz(js(emptied)), "gzip", true},
+		{"json, a finalizer left", js(held), "", false},
+		{"protobuf, a finalizer left", pb(held), "", false},
+		{"json, not being deleted", js(alive), "", false},
+		{"protobuf, not being deleted", pb(alive), "", false},
+		{"json, cut inside metadata", js(emptied)[:60], "", false},
+		{"protobuf, cut", pb(emptied)[:40], "", false},
+		{"json, deletionTimestamp null", []byte(`{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"cm","deletionTimestamp":null}}`), "", false},
+		{"a Status", []byte(`{"kind":"Status","apiVersion":"v1","status":"Success"}`), "", false},
+		{"another encoding", js(emptied), "br", false},
+	} {
+		if got := ObjectEmptiedFinalizers(tc.body, tc.encoding); got != tc.want {
+			t.Errorf("%s: ObjectEmptiedFinalizers = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -465,6 +465,9 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 			switch {
 			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !dryRunQuery(ex.replayReq.HTTP.URL.RawQuery):
 				ex.actualWrite.ResourceVersion = decode.ObjectResourceVersion(ex.okBody, ex.okEncoding)
+				if v := ex.info.Verb; v == "update" || v == "patch" {
+					ex.actualWrite.EmptiedFinalizers = decode.ObjectEmptiedFinalizers(ex.okBody, ex.okEncoding)
+				}
 			case ex.actualWrite.Status >= 400:
 				ex.actualWrite.Refusal, _ = ex.refusal()
 			}

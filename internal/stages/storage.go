@@ -63,6 +63,8 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 			s += fmt.Sprintf(" as of resourceVersion %s, the last before the request %s (the apiserver's answer, a Status, names no resourceVersion)", r.Snapshot, r.OwnWrite)
 		case r.Snapshot != "" && r.MarkedEarlier != "":
 			s += fmt.Sprintf(" as of resourceVersion %s, the newest: %s", r.Snapshot, r.MarkedEarlier)
+		case r.Snapshot != "" && r.Emptied:
+			s += fmt.Sprintf(" as of resourceVersion %s, which the apiserver answered: the request removed the last finalizers of the object being deleted, and the apiserver deleted it instead of storing the update (its answer keeps the resourceVersion the request met)", r.Snapshot)
 		case r.Snapshot != "" && r.NoOp:
 			s += fmt.Sprintf(" as of resourceVersion %s, which the request left unchanged (the apiserver answered with it)", r.Snapshot)
 		case r.Snapshot != "":

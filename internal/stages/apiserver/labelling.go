@@ -37,9 +37,11 @@ func (r *Run) attribute(st *metav1.Status) string {
 			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule") {
 			return record.StageAuthorization
 		}
-	case metav1.StatusReasonInvalid:
+	case metav1.StatusReasonInvalid, metav1.StatusReasonInternalError:
 		// A patch that parses but cannot be applied to the stored object
-		// (a failing JSON-patch test) is refused after the read.
+		// (a failing JSON-patch test; a strategic-merge patch whose list
+		// entry lacks its merge key, which the patcher answers 500) is
+		// refused after the read.
 		if r.Verb == "patch" && r.phase == PhaseDecode && len(r.Reads) > 0 {
 			return record.StageStorage
 		}

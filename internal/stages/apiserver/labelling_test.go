@@ -34,6 +34,8 @@ func TestLabelling(t *testing.T) {
 			status(apierrors.NewForbidden(gr, "r", errors.New("must have cluster-admin privileges to use the aggregationRule"))), record.StageAuthorization},
 		{"a JSON patch test that fails on the stored object", &Run{phase: PhaseDecode, Verb: "patch", Reads: []StorageRead{{}}},
 			status(apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, "x", nil)), record.StageStorage},
+		{"a strategic-merge patch that fails on the stored object", &Run{phase: PhaseDecode, Verb: "patch", Reads: []StorageRead{{}}},
+			status(apierrors.NewInternalError(errors.New("map: map[name:x] does not contain declared merge key: uid"))), record.StageStorage},
 		{"a body too large, before admission", &Run{phase: PhaseDecode}, status(apierrors.NewRequestEntityTooLargeError("limit is 3145728")), record.StageDecode},
 		{"a value too large for etcd", &Run{phase: PhaseStorage}, status(apierrors.NewRequestEntityTooLargeError("etcd")), record.StageStorage},
 		{"the strategy's validation", &Run{phase: PhaseValidation}, status(apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, "x", nil)), record.StageValidation},

@@ -234,3 +234,39 @@ func TestAdmittedEarly(t *testing.T) {
 		})
 	}
 }
+
+// TestMetBeforeEmptying: an update answered with its object being deleted
+// and no finalizers left met the state at the answered resourceVersion
+// when that state still had finalizers (the apiserver deleted it instead
+// of storing the update); a pod in graceful deletion, stored without
+// finalizers, was the update's own write there.
+func TestMetBeforeEmptying(t *testing.T) {
+	held := podAt(11, "u1", "node-1", true)
+	held.Finalizers = []string{"foregroundDeletion"}
+	graceful := podAt(11, "u1", "node-1", true)
+	for _, tc := range []struct {
+		name     string
+		versions []*api.Pod
+		want     bool
+	}{
+		{"finalizers at the answered resourceVersion", []*api.Pod{podAt(10, "u1", "node-1", false), held}, true},
+		{"a pod in graceful deletion, no finalizers", []*api.Pod{podAt(10, "u1", "node-1", true), graceful}, false},
+		{"not being deleted", []*api.Pod{podAt(11, "u1", "node-1", false)}, false},
+		{"absent", []*api.Pod{podAt(12, "u1", "node-1", false)}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := &api.Pod{}
+			met, err := metBeforeEmptying(context.Background(), &history{versions: tc.versions}, "11", out)
+			switch {
+			case err != nil:
+				t.Fatal(err)
+			case met != tc.want:
+				t.Errorf("met = %v, want %v", met, tc.want)
+			case met && (out.ResourceVersion != "11" || len(out.Finalizers) == 0):
+				t.Errorf("out = %+v, want the state at 11", out.ObjectMeta)
+			case !met && out.Name != "":
+				t.Errorf("out was touched: %+v", out.ObjectMeta)
+			}
+		})
+	}
+}

@@ -53,6 +53,9 @@ type Request struct {
 type Answer struct {
 	Status          int
 	ResourceVersion string
+	// EmptiedFinalizers: an update's answer is its object being deleted
+	// with no finalizers left (decode.ObjectEmptiedFinalizers).
+	EmptiedFinalizers bool
 	// Refusal is a refused request's Status (nil when the body was none):
 	// read only to tell a replay that met other state (a quota's usage, a
 	// namespace's termination, RBAC) from one that disagrees.

@@ -209,6 +209,17 @@ func (r *Run) updatedExisting(ctx context.Context) bool {
 	return ok && aw.Status == 200
 }
 
+// emptiedFinalizers reports an update or patch the apiserver answered
+// 200 with its object being deleted and no finalizers left: it removed
+// the last ones, and the object is deleted (metBeforeEmptying).
+func (r *Run) emptiedFinalizers(ctx context.Context) bool {
+	if !r.updatedExisting(ctx) {
+		return false
+	}
+	aw, _ := r.actual(ctx)
+	return aw.EmptiedFinalizers
+}
+
 // createdHere reports a request the apiserver answered 201 for its own
 // object (not a subresource): it created the object, which etcd does only
 // where the key is absent, so just before it the object did not exist.
@@ -259,6 +270,11 @@ type StorageRead struct {
 	// MarkedAt is when the object's first state showing the write was
 	// written, as far as it says.
 	MarkedAt time.Time
+	// Emptied: the request removed the last finalizers of an object being
+	// deleted, and the apiserver deleted it without storing the update:
+	// the state at Snapshot, the resourceVersion it answered, is the one
+	// the request met.
+	Emptied bool
 	// Later is the object's resourceVersion when the replay read it
 	// ("deleted" when it was gone), when a write after the request's had
 	// changed it: the replay ran late and read the state at Snapshot.

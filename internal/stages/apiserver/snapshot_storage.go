@@ -206,6 +206,28 @@ func (s *snapshotStorage) apiPath(key string, list bool) (p, ns, name string, er
 	return "", "", "", fmt.Errorf("storage key %q: unexpected shape", key)
 }
 
+// metBeforeEmptying reads into out the object as stored at rv, the
+// resourceVersion an update's answer names when the update removed the
+// last finalizers of an object being deleted: the apiserver then deletes
+// the object without storing the update, and answers with the request's
+// object at the resourceVersion it met. It reports that the state there
+// is one the update emptied (being deleted, finalizers left); otherwise
+// (a pod in graceful deletion, stored without finalizers: rv is the
+// update's own write) out is untouched.
+func metBeforeEmptying(ctx context.Context, src objectSource, rv string, out runtime.Object) (bool, error) {
+	obj := reflect.New(reflect.TypeOf(out).Elem()).Interface().(runtime.Object)
+	found, err := src.at(ctx, rv, obj)
+	if err != nil || !found {
+		return false, err
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil || m.GetDeletionTimestamp() == nil || len(m.GetFinalizers()) == 0 {
+		return false, err
+	}
+	reflect.ValueOf(out).Elem().Set(reflect.ValueOf(obj).Elem())
+	return true, nil
+}
+
 // listPath is the API path of the collection a list of key reads. A
 // list whose field selector names one object (metadata.name=, as kubectl
 // delete --field-selector sends it) is given that object's own key, not
@@ -298,6 +320,17 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 			read.Snapshot, read.Created, found = at, true, false
 		case at != "":
 			answered := run.answeredRV(ctx)
+			if run.emptiedFinalizers(ctx) {
+				met, err := metBeforeEmptying(ctx, src, answered, out)
+				if err != nil {
+					read.Err = err
+					return err
+				}
+				if met {
+					read.Snapshot, read.Emptied, found = answered, true, true
+					break
+				}
+			}
 			read.Snapshot = at
 			if found && rv != answered {
 				read.Later = rv // the replay runs after later writes
