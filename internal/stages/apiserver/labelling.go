@@ -37,12 +37,13 @@ func (r *Run) attribute(st *metav1.Status) string {
 			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule") {
 			return record.StageAuthorization
 		}
-	case metav1.StatusReasonInvalid, metav1.StatusReasonInternalError:
+	case metav1.StatusReasonInvalid, metav1.StatusReasonInternalError, metav1.StatusReasonUnknown:
 		// A patch that parses but cannot be applied to the stored object
 		// (a failing JSON-patch test; a strategic-merge patch whose list
-		// entry lacks its merge key, which the patcher answers 500) is
-		// refused after the read.
-		if r.Verb == "patch" && r.phase == PhaseDecode && len(r.Reads) > 0 {
+		// entry lacks its merge key, which the patcher answers 500 with no
+		// reason) is refused after the read. A server-side apply's 500 is
+		// its patch failing strict decoding (a field not in the schema).
+		if r.Verb == "patch" && r.phase == PhaseDecode && len(r.Reads) > 0 && (st.Reason == metav1.StatusReasonInvalid || (st.Code == 500 && !r.apply)) {
 			return record.StageStorage
 		}
 	case metav1.StatusReasonRequestEntityTooLarge:

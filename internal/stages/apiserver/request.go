@@ -53,6 +53,9 @@ type Request struct {
 type Answer struct {
 	Status          int
 	ResourceVersion string
+	// LastModified is the answer's Last-Modified header: for a document
+	// the apiserver stamps as it serves it, its clock at that moment.
+	LastModified string
 	// EmptiedFinalizers: an update's answer is its object being deleted
 	// with no finalizers left (decode.ObjectEmptiedFinalizers).
 	EmptiedFinalizers bool
