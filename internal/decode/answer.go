@@ -33,19 +33,10 @@ const answerInflateLimit = 8 << 20
 // when the object has none, or it is not in the bytes kept, or they are
 // not an object kproxy reads.
 func ObjectResourceVersion(body []byte, contentEncoding string) string {
-	var r io.Reader = bytes.NewReader(body)
-	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
-	case "", "identity":
-	case "gzip":
-		zr, err := gzip.NewReader(r)
-		if err != nil {
-			return ""
-		}
-		r = io.LimitReader(zr, answerInflateLimit)
-	default:
+	br, ok := answerReader(body, contentEncoding)
+	if !ok {
 		return ""
 	}
-	br := bufio.NewReader(r)
 	head, _ := br.Peek(len(protobufMagic))
 	switch {
 	case bytes.Equal(head, protobufMagic):
@@ -56,6 +47,25 @@ func ObjectResourceVersion(body []byte, contentEncoding string) string {
 	// Another encoding (CBOR, YAML): decoded whole, as far as it is kept.
 	b, _ := io.ReadAll(br)
 	return ResourceVersion(b)
+}
+
+// answerReader reads body as it came on the wire, inflating gzip (up to
+// answerInflateLimit); ok is false for another encoding or a broken gzip
+// header.
+func answerReader(body []byte, contentEncoding string) (*bufio.Reader, bool) {
+	var r io.Reader = bytes.NewReader(body)
+	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r)
+		if err != nil {
+			return nil, false
+		}
+		r = io.LimitReader(zr, answerInflateLimit)
+	default:
+		return nil, false
+	}
+	return bufio.NewReader(r), true
 }
 
 var protobufMagic = []byte{0x6b, 0x38, 0x73, 0x00} // "k8s\x00"
@@ -345,19 +355,10 @@ const (
 // stored so; the caller tells them apart.) False for anything it cannot
 // read whole: metadata cut off, another encoding.
 func ObjectEmptiedFinalizers(body []byte, contentEncoding string) bool {
-	var r io.Reader = bytes.NewReader(body)
-	switch strings.ToLower(strings.TrimSpace(contentEncoding)) {
-	case "", "identity":
-	case "gzip":
-		zr, err := gzip.NewReader(r)
-		if err != nil {
-			return false
-		}
-		r = io.LimitReader(zr, answerInflateLimit)
-	default:
+	br, ok := answerReader(body, contentEncoding)
+	if !ok {
 		return false
 	}
-	br := bufio.NewReader(r)
 	head, _ := br.Peek(len(protobufMagic))
 	if bytes.Equal(head, protobufMagic) {
 		b, _ := io.ReadAll(io.LimitReader(br, answerInflateLimit))

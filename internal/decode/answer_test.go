@@ -47,13 +47,6 @@ func TestObjectResourceVersion(t *testing.T) {
 		}
 		return b
 	}
-	gz := func(b []byte) []byte {
-		var buf bytes.Buffer
-		w := gzip.NewWriter(&buf)
-		_, _ = w.Write(b)
-		_ = w.Close()
-		return buf.Bytes()
-	}
 	cut := func(b []byte, n int) []byte { return b[:min(len(b), n)] }
 	small, big := cm(1000), cm(900_000)
 	pbSmall := pb(small)
@@ -65,12 +58,12 @@ func TestObjectResourceVersion(t *testing.T) {
 		want           string
 	}{
 		{"JSON", "", js(small), "1015"},
-		{"JSON, large, gzip, cut", "gzip", cut(gz(js(big)), kept), "1015"},
+		{"JSON, large, gzip, cut", "gzip", cut(gzipped(js(big)), kept), "1015"},
 		{"JSON, large, cut", "", cut(js(big), kept), "1015"},
 		{"protobuf", "", pbSmall, "1015"},
-		{"protobuf, large, gzip, cut", "gzip", cut(gz(pb(big)), kept), "1015"},
+		{"protobuf, large, gzip, cut", "gzip", cut(gzipped(pb(big)), kept), "1015"},
 		{"protobuf cut inside the resourceVersion", "", pbSmall[:rvAt+2], ""},
-		{"a custom resource (keys in order: metadata after apiVersion and kind)", "GZIP", gz(cr), "77"},
+		{"a custom resource (keys in order: metadata after apiVersion and kind)", "GZIP", gzipped(cr), "77"},
 		{"YAML", "", []byte("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n  resourceVersion: \"9\"\n"), "9"},
 		{"no metadata", "", []byte(`{"kind":"ConfigMap","apiVersion":"v1","data":{}}`), ""},
 		{"JSON cut before the resourceVersion", "", []byte(`{"kind":"ConfigMap","metadata":{"name":"x","resour`), ""},
@@ -167,13 +160,6 @@ func TestObjectEmptiedFinalizers(t *testing.T) {
 		}
 		return c
 	}
-	gz := func(b []byte) []byte {
-		var buf bytes.Buffer
-		w := gzip.NewWriter(&buf)
-		_, _ = w.Write(b)
-		_ = w.Close()
-		return buf.Bytes()
-	}
 	js := func(c *corev1.ConfigMap) []byte {
 		return mustEncode(t, scheme.Codecs.LegacyCodec(corev1.SchemeGroupVersion), c)
 	}
@@ -189,7 +175,7 @@ func TestObjectEmptiedFinalizers(t *testing.T) {
 	}{
 		{"json, emptied", js(emptied), "", true},
 		{"protobuf, emptied", pb(emptied), "", true},
-		{"gzip, emptied", gz(js(emptied)), "gzip", true},
+		{"gzip, emptied", gzipped(js(emptied)), "gzip", true},
 		{"json, a finalizer left", js(held), "", false},
 		{"protobuf, a finalizer left", pb(held), "", false},
 		{"json, not being deleted", js(alive), "", false},
@@ -204,4 +190,13 @@ func TestObjectEmptiedFinalizers(t *testing.T) {
 			t.Errorf("%s: ObjectEmptiedFinalizers = %v, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// gzipped is b compressed as the apiserver compresses a large answer.
+func gzipped(b []byte) []byte {
+	var buf bytes.Buffer
+	w := gzip.NewWriter(&buf)
+	_, _ = w.Write(b)
+	_ = w.Close()
+	return buf.Bytes()
 }

@@ -164,21 +164,9 @@ func TestSubresourceWritesReplayedLate(t *testing.T) {
 // replay predicts the 201; from within seconds, it cannot tell whose the
 // mark is, and says so.
 func TestEvictionOfTerminatingPod(t *testing.T) {
-	stream := record.NewStream()
-	recs, _, cancel := stream.Subscribe(64)
-	defer cancel()
-	r := reverseRoute(startKproxy(t, kproxyOptions{stream: stream}))
-	c := r.client(nil)
+	send := adminSender(t)
 	run := fmt.Sprintf("evict-twice-%d", time.Now().UnixNano())
 	ns := "/api/v1/namespaces/" + testNS
-	send := func(q request, want int) *record.Record {
-		t.Helper()
-		q.user = "admin"
-		if got := do(t, c, r.base, q); got.status != want {
-			t.Fatalf("%s %s: %d %s, want %d", q.method, q.path, got.status, got.body, want)
-		}
-		return nextRecord(t, recs)
-	}
 	evict := func(pod string) request {
 		return request{method: "POST", path: ns + "/pods/" + pod + "/eviction", body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"` + pod + `"}}`}
 	}
@@ -224,5 +212,25 @@ func TestEvictionOfTerminatingPod(t *testing.T) {
 		t.Errorf("second eviction, seconds later: predicted %d at %s (%s), the apiserver answered 201; storage: %s", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, st)
 	} else if !strings.Contains(st, "the request met the pod already marked") {
 		t.Errorf("second eviction, seconds later: storage says %q, want it to say the request met the pod already marked", st)
+	}
+}
+
+// adminSender starts a kproxy that records into a stream and returns a
+// function that sends a request as admin through it, fails the test
+// unless the apiserver answers want, and returns the request's record.
+func adminSender(t *testing.T) func(q request, want int) *record.Record {
+	t.Helper()
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(64)
+	t.Cleanup(cancel)
+	r := reverseRoute(startKproxy(t, kproxyOptions{stream: stream}))
+	c := r.client(nil)
+	return func(q request, want int) *record.Record {
+		t.Helper()
+		q.user = "admin"
+		if got := do(t, c, r.base, q); got.status != want {
+			t.Fatalf("%s %s: %d %s, want %d", q.method, q.path, got.status, got.body, want)
+		}
+		return nextRecord(t, recs)
 	}
 }
