@@ -81,8 +81,9 @@ func (s *snapshotStorage) fromAnswer(ctx context.Context, run *Run, key string, 
 // and the handler's encoder drops a read's object unencoded
 // (unencoded.go); only which object it is matters. Reading just the
 // answer's head spares the decode of the whole object, defaulting and
-// conversion included, which was a third of a get's replay. ok is false,
-// for the universal decoder to decide, unless the answer's head is the
+// conversion included (in a paired profile the get's read went from 87
+// to 30 µs, of a replay of about 330 µs). ok is false, for the
+// universal decoder to decide, unless the answer's head is the
 // object key names, of out's kind in the request's version (a built-in
 // kind the scheme knows, or this store's custom resource).
 func (s *snapshotStorage) answeredHead(ctx context.Context, key string, body []byte, out runtime.Object) (runtime.Object, string, bool) {
