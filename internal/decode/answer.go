@@ -157,12 +157,7 @@ const (
 // 6. A message cut short is read as far as it goes.
 func protobufResourceVersion(br *bufio.Reader) string {
 	b, _ := io.ReadAll(io.LimitReader(br, protobufPrefixToRead))
-	b = b[len(protobufMagic):]
-	raw, ok := protoField(b, unknownRawField, false)
-	if !ok {
-		return ""
-	}
-	md, ok := protoField(raw, objectMetadataField, false)
+	md, ok := protobufMetadata(b[len(protobufMagic):], false)
 	if !ok {
 		return ""
 	}
@@ -171,6 +166,17 @@ func protobufResourceVersion(br *bufio.Reader) string {
 		return ""
 	}
 	return string(rv)
+}
+
+// protobufMetadata is the metadata of a "k8s\x00" envelope's object (b,
+// the magic taken off): the envelope's raw object, its field 1. whole as
+// for protoField: false reads a message cut short as far as it goes.
+func protobufMetadata(b []byte, whole bool) ([]byte, bool) {
+	raw, ok := protoField(b, unknownRawField, whole)
+	if !ok {
+		return nil, false
+	}
+	return protoField(raw, objectMetadataField, whole)
 }
 
 // protoField finds the length-delimited field num in the message b and
@@ -317,11 +323,7 @@ func protobufHead(b []byte) (ObjectHead, bool) {
 	if !ok {
 		return h, false
 	}
-	raw, ok := protoField(b, unknownRawField, true)
-	if !ok {
-		return h, false
-	}
-	md, ok := protoField(raw, objectMetadataField, true)
+	md, ok := protobufMetadata(b, true)
 	if !ok {
 		return h, false
 	}
@@ -353,7 +355,8 @@ const (
 // instead of storing the update, answering with the request's object at
 // the resourceVersion the request met. (A pod in graceful deletion is
 // stored so; the caller tells them apart.) False for anything it cannot
-// read whole: metadata cut off, another encoding.
+// read whole (metadata cut off, another encoding), and, in JSON, as soon
+// as a field ObjectMeta places after deletionTimestamp comes without one.
 func ObjectEmptiedFinalizers(body []byte, contentEncoding string) bool {
 	br, ok := answerReader(body, contentEncoding)
 	if !ok {
@@ -362,11 +365,7 @@ func ObjectEmptiedFinalizers(body []byte, contentEncoding string) bool {
 	head, _ := br.Peek(len(protobufMagic))
 	if bytes.Equal(head, protobufMagic) {
 		b, _ := io.ReadAll(io.LimitReader(br, answerInflateLimit))
-		raw, ok := protoField(b[len(protobufMagic):], unknownRawField, true)
-		if !ok {
-			return false
-		}
-		md, ok := protoField(raw, objectMetadataField, true)
+		md, ok := protobufMetadata(b[len(protobufMagic):], true)
 		if !ok {
 			return false
 		}
@@ -386,6 +385,16 @@ func ObjectEmptiedFinalizers(body []byte, contentEncoding string) bool {
 		key, err := dec.Token()
 		if err != nil {
 			return false
+		}
+		switch key {
+		case "labels", "annotations", "ownerReferences", "finalizers", "managedFields":
+			// ObjectMeta's fields after deletionTimestamp: the apiserver
+			// writes them in this order, so an object not being deleted
+			// (nearly every write's answer) is told here, without a walk
+			// through its labels and managedFields.
+			if !deleting {
+				return false
+			}
 		}
 		switch key {
 		case "deletionTimestamp":

@@ -299,8 +299,9 @@ const stampedSlack = 1500 * time.Millisecond
 // for the time the apiserver served it: the arrival, moved by the clocks'
 // difference the read shows, give or take stampedSlack. When both ends of
 // that window get the same answer it is known; otherwise (a copy from
-// within a second or two of the request) unknown. ok is false for a
-// document served otherwise.
+// within a second or two of the request) the second the apiserver served
+// it decides, read from its answer (answeredStamp), and without one it is
+// unknown. ok is false for a document served otherwise.
 func stampedAtServing(ctx context.Context, req *Request, sd servedDocument, doc apiserver.ServedDoc, body []byte, mod, readAt time.Time, header string) (Result, bool) {
 	// The apiserver's clock ahead of kproxy's: mod is whole seconds, the
 	// apiserver's time at the read within the second after it. Clocks a

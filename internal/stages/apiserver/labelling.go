@@ -26,6 +26,14 @@ func (r *Run) attribute(st *metav1.Status) string {
 			return PhaseStage[r.pluginErrPhase]
 		}
 	}
+	// A patch that parses but cannot be applied to the stored object (a
+	// failing JSON-patch test; a strategic-merge patch whose list entry
+	// lacks its merge key, which the patcher answers 500 with no reason)
+	// is refused after the read. A server-side apply's 500 is its patch
+	// failing strict decoding (a field not in the schema).
+	if r.Verb == "patch" && r.phase == PhaseDecode && len(r.Reads) > 0 && (st.Reason == metav1.StatusReasonInvalid || (st.Code == 500 && !r.apply)) {
+		return record.StageStorage
+	}
 	switch st.Reason {
 	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:
 		if len(r.Reads) == 0 && r.phase == PhaseDecode {
@@ -36,15 +44,6 @@ func (r *Run) attribute(st *metav1.Status) string {
 		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") ||
 			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule") {
 			return record.StageAuthorization
-		}
-	case metav1.StatusReasonInvalid, metav1.StatusReasonInternalError, metav1.StatusReasonUnknown:
-		// A patch that parses but cannot be applied to the stored object
-		// (a failing JSON-patch test; a strategic-merge patch whose list
-		// entry lacks its merge key, which the patcher answers 500 with no
-		// reason) is refused after the read. A server-side apply's 500 is
-		// its patch failing strict decoding (a field not in the schema).
-		if r.Verb == "patch" && r.phase == PhaseDecode && len(r.Reads) > 0 && (st.Reason == metav1.StatusReasonInvalid || (st.Code == 500 && !r.apply)) {
-			return record.StageStorage
 		}
 	case metav1.StatusReasonRequestEntityTooLarge:
 		if r.phase < PhaseValidation {

@@ -46,6 +46,18 @@ import (
 // apiserver's clock may be a second off kproxy's.
 const markSlack = 2 * time.Second
 
+// markWindow places a mark's time against the request's arrival: earlier,
+// clearly before it (the request met the mark); around, within seconds
+// of it, where the mark may be the request's own or one just before. A
+// mark later than that is the request's (or a later one's).
+func markWindow(markedAt, arrival time.Time) (earlier, around bool) {
+	if markedAt.IsZero() || arrival.IsZero() {
+		return false, false
+	}
+	earlier = markedAt.Add(markSlack).Before(arrival)
+	return earlier, !earlier && markedAt.Before(arrival.Add(time.Second))
+}
+
 // ownWrite reports whether the object already shows the request's own
 // write.
 type ownWrite struct {
@@ -186,7 +198,7 @@ func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi s
 	if w.markedAt != nil {
 		res.markedAt, _ = w.markedAt(first)
 	}
-	res.earlier = !res.markedAt.IsZero() && !arrival.IsZero() && res.markedAt.Add(markSlack).Before(arrival)
+	res.earlier, _ = markWindow(res.markedAt, arrival)
 	if met == nil && !res.earlier {
 		return ownWriteRead{}, fmt.Errorf("the pod was created already showing what the request did (%s, at resourceVersion %d): the state the request met is not known", w.what, after)
 	}
@@ -280,8 +292,7 @@ func (r *Run) markedAround() (time.Time, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, read := range r.Reads {
-		if read.OwnWrite != "" && !read.MarkedAt.IsZero() && !r.arrival.IsZero() &&
-			!read.MarkedAt.Add(markSlack).Before(r.arrival) && read.MarkedAt.Before(r.arrival.Add(time.Second)) {
+		if _, around := markWindow(read.MarkedAt, r.arrival); read.OwnWrite != "" && around {
 			return read.MarkedAt, true
 		}
 	}
