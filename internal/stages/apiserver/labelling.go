@@ -34,6 +34,13 @@ func (r *Run) attribute(st *metav1.Status) string {
 	if r.Verb == "patch" && r.phase == PhaseDecode && len(r.Reads) > 0 && (st.Reason == metav1.StatusReasonInvalid || (st.Code == 500 && !r.apply)) {
 		return record.StageStorage
 	}
+	// The store parses the resourceVersion the request brings after
+	// mutating admission and before the strategy (Store.Update's
+	// GuaranteedUpdate): one that is not a number is storage's 500.
+	if (r.Verb == "update" || r.Verb == "patch") && r.phase == PhaseValidation && st.Code == 500 &&
+		strings.HasPrefix(st.Message, "strconv.ParseUint: parsing ") {
+		return record.StageStorage
+	}
 	switch st.Reason {
 	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:
 		if len(r.Reads) == 0 && r.phase == PhaseDecode {

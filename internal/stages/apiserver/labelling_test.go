@@ -40,6 +40,8 @@ func TestLabelling(t *testing.T) {
 			&metav1.Status{Status: metav1.StatusFailure, Code: 500, Message: "failed to create typed patch object (/applied; /v1, Kind=ConfigMap): .dta: field not declared in schema"}, record.StageDecode},
 		{"a body too large, before admission", &Run{phase: PhaseDecode}, status(apierrors.NewRequestEntityTooLargeError("limit is 3145728")), record.StageDecode},
 		{"a value too large for etcd", &Run{phase: PhaseStorage}, status(apierrors.NewRequestEntityTooLargeError("etcd")), record.StageStorage},
+		{"an update whose resourceVersion is not a number, parsed by the store", &Run{phase: PhaseValidation, Verb: "update", Reads: []StorageRead{{}}},
+			&metav1.Status{Status: metav1.StatusFailure, Code: 500, Message: `strconv.ParseUint: parsing "abc": invalid syntax`}, record.StageStorage},
 		{"the strategy's validation", &Run{phase: PhaseValidation}, status(apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, "x", nil)), record.StageValidation},
 	}
 	for _, tc := range cases {
