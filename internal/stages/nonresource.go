@@ -78,12 +78,32 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 		switch {
 		case served == p && staticDocument(p):
 			return Pass("the apiserver serves " + p + " (its index lists it): every GET is answered with the document")
+		case served == "/api" && strings.Count(p, "/") == 2 && strings.HasPrefix(p, "/api/"):
+			// /api/VERSION with a version the index does not list: the
+			// legacy group's web service (rooted at /api) claims the path
+			// in the apiserver's director, and go-restful, with no route
+			// for it, answers through the service error handler.
+			st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
+				Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}
+			return Reject(st, "the apiserver serves no version "+strings.TrimPrefix(p, "/api/")+" of the core group (its index lists "+
+				strings.Join(coreVersions(index.Paths), ", ")+"): the web service rooted at /api claims the path and has no route for it: 404 NotFound")
 		case served == p || (served != "" && strings.HasPrefix(p, served+"/") && prefixHandler(served)):
 			return Unknown("the apiserver serves " + p + " with a handler of its own: not modelled")
 		}
 	}
 	st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
 	return Reject(st, fmt.Sprintf("the apiserver serves no handler at %s (its index lists %d paths, none of them this one or a prefix of it): its mux answers 404 page not found", p, len(index.Paths)))
+}
+
+// coreVersions are the core group's versions among the index's paths.
+func coreVersions(paths []string) []string {
+	var vs []string
+	for _, p := range paths {
+		if v, ok := strings.CutPrefix(strings.TrimSuffix(p, "/"), "/api/"); ok && !strings.Contains(v, "/") {
+			vs = append(vs, "/api/"+v)
+		}
+	}
+	return vs
 }
 
 // staticDocument reports paths whose handler answers every GET with a
