@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -57,6 +58,9 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 		if groupUnknown(w, i.APIGroup) {
 			st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
 			return Reject(st, fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup)), false
+		}
+		if noCRDNamed(w, i.Resource+"."+i.APIGroup) {
+			return d.noSuchResource(ctx, req), false
 		}
 		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition or an APIService kproxy can see: not modelled", i.Resource+"."+i.APIGroup)), false
 	}
@@ -141,4 +145,31 @@ func decodedWhat(req *Request) string {
 		fv = "Strict for apply, Warn otherwise (default)"
 	}
 	return strings.Join([]string{"decoded the " + req.Info.Verb + " of " + what + " (" + ct + ")", "field validation " + fv}, "; ")
+}
+
+// noSuchResource is the verdict on a resource of a group that is served
+// (a CustomResourceDefinition or a local APIService names it) when no
+// CustomResourceDefinition names the resource: the apiextensions handler
+// finds none by that name and passes the request on, and the
+// apiserver's mux answers 404 page not found. kproxy's view of the
+// CustomResourceDefinitions comes from an informer, which can lag the
+// apiserver's or run ahead of it (one created or deleted around the
+// request): when the apiserver answered otherwise, the verdict says
+// nothing about the request.
+func (d decode) noSuchResource(ctx context.Context, req *Request) Result {
+	name := req.Info.Resource + "." + req.Info.APIGroup
+	if answerAwaited(req) {
+		if aw, ok := req.Actual(ctx); ok && aw.Status != http.StatusNotFound {
+			return Unknown(fmt.Sprintf("kproxy sees no CustomResourceDefinition %q, and the apiserver answered %d: one was created or deleted around this request, so which the apiserver saw on arrival is not known", name, aw.Status))
+		}
+	}
+	st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
+	return Reject(st, fmt.Sprintf("no CustomResourceDefinition %q: the group %q is served, but not this resource (the apiextensions handler finds no definition by that name and passes the request on), so the apiserver's mux answers 404 page not found", name, req.Info.APIGroup))
+}
+
+// noCRDNamed reports that kproxy's informer holds no
+// CustomResourceDefinition of that name, in any state.
+func noCRDNamed(w *apiserver.Server, name string) bool {
+	_, err := w.CRDs().Get(name)
+	return apierrors.IsNotFound(err)
 }
