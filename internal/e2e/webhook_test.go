@@ -24,8 +24,8 @@ const webhookNS = "adm-webhook"
 // startAdmissionWebhooks serves the corpus's admission webhooks over TLS
 // and registers them with the apiserver: allow, deny, warn, mutate, a
 // patch that breaks the object, slow past its timeout, unreachable, side
-// effects, a CEL match condition and a missing service, with failurePolicy
-// Fail and Ignore. The configurations are removed when the test ends.
+// effects, a CEL match condition, a missing service, and two that answer a
+// dry run otherwise than a real call, with failurePolicy Fail and Ignore. The configurations are removed when the test ends.
 func startAdmissionWebhooks(t *testing.T) {
 	t.Helper()
 	mux := http.NewServeMux()
@@ -62,6 +62,25 @@ func startAdmissionWebhooks(t *testing.T) {
 			return
 		}
 		review(w, r, func(*admissionv1.AdmissionRequest, *admissionv1.AdmissionResponse) {})
+	})
+	// Webhooks whose answer depends on whether the call is a dry run:
+	// kproxy calls webhooks only in dry run, so it cannot hear the answer
+	// the apiserver's call to them got (webhook_answers.go).
+	mux.HandleFunc("/deny-dry-run", func(w http.ResponseWriter, r *http.Request) {
+		review(w, r, func(req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
+			if req.DryRun != nil && *req.DryRun {
+				resp.Allowed = false
+				resp.Result = &metav1.Status{Code: http.StatusBadRequest, Message: "this webhook refuses dry runs"}
+			}
+		})
+	})
+	mux.HandleFunc("/deny-real", func(w http.ResponseWriter, r *http.Request) {
+		review(w, r, func(req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
+			if req.DryRun == nil || !*req.DryRun {
+				resp.Allowed = false
+				resp.Result = &metav1.Status{Code: http.StatusForbidden, Message: "this webhook admits only dry runs"}
+			}
+		})
 	})
 	base, caPEM := serveWebhooks(t, "e2e-webhook", mux)
 	// An address nothing listens on: the "unreachable" webhooks.
@@ -111,6 +130,8 @@ func startAdmissionWebhooks(t *testing.T) {
 		// A Service kproxy cannot dial (an ExternalName nothing resolves):
 		// what a webhook inside a real cluster looks like from outside it.
 		{name: "svc-exists", label: "svc-exists", service: "webhook-svc", side: &none, policy: &fail, timeout: &two},
+		{name: "deny-dry-run", label: "deny-dry-run", url: base + "/deny-dry-run", side: &none, policy: &fail, timeout: &ten},
+		{name: "deny-real", label: "deny-real", url: base + "/deny-real", side: &none, policy: &fail, timeout: &ten},
 		{name: "matchcond", label: "matchcond", url: base + "/deny", side: &none, policy: &fail, timeout: &ten,
 			conditions: []admissionregistrationv1.MatchCondition{{Name: "not-skipped",
 				Expression: "!('skip' in object.metadata.?annotations.orValue({}))"}}},

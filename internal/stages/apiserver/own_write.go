@@ -318,7 +318,9 @@ func (r *Run) markedAround() (time.Time, bool) {
 //   - ServiceAccount admission found no pod's ServiceAccount (it looks in
 //     its informer, then live), which the replay's found: created right
 //     after the pod, as kubectl apply -f sends a directory's pod.yaml
-//     before its serviceaccount.yaml.
+//     before its serviceaccount.yaml;
+//   - an admission webhook refused the apiserver's call, which kproxy's
+//     own call to it did not meet (webhook_answers.go).
 func (r *Run) admittedEarly(ctx context.Context) string {
 	// A connect (exec, attach, port-forward, proxy) is answered with its
 	// stream: its answer is not waited for.
@@ -346,7 +348,10 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 	if why := r.admittedByStateLate(aw); why != "" {
 		return why
 	}
-	return r.mutatedEarly(aw)
+	if why := r.mutatedEarly(aw); why != "" {
+		return why
+	}
+	return r.webhookRefusedOnlyThere(aw)
 }
 
 // namespaceNotFound reports NamespaceLifecycle's refusal of a create in a

@@ -467,6 +467,8 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 				run.markUnknown(why)
 			} else if why := run.mutatedLate(ctx); why != "" {
 				run.markUnknown(why)
+			} else if why := run.webhookRefusedOnlyHere(ctx); why != "" {
+				run.markUnknown(why)
 			}
 		}
 	} else if !run.Read {

@@ -1,0 +1,79 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"regexp"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// An admission webhook's answer is its own. kproxy calls the webhooks
+// itself, in dry run, as the apiserver calls them for the request, and a
+// webhook may answer the two calls differently: one that is not
+// deterministic (a counter, a quota or a clock of its own), one that
+// answers a dry run (dryRun: true in its AdmissionReview) otherwise, one
+// that times out on one call and not on the other. That is not cluster
+// state kproxy could read as it was on arrival. So when the replay's
+// verdict hangs on a webhook and the apiserver's answer contradicts it,
+// the verdict says nothing about the request: the run is unknown, saying
+// which webhook answered what.
+
+// webhookVerdict matches the admission webhook dispatchers' refusals: a
+// webhook's denial, and a call that failed (failurePolicy Fail).
+var webhookVerdict = regexp.MustCompile(`admission webhook "([^"]+)" denied the request|failed calling webhook "([^"]+)"`)
+
+// webhookOf is the webhook whose denial or failed call st is, or "".
+func webhookOf(st *metav1.Status) string {
+	if st == nil {
+		return ""
+	}
+	m := webhookVerdict.FindStringSubmatch(st.Message)
+	switch {
+	case m == nil:
+		return ""
+	case m[1] != "":
+		return m[1]
+	}
+	return m[2]
+}
+
+const webhookOwnAnswer = "a webhook's answer is its own (kproxy calls it again, in dry run: a webhook that is not deterministic, " +
+	"that answers dry runs otherwise, or that timed out on one call answers the two differently), so the request's outcome is not known"
+
+// webhookRefusedOnlyHere says why the replay's refusal by an admission
+// webhook is not the request's, or "": the apiserver admitted the write,
+// or refused it with another status.
+func (r *Run) webhookRefusedOnlyHere(ctx context.Context) string {
+	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) {
+		return ""
+	}
+	name := webhookOf(r.Status)
+	if name == "" {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	switch {
+	case !ok:
+	case aw.Status >= 200 && aw.Status < 300:
+		return fmt.Sprintf("admission webhook %q refused kproxy's call (%d: %s), and the apiserver admitted the write (%d): %s",
+			name, r.Code, r.Status.Message, aw.Status, webhookOwnAnswer)
+	case aw.Refusal != nil && aw.Status != r.Code && aw.Status != http.StatusTooManyRequests:
+		return fmt.Sprintf("admission webhook %q refused kproxy's call (%d: %s), and the apiserver refused the write otherwise (%d: %s): %s",
+			name, r.Code, r.Status.Message, aw.Status, aw.Refusal.Message, webhookOwnAnswer)
+	}
+	return ""
+}
+
+// webhookRefusedOnlyThere says why the replay's admission of a write the
+// apiserver refused by an admission webhook (aw) is not the request's, or
+// "".
+func (r *Run) webhookRefusedOnlyThere(aw Answer) string {
+	name := webhookOf(aw.Refusal)
+	if name == "" {
+		return ""
+	}
+	return fmt.Sprintf("the apiserver's call to admission webhook %q refused the write (%d: %s), and the replay admits it "+
+		"(the webhook admitted kproxy's call, or its rules did not send kproxy's call to it): %s", name, aw.Status, aw.Refusal.Message, webhookOwnAnswer)
+}
