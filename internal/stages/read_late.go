@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -29,7 +30,9 @@ import (
 //     otherwise than the replay's, the verdict says nothing about the
 //     request.
 //   - The objects a service-account token is bound to: a pod's last
-//     requests before it is deleted. When the replay's authenticator
+//     requests before it is deleted; and a token the apiserver's token
+//     cache holds (a success is not checked again for 10 s, whoever sent
+//     it), used right after its service account was deleted. When the replay's authenticator
 //     refuses the token because its service account, secret, pod or node
 //     is gone (or replaced), and the apiserver authenticated the request,
 //     the authentication verdict says nothing about it either.
@@ -195,7 +198,8 @@ func (a *authentication) authenticatedLate(ctx context.Context, req *Request, er
 	return fmt.Sprintf("the apiserver authenticated the request (it answered %d, which only an authenticated request gets), "+
 		"and the replay's service-account authenticator refuses its token (%v): the object the token is bound to "+
 		"(its service account, secret, pod or node) was deleted or replaced after the request, before the replay read it, "+
-		"so the state on arrival is not known", aw.Status, err)
+		"or shortly before the request, within the apiserver's token cache (a token it authenticated in the last 10 s, "+
+		"for any client, is not checked again), so the state on arrival is not known", aw.Status, err)
 }
 
 // boundObjectGone reports the service-account token validator's refusal
@@ -205,5 +209,10 @@ func boundObjectGone(err error) bool {
 	s := err.Error()
 	return strings.Contains(s, "service account token has been invalidated") ||
 		(strings.Contains(s, "service account ") && strings.Contains(s, " has been deleted")) ||
-		strings.Contains(s, "service account UID (") || strings.Contains(s, "does not match service account")
+		strings.Contains(s, "service account UID (") || strings.Contains(s, "does not match service account") ||
+		serviceAccountNotFound.MatchString(s)
 }
+
+// serviceAccountNotFound is the validator's lookup of a token's service
+// account that found none (the lister's, or the live read's, NotFound).
+var serviceAccountNotFound = regexp.MustCompile(`serviceaccounts? "[^"]*" not found`)

@@ -132,6 +132,8 @@ func TestAuthenticatedLate(t *testing.T) {
 	}{
 		{"pod deleted, answered 403", errors.New("service account token has been invalidated"), 403, "the apiserver authenticated the request (it answered 403"},
 		{"service account deleted, answered 200", errors.New("[invalid bearer token, service account ns/worker has been deleted]"), 200, "was deleted or replaced after the request"},
+		{"service account gone, answered 201 (the apiserver's token cache)", errors.New(`[invalid bearer token, serviceaccounts "tok-sa" not found]`), 201, "within the apiserver's token cache"},
+		{"service account gone, answered 401", errors.New(`[invalid bearer token, serviceaccounts "tok-sa" not found]`), 401, ""},
 		{"service account replaced", errors.New("service account UID (a) does not match claim (b)"), 200, "deleted or replaced"},
 		{"pod replaced", errors.New("pod UID (a) does not match service account pod ref claim (b)"), 404, "it answered 404"},
 		{"pod deleted, answered 401", errors.New("service account token has been invalidated"), 401, ""},
