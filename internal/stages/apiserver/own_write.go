@@ -320,7 +320,10 @@ func (r *Run) markedAround() (time.Time, bool) {
 //     after the pod, as kubectl apply -f sends a directory's pod.yaml
 //     before its serviceaccount.yaml;
 //   - an admission webhook refused the apiserver's call, which kproxy's
-//     own call to it did not meet (webhook_answers.go).
+//     own call to it did not meet (webhook_answers.go);
+//   - the store refused an update or patch as a conflict (the object has
+//     been modified): another write landed while the request was in
+//     flight (modifiedInFlight).
 func (r *Run) admittedEarly(ctx context.Context) string {
 	// A connect (exec, attach, port-forward, proxy) is answered with its
 	// stream: its answer is not waited for.
@@ -332,6 +335,8 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 		return ""
 	}
 	switch {
+	case modifiedInFlight(r, aw):
+		return r.modifiedInFlightWhy()
 	case aw.Status == http.StatusNotFound && namespaceNotFound(aw.Refusal):
 		return namespaceCreatedLateWhy
 	case aw.Status != http.StatusForbidden:
@@ -352,6 +357,30 @@ func (r *Run) admittedEarly(ctx context.Context) string {
 		return why
 	}
 	return r.webhookRefusedOnlyThere(aw)
+}
+
+// modifiedInFlight reports the apiserver's optimistic-concurrency
+// refusal (409, "the object has been modified") of an update or patch the
+// replay admitted: the resourceVersion the request names was the
+// object's as the replay read it, on arrival, and no longer when the
+// apiserver's store read it. Another write landed in between, while the
+// request was in flight (concurrent writers, a controller's retries):
+// which version the request met is not known.
+func modifiedInFlight(r *Run, aw Answer) bool {
+	return aw.Status == http.StatusConflict && (r.Verb == "update" || r.Verb == "patch") && aw.Refusal != nil &&
+		aw.Refusal.Reason == metav1.StatusReasonConflict && strings.Contains(aw.Refusal.Message, "the object has been modified")
+}
+
+func (r *Run) modifiedInFlightWhy() string {
+	read := ""
+	for _, rd := range r.Reads {
+		if !rd.List && rd.Found && rd.ResourceVersion != "" {
+			read = " at resourceVersion " + rd.ResourceVersion
+		}
+	}
+	return "the apiserver refused the write as a conflict (409: the object has been modified), and the replay, which read the object" + read +
+		" as the request arrived, admits it: another write to the object landed while this request was in flight, before the apiserver's store read it, " +
+		"so the version the request met is not known"
 }
 
 // namespaceNotFound reports NamespaceLifecycle's refusal of a create in a

@@ -270,3 +270,34 @@ func TestMetBeforeEmptying(t *testing.T) {
 		})
 	}
 }
+
+// TestModifiedInFlight: an update the replay admits at the version it read
+// on arrival, which the apiserver's store refused as modified, met a write
+// that landed while it was in flight: unknown. Other conflicts, and other
+// verbs, keep the verdict.
+func TestModifiedInFlight(t *testing.T) {
+	modified := &metav1.Status{Code: 409, Reason: metav1.StatusReasonConflict,
+		Message: `Operation cannot be fulfilled on configmaps "ctr": the object has been modified; please apply your changes to the latest version and try again`}
+	uid := &metav1.Status{Code: 409, Reason: metav1.StatusReasonConflict,
+		Message: `Operation cannot be fulfilled on configmaps "ctr": Precondition failed: UID in precondition: a, UID in object meta: b`}
+	exists := &metav1.Status{Code: 409, Reason: metav1.StatusReasonAlreadyExists, Message: `configmaps "ctr" already exists`}
+	for _, tc := range []struct {
+		name, verb string
+		refusal    *metav1.Status
+		want       string // contains; "" keeps the verdict
+	}{
+		{"an update, modified", "update", modified, "read the object at resourceVersion 41 as the request arrived, admits it: another write to the object landed while this request was in flight"},
+		{"a patch, modified", "patch", modified, "landed while this request was in flight"},
+		{"an update, another uid", "update", uid, ""},
+		{"a create that exists", "create", exists, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: tc.verb, Resource: "configmaps", Reads: []StorageRead{{Key: "/configmaps/ns/ctr", Found: true, ResourceVersion: "41"}}}
+			r.actual = func(context.Context) (Answer, bool) { return Answer{Status: 409, Refusal: tc.refusal}, true }
+			why := r.admittedEarly(context.Background())
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("admittedEarly = %q, want %q", why, tc.want)
+			}
+		})
+	}
+}
