@@ -146,12 +146,13 @@ func (a AgreementKind) Mark() string {
 }
 
 // Agreement compares the predicted status with the actual one: Unknown when
-// the prediction is "unknown" or there is no actual status, Mismatch when
+// the prediction is "unknown" or there is no actual status (none, or one
+// kproxy wrote because no answer came: record.Actual.NoAnswer), Mismatch when
 // the statuses differ, Match otherwise. mark is kind.Mark(): "=", "!=",
 // "?".
 func Agreement(r *record.Record) (mark string, kind AgreementKind) {
 	switch {
-	case r.Predicted.Stage == record.StageUnknown || r.Actual.Status == 0:
+	case r.Predicted.Stage == record.StageUnknown || r.Actual.Status == 0 || r.Actual.NoAnswer():
 		kind = Unknown
 	case r.Predicted.Status != r.Actual.Status:
 		kind = Mismatch

@@ -82,6 +82,10 @@ func TestPredictedActualAgreement(t *testing.T) {
 		{"unknown", record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: x"}, record.Actual{Status: 200}, "unknown", "200", "?", Unknown},
 		{"no answer", record.Prediction{Status: 200}, record.Actual{Error: "dial tcp: connection refused"}, "200", "error", "?", Unknown},
 		{"nothing at all", record.Prediction{Status: 200}, record.Actual{}, "200", None, "?", Unknown},
+		{"the client went away before the answer", record.Prediction{Status: 200}, record.Actual{Status: 499, Error: "client canceled the request"}, "200", "499", "?", Unknown},
+		{"kproxy could not reach the apiserver", record.Prediction{Status: 200}, record.Actual{Status: 502, Error: "kproxy could not reach the apiserver at x: dial tcp: refused"}, "200", "502", "?", Unknown},
+		{"the apiserver's own 502", record.Prediction{Status: 200}, record.Actual{Status: 502}, "200", "502", "!=", Mismatch},
+		{"kproxy's own 401 for a certificate", record.Prediction{Status: 401, Stage: record.StageAuthentication}, record.Actual{Status: 401, Error: "answered by kproxy: the apiserver's 401"}, "401 @authentication", "401", "=", Match},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &record.Record{Predicted: tc.p, Actual: tc.a}

@@ -698,7 +698,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		if ex != nil {
 			ex.rec.Actual.Error = "client canceled the request"
 		}
-		w.WriteHeader(499) // never seen by the client; marks the record
+		w.WriteHeader(record.StatusClientCanceled) // never seen by the client; marks the record
 		return
 	}
 	msg := fmt.Sprintf("kproxy could not reach the apiserver at %s: %v", p.upstream.Host, err)

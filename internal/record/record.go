@@ -7,6 +7,7 @@ package record
 
 import (
 	"encoding/json"
+	"net/http"
 	"time"
 )
 
@@ -162,6 +163,26 @@ type Actual struct {
 	// request headers are.
 	Headers map[string][]string `json:"headers,omitempty"`
 }
+
+// NoAnswer reports a record whose status kproxy wrote because the
+// apiserver's answer never came: the client went away first (499), the
+// apiserver could not be reached (502), or the request's body stopped
+// arriving (408), each with Error saying so. Such a status is no answer
+// to compare a prediction with.
+func (a Actual) NoAnswer() bool {
+	if a.Error == "" {
+		return false
+	}
+	switch a.Status {
+	case StatusClientCanceled, http.StatusBadGateway, http.StatusRequestTimeout:
+		return true
+	}
+	return false
+}
+
+// StatusClientCanceled is the status a record gets when its client went
+// away before the apiserver answered (nginx's 499; the client sees none).
+const StatusClientCanceled = 499
 
 // StageResult is one stage's verdict; Children hold finer detail (each
 // authenticator, authorizer, admission plugin, webhook).

@@ -237,7 +237,7 @@ func predictedAt(p record.Prediction) string {
 // status and reason.
 func agreement(r *record.Record) string {
 	switch {
-	case r.Predicted.Stage == record.StageUnknown:
+	case r.Predicted.Stage == record.StageUnknown || r.Actual.NoAnswer():
 		return "unknown"
 	case r.Predicted.Status == r.Actual.Status && r.Predicted.Reason == r.Actual.Reason:
 		return "agree"

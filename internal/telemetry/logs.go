@@ -129,7 +129,7 @@ func (r *RecordLogs) Write(rec *record.Record) {
 	lr.SetSeverityText("INFO")
 	agreement := "agree"
 	switch {
-	case rec.Predicted.Stage == record.StageUnknown:
+	case rec.Predicted.Stage == record.StageUnknown || rec.Actual.NoAnswer():
 		agreement = "unknown"
 	case rec.Predicted.Status != rec.Actual.Status:
 		// kproxy disagrees with the apiserver: a kproxy bug to look at.
