@@ -28,11 +28,7 @@ func TestConcurrentUpdatesConflict(t *testing.T) {
 	if _, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ctr"}}, createOpts); err != nil {
 		t.Fatal(err)
 	}
-	stream := record.NewStream()
-	recs, _, cancel := stream.Subscribe(256)
-	t.Cleanup(cancel)
-	k := startKproxy(t, kproxyOptions{stream: stream})
-	r := reverseRoute(k)
+	r, recs := recordedKproxy(t)
 	c := r.client(nil)
 	const rounds = 20
 	conflicts, inFlight := 0, 0

@@ -95,11 +95,7 @@ func TestTokenCachedByTheApiserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stream := record.NewStream()
-	recs, _, cancel := stream.Subscribe(16)
-	t.Cleanup(cancel)
-	k := startKproxy(t, kproxyOptions{stream: stream})
-	r := reverseRoute(k)
+	r, recs := recordedKproxy(t)
 	c := r.client(nil)
 	ssr := request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews",
 		body:   `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`,
