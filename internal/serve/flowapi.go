@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kproxy/kproxy/internal/flowapi"
+	"github.com/kproxy/kproxy/internal/flowview"
 	"github.com/kproxy/kproxy/internal/proxy"
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -234,12 +235,12 @@ func predictedAt(p record.Prediction) string {
 }
 
 // agreement compares the prediction with the answer as the tests do:
-// status and reason.
+// status and reason (unknown as flowview.Agreement says).
 func agreement(r *record.Record) string {
-	switch {
-	case r.Predicted.Stage == record.StageUnknown || r.Actual.NoAnswer():
+	switch _, kind := flowview.Agreement(r); {
+	case kind == flowview.Unknown:
 		return "unknown"
-	case r.Predicted.Status == r.Actual.Status && r.Predicted.Reason == r.Actual.Reason:
+	case kind == flowview.Match && r.Predicted.Reason == r.Actual.Reason:
 		return "agree"
 	}
 	return "disagree"

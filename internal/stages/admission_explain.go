@@ -38,10 +38,7 @@ func newAdmissionExplainer(s *apiserver.ClusterState) *admissionExplainer {
 	}
 }
 
-var (
-	webhookNamed = regexp.MustCompile(`(?:admission webhook|failed calling webhook) "([^"]+)"`)
-	policyNamed  = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']+)' with binding '([^']+)'`)
-)
+var policyNamed = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']+)' with binding '([^']+)'`)
 
 func (e *admissionExplainer) Explain(plugin string, a admission.Attributes, err error) string {
 	if e == nil || err == nil {
@@ -50,8 +47,8 @@ func (e *admissionExplainer) Explain(plugin string, a admission.Attributes, err 
 	msg := err.Error()
 	switch plugin {
 	case "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook":
-		if m := webhookNamed.FindStringSubmatch(msg); m != nil {
-			return "the " + e.Webhook(m[1])
+		if name := apiserver.WebhookNamed(msg); name != "" {
+			return "the " + e.Webhook(name)
 		}
 	case "ValidatingAdmissionPolicy":
 		if m := policyNamed.FindStringSubmatch(msg); m != nil {

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
 
@@ -56,8 +55,7 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 			return Unknown(why), false
 		}
 		if groupUnknown(w, i.APIGroup) {
-			st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
-			return Reject(st, fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup)), false
+			return Reject(muxNotFound(), fmt.Sprintf("no built-in group, CustomResourceDefinition or APIService serves the group %q: the apiserver's mux answers 404 page not found", i.APIGroup)), false
 		}
 		if noCRDNamed(w, i.Resource+"."+i.APIGroup) {
 			return d.noSuchResource(ctx, req), false
@@ -163,8 +161,7 @@ func (d decode) noSuchResource(ctx context.Context, req *Request) Result {
 			return Unknown(fmt.Sprintf("kproxy sees no CustomResourceDefinition %q, and the apiserver answered %d: one was created or deleted around this request, so which the apiserver saw on arrival is not known", name, aw.Status))
 		}
 	}
-	st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
-	return Reject(st, fmt.Sprintf("no CustomResourceDefinition %q: the group %q is served, but not this resource (the apiextensions handler finds no definition by that name and passes the request on), so the apiserver's mux answers 404 page not found", name, req.Info.APIGroup))
+	return Reject(muxNotFound(), fmt.Sprintf("no CustomResourceDefinition %q: the group %q is served, but not this resource (the apiextensions handler finds no definition by that name and passes the request on), so the apiserver's mux answers 404 page not found", name, req.Info.APIGroup))
 }
 
 // noCRDNamed reports that kproxy's informer holds no

@@ -66,8 +66,7 @@ func (d decode) groupDiscovery(req *Request) Result {
 			return aggregatedAPI(s, req.Info.Path)
 		}
 	}
-	st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
-	return Reject(st, "no built-in group, CustomResourceDefinition or APIService serves "+req.Info.Path+": the apiserver's mux answers 404 page not found")
+	return Reject(muxNotFound(), "no built-in group, CustomResourceDefinition or APIService serves "+req.Info.Path+": the apiserver's mux answers 404 page not found")
 }
 
 // aggregatedAPI is the aggregator's answer to a request for an API

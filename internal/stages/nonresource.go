@@ -91,8 +91,13 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 			return Unknown("the apiserver serves " + p + " with a handler of its own: not modelled")
 		}
 	}
-	st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
-	return Reject(st, fmt.Sprintf("the apiserver serves no handler at %s (its index lists %d paths, none of them this one or a prefix of it): its mux answers 404 page not found", p, len(index.Paths)))
+	return Reject(muxNotFound(), fmt.Sprintf("the apiserver serves no handler at %s (its index lists %d paths, none of them this one or a prefix of it): its mux answers 404 page not found", p, len(index.Paths)))
+}
+
+// muxNotFound is the apiserver mux's answer for a path no handler serves
+// (its NotFoundHandler, plain text).
+func muxNotFound() *metav1.Status {
+	return &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
 }
 
 // coreVersions are the core group's versions among the index's paths.
@@ -181,8 +186,7 @@ func (d decode) health(ctx context.Context, req *Request, p string) Result {
 		}
 		return Pass(fmt.Sprintf("the apiserver's %s: %s (read by kproxy as it replayed the request)", p, what))
 	case http.StatusNotFound:
-		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Message: "404 page not found"}
-		return Reject(st, fmt.Sprintf("the apiserver has no health check at %s: its mux answers 404 page not found", p))
+		return Reject(muxNotFound(), fmt.Sprintf("the apiserver has no health check at %s: its mux answers 404 page not found", p))
 	case http.StatusInternalServerError:
 		// The apiserver answers a failure with the verbose report, whether
 		// or not the request asked for it.

@@ -15,6 +15,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kproxy/kproxy/internal/flowview"
 	"github.com/kproxy/kproxy/internal/record"
 )
 
@@ -128,10 +129,10 @@ func (r *RecordLogs) Write(rec *record.Record) {
 	lr.SetSeverity(otellog.SeverityInfo)
 	lr.SetSeverityText("INFO")
 	agreement := "agree"
-	switch {
-	case rec.Predicted.Stage == record.StageUnknown || rec.Actual.NoAnswer():
+	switch _, kind := flowview.Agreement(rec); kind {
+	case flowview.Unknown:
 		agreement = "unknown"
-	case rec.Predicted.Status != rec.Actual.Status:
+	case flowview.Mismatch:
 		// kproxy disagrees with the apiserver: a kproxy bug to look at.
 		agreement = "disagree"
 		lr.SetSeverity(otellog.SeverityWarn)

@@ -372,6 +372,8 @@ func modifiedInFlight(r *Run, aw Answer) bool {
 }
 
 func (r *Run) modifiedInFlightWhy() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	read := ""
 	for _, rd := range r.Reads {
 		if !rd.List && rd.Found && rd.ResourceVersion != "" {

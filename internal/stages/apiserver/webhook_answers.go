@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -20,23 +21,25 @@ import (
 // the verdict says nothing about the request: the run is unknown, saying
 // which webhook answered what.
 
-// webhookVerdict matches the admission webhook dispatchers' refusals: a
-// webhook's denial, and a call that failed (failurePolicy Fail).
-var webhookVerdict = regexp.MustCompile(`admission webhook "([^"]+)" denied the request|failed calling webhook "([^"]+)"`)
+// webhookNamed finds the webhook an admission webhook dispatcher's error
+// names: its denial, a call that failed, a dry run it does not support.
+var webhookNamed = regexp.MustCompile(`(?:admission webhook|failed calling webhook) "([^"]+)"`)
 
-// webhookOf is the webhook whose denial or failed call st is, or "".
-func webhookOf(st *metav1.Status) string {
-	if st == nil {
-		return ""
-	}
-	m := webhookVerdict.FindStringSubmatch(st.Message)
-	switch {
-	case m == nil:
-		return ""
-	case m[1] != "":
+// WebhookNamed is the admission webhook msg names, or "".
+func WebhookNamed(msg string) string {
+	if m := webhookNamed.FindStringSubmatch(msg); m != nil {
 		return m[1]
 	}
-	return m[2]
+	return ""
+}
+
+// webhookOf is the webhook whose denial, or failed call (failurePolicy
+// Fail), st is, or "".
+func webhookOf(st *metav1.Status) string {
+	if st == nil || (!strings.Contains(st.Message, " denied the request") && !strings.Contains(st.Message, "failed calling webhook ")) {
+		return ""
+	}
+	return WebhookNamed(st.Message)
 }
 
 const webhookOwnAnswer = "a webhook's answer is its own (kproxy calls it again, in dry run: a webhook that is not deterministic, " +
