@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -55,6 +56,10 @@ func TestConcurrentUpdatesConflict(t *testing.T) {
 			switch {
 			case rec.Predicted.Stage == record.StageUnknown:
 				inFlight++
+				// The store refused it: storage says why, not decode.
+				if strings.Contains(rec.Predicted.Message, "in flight") && !strings.HasPrefix(rec.Predicted.Message, "cannot predict: storage: ") {
+					t.Errorf("round %d: unknown %q, want it said by storage (cannot predict: storage: ...)", round, rec.Predicted.Message)
+				}
 			case rec.Predicted.Status != rec.Actual.Status:
 				t.Errorf("round %d: predicted %+v, the apiserver answered %d %s", round, rec.Predicted, rec.Actual.Status, rec.Actual.Message)
 			}

@@ -69,7 +69,7 @@ func (d decode) report(ctx context.Context, req *Request, run *apiserver.Run) Re
 	start, end, _ := run.PhaseTimes(apiserver.PhaseDecode)
 	var res Result
 	switch {
-	case run.Unknown != "":
+	case run.Unknown != "" && run.UnknownAt() == record.StageDecode:
 		res = Unknown(run.Unknown)
 	case run.Status != nil && apiserver.DiscoveryRoot(req.Info):
 		res = Unknown("the apiserver's aggregator serves " + req.Info.Path + "; its refusals (here " + apiserver.StatusMessage(run.Status) + " from kube-apiserver's own handler) are not replayed")

@@ -2,7 +2,9 @@ package stages
 
 import (
 	"context"
+	"slices"
 
+	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
@@ -60,18 +62,40 @@ func (h *resourceHandler) run(ctx context.Context, req *Request) (*apiserver.Run
 	return h.m.writer().Run(ctx, req.forServer(), h.m.now), nil
 }
 
-// handlerRunOf is the run a stage after decode reports on, or, when there
-// is none to report on (not a write, or decode could not replay it), the
-// stage's result.
-func handlerRunOf(req *Request, run *apiserver.Run) (*apiserver.Run, Result) {
+// handlerRunOf is the run stage (after decode) reports on, or, when there
+// is none to report on (not a write, decode could not replay it, or the
+// run cannot be trusted from this stage on), the stage's result.
+func handlerRunOf(stage string, req *Request, run *apiserver.Run) (*apiserver.Run, Result) {
 	switch {
 	case !apiserver.IsWrite(req.Info):
 		return nil, Skip(notWriteReason(req))
-	case run == nil || run.Unknown != "":
+	case run == nil:
 		return nil, Skip("not replayed (see decode)")
-	default:
-		return run, Result{}
 	}
+	if res, ok := unknownFrom(stage, run); ok {
+		return nil, res
+	}
+	return run, Result{}
+}
+
+// unknownFrom is what stage reports of a run that cannot be trusted (ok),
+// or ok false for the stage to report the run as usual. The stage whose
+// layer the run's unknown is about (a webhook's phase, storage for a
+// failed read or a conflict in flight; decode for the run as a whole)
+// says why; the stages after it say where to look; the stages before it
+// report what the run did, which is known.
+func unknownFrom(stage string, run *apiserver.Run) (Result, bool) {
+	if run == nil || run.Unknown == "" {
+		return Result{}, false
+	}
+	at := run.UnknownAt()
+	switch {
+	case at == stage:
+		return Unknown(run.Unknown), true
+	case slices.Index(record.StageOrder[:], at) < slices.Index(record.StageOrder[:], stage):
+		return Skip("not replayed (see " + at + ")"), true
+	}
+	return Result{}, false
 }
 
 var _ handlerStage = decode{} // a compile-time guard: decode reports like the others

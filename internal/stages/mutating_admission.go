@@ -27,7 +27,7 @@ func (s mutatingAdmission) report(_ context.Context, req *Request, run *apiserve
 
 // admissionPhase reports one admission phase of the run.
 func admissionPhase(req *Request, run *apiserver.Run, phase int, validating bool) Result {
-	run, none := handlerRunOf(req, run)
+	run, none := handlerRunOf(apiserver.PhaseStage[phase], req, run)
 	if run == nil {
 		return none
 	}

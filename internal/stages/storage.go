@@ -40,7 +40,7 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 	if !apiserver.IsWrite(req.Info) {
 		return Skip("not replayed (see decode)")
 	}
-	run, none := handlerRunOf(req, run)
+	run, none := handlerRunOf(record.StageStorage, req, run)
 	if run == nil {
 		return none
 	}
@@ -202,7 +202,7 @@ func (st storageStage) reportRead(run *apiserver.Run) Result {
 	var res Result
 	switch {
 	case run.Unknown != "":
-		res = Unknown(run.Unknown)
+		res, _ = unknownFrom(record.StageStorage, run)
 	case run.Decided == record.StageStorage:
 		res = Reject(run.Status, "storage refuses: "+apiserver.StatusMessage(run.Status)+whyRefused(run)+"; "+strings.Join(append(reads, parts...), "; "))
 	case run.Decided != "":

@@ -21,7 +21,7 @@ func newValidation(m *machinery) handlerStage { return validation{m} }
 func (validation) Name() string { return record.StageValidation }
 
 func (validation) report(_ context.Context, req *Request, run *apiserver.Run) Result {
-	run, none := handlerRunOf(req, run)
+	run, none := handlerRunOf(record.StageValidation, req, run)
 	if run == nil {
 		return none
 	}

@@ -148,7 +148,7 @@ func TestAdmissionStateLate(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				r := &Run{Verb: "create", Resource: "pods", arrival: arrival, namespace: tc.ns, changes: tc.changes}
 				r.actual = func(context.Context) (Answer, bool) { return tc.answer, true }
-				why := r.admittedEarly(context.Background())
+				_, why := r.admittedEarly(context.Background())
 				if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 					t.Errorf("admittedEarly = %q, want %q", why, tc.want)
 				}
@@ -212,7 +212,7 @@ func TestAdmissionPolicyLag(t *testing.T) {
 			r.actual = func(context.Context) (Answer, bool) { return tc.answer, true }
 			var why string
 			if tc.admitted {
-				why = r.admittedEarly(context.Background())
+				_, why = r.admittedEarly(context.Background())
 			} else {
 				why = r.mutatedLate(context.Background())
 			}

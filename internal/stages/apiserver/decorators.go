@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // The admission decorators: the replay sees the admission chain go by
@@ -97,7 +99,7 @@ func (p *observedPlugin) Admit(ctx context.Context, a admission.Attributes, o ad
 	c := PluginCall{Name: p.name, Start: r.now()}
 	c.Err = m.Admit(ctx, a, o)
 	c.End = r.now()
-	p.noticeSideEffects(r, c.Err)
+	p.noticeSideEffects(r, record.StageMutatingAdmission, c.Err)
 	c.Detail = p.explain.Explain(p.name, a, c.Err)
 	if after := a.GetObject(); before != nil && after != nil && !reflect.DeepEqual(before, after) {
 		if b, a := objectJSON(before), objectJSON(after); b != nil && a != nil && !bytes.Equal(b, a) {
@@ -121,7 +123,7 @@ func (p *observedPlugin) Validate(ctx context.Context, a admission.Attributes, o
 	c := PluginCall{Name: p.name, Validating: true, Start: r.now()}
 	c.Err = v.Validate(ctx, a, o)
 	c.End = r.now()
-	p.noticeSideEffects(r, c.Err)
+	p.noticeSideEffects(r, record.StageValidatingAdmission, c.Err)
 	c.Detail = p.explain.Explain(p.name, a, c.Err)
 	r.addPlugin(c)
 	return c.Err
@@ -134,7 +136,7 @@ var dryRunUnsupported = regexp.MustCompile(`admission webhook "([^"]+)" does not
 // noticeSideEffects makes the run unknown when the replay (always a dry
 // run) could not call a webhook that the real, non-dry-run request does
 // call: kproxy never calls a webhook that declares side effects.
-func (p *observedPlugin) noticeSideEffects(r *Run, err error) {
+func (p *observedPlugin) noticeSideEffects(r *Run, stage string, err error) {
 	if err == nil || r.DryRun || p.webhook == nil {
 		return
 	}
@@ -142,7 +144,7 @@ func (p *observedPlugin) noticeSideEffects(r *Run, err error) {
 	if m == nil {
 		return
 	}
-	r.markUnknown("depends on " + p.webhook(m[1]) + ": it declares side effects, and kproxy calls webhooks only in dry run")
+	r.markUnknownAt(stage, "depends on "+p.webhook(m[1])+": it declares side effects, and kproxy calls webhooks only in dry run")
 }
 
 // objectJSON is the object as JSON in its external version, for diffs.

@@ -15,6 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	api "k8s.io/kubernetes/pkg/apis/core"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // A binding (the scheduler's) and an eviction (a drain's) are writes the
@@ -324,39 +326,42 @@ func (r *Run) markedAround() (time.Time, bool) {
 //   - the store refused an update or patch as a conflict (the object has
 //     been modified): another write landed while the request was in
 //     flight (modifiedInFlight).
-func (r *Run) admittedEarly(ctx context.Context) string {
+//
+// stage is the stage whose layer the answer is about (storage, for the
+// conflict), or "" for decode to report it.
+func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	// A connect (exec, attach, port-forward, proxy) is answered with its
 	// stream: its answer is not waited for.
 	if r.Read || r.actual == nil || r.Status != nil || connectSubresource(r.Subresource) {
-		return ""
+		return "", ""
 	}
 	aw, ok := r.actual(ctx)
 	if !ok || aw.Refusal == nil {
-		return ""
+		return "", ""
 	}
 	switch {
 	case modifiedInFlight(r, aw):
-		return r.modifiedInFlightWhy()
+		return record.StageStorage, r.modifiedInFlightWhy()
 	case aw.Status == http.StatusNotFound && namespaceNotFound(aw.Refusal):
-		return namespaceCreatedLateWhy
+		return "", namespaceCreatedLateWhy
 	case aw.Status != http.StatusForbidden:
 	case r.Verb == "create" && namespaceTerminating(aw.Refusal):
-		return namespaceEndedEarlyWhy
+		return "", namespaceEndedEarlyWhy
 	case quotaExceeded(aw.Refusal):
-		return quotaAdmittedEarlyWhy
+		return "", quotaAdmittedEarlyWhy
 	case serviceAccountLookup(aw.Refusal):
-		return serviceAccountArrivedEarlyWhy
+		return "", serviceAccountArrivedEarlyWhy
 	}
 	// Any other admission refusal, where kproxy saw the state the
 	// plugins read change since the request arrived; any other refusal,
 	// where it saw a mutating plugin's (admission_late.go).
 	if why := r.admittedByStateLate(aw); why != "" {
-		return why
+		return "", why
 	}
 	if why := r.mutatedEarly(aw); why != "" {
-		return why
+		return "", why
 	}
-	return r.webhookRefusedOnlyThere(aw)
+	return "", r.webhookRefusedOnlyThere(aw)
 }
 
 // modifiedInFlight reports the apiserver's optimistic-concurrency

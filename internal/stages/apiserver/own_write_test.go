@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	api "k8s.io/kubernetes/pkg/apis/core"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // history is an objectSource over a pod's stored versions: at a revision
@@ -227,7 +229,7 @@ func TestAdmittedEarly(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.run
 			r.actual = func(context.Context) (Answer, bool) { return Answer{Status: tc.answered, Refusal: tc.refusal}, true }
-			why := r.admittedEarly(context.Background())
+			_, why := r.admittedEarly(context.Background())
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("admittedEarly = %q, want %q", why, tc.want)
 			}
@@ -294,9 +296,12 @@ func TestModifiedInFlight(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Run{Verb: tc.verb, Resource: "configmaps", Reads: []StorageRead{{Key: "/configmaps/ns/ctr", Found: true, ResourceVersion: "41"}}}
 			r.actual = func(context.Context) (Answer, bool) { return Answer{Status: 409, Refusal: tc.refusal}, true }
-			why := r.admittedEarly(context.Background())
+			stage, why := r.admittedEarly(context.Background())
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("admittedEarly = %q, want %q", why, tc.want)
+			}
+			if why != "" && stage != record.StageStorage {
+				t.Errorf("admittedEarly's stage = %q, want storage (the store refused it)", stage)
 			}
 		})
 	}

@@ -67,6 +67,9 @@ type Run struct {
 	// unknown says why the run cannot be trusted (a read failed, a
 	// webhook cannot be called in dry run).
 	Unknown string
+	// unknownStage is the stage whose layer Unknown is about (see
+	// UnknownAt).
+	unknownStage string
 	// decided is the stage that produced the refusal.
 	Decided string
 
@@ -333,13 +336,43 @@ func (r *Run) enter(phase int) {
 	}
 }
 
-// markUnknown records the first reason the run cannot be trusted.
-func (r *Run) markUnknown(why string) {
+// markUnknown records the first reason the run cannot be trusted, about
+// the run as a whole (decode reports it).
+func (r *Run) markUnknown(why string) { r.markUnknownAt("", why) }
+
+// markUnknownAt records the first reason the run cannot be trusted, about
+// stage's layer: a webhook's phase, storage for a read that failed, the
+// stage a refusal the apiserver did not make came from.
+func (r *Run) markUnknownAt(stage, why string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.Unknown == "" {
-		r.Unknown = why
+		r.Unknown, r.unknownStage = why, stage
 	}
+}
+
+// markUnknownHere records the first reason the run cannot be trusted,
+// about the phase the handler is in (a webhook kproxy cannot dial).
+func (r *Run) markUnknownHere(why string) {
+	r.mu.Lock()
+	stage := PhaseStage[r.phase]
+	r.mu.Unlock()
+	r.markUnknownAt(stage, why)
+}
+
+// UnknownAt is the handler stage that reports the run's Unknown: the
+// stage whose layer it is about, so a record's "cannot predict" names the
+// webhook's phase or storage rather than decode. decode reports what is
+// about the run as a whole, or about a stage before the handler.
+func (r *Run) UnknownAt() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range PhaseStage {
+		if s == r.unknownStage {
+			return s
+		}
+	}
+	return record.StageDecode
 }
 
 func (r *Run) addRead(read StorageRead) {
@@ -347,7 +380,7 @@ func (r *Run) addRead(read StorageRead) {
 	defer r.mu.Unlock()
 	r.Reads = append(r.Reads, read)
 	if read.Err != nil && r.Unknown == "" {
-		r.Unknown = fmt.Sprintf("could not read %s: %v", read.Path, read.Err)
+		r.Unknown, r.unknownStage = fmt.Sprintf("could not read %s: %v", read.Path, read.Err), record.StageStorage
 	}
 }
 
@@ -465,20 +498,22 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		case replayTimedOut(run.Status):
 			run.markUnknown(replayTimeoutWhy)
 		default:
+			// The replay's refusal is what cannot be trusted: the
+			// stage it came from says so.
 			if why := run.refusedLate(ctx); why != "" {
-				run.markUnknown(why)
+				run.markUnknownAt(run.Decided, why)
 			} else if why := run.refusedByStateLate(ctx); why != "" {
-				run.markUnknown(why)
+				run.markUnknownAt(run.Decided, why)
 			} else if why := run.mutatedLate(ctx); why != "" {
-				run.markUnknown(why)
+				run.markUnknownAt(run.Decided, why)
 			} else if why := run.webhookRefusedOnlyHere(ctx); why != "" {
-				run.markUnknown(why)
+				run.markUnknownAt(run.Decided, why)
 			}
 		}
 	} else if !run.Read {
 		run.Object = resp.Body.Bytes()
-		if why := run.admittedEarly(ctx); why != "" {
-			run.markUnknown(why)
+		if stage, why := run.admittedEarly(ctx); why != "" {
+			run.markUnknownAt(stage, why)
 		}
 	}
 	return run

@@ -549,7 +549,7 @@ func watchDial(cfg *rest.Config, where string) *rest.Config {
 		c, err := dial(ctx, network, addr)
 		if err != nil {
 			if run := runFrom(ctx); run != nil {
-				run.markUnknown(fmt.Sprintf("depends on an admission webhook %s, which kproxy could not reach (%v); the apiserver calls it from inside the cluster", where, err))
+				run.markUnknownHere(fmt.Sprintf("depends on an admission webhook %s, which kproxy could not reach (%v); the apiserver calls it from inside the cluster", where, err))
 			}
 		}
 		return c, err
