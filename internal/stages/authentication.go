@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -21,10 +22,13 @@ import (
 // WithAuthentication filter around the authenticator union kube-apiserver
 // builds from its flags (front-proxy, x509, token file, service accounts,
 // bootstrap tokens, OIDC/JWT, webhook, anonymous), so a predicted 401 is
-// the apiserver's own.
+// the apiserver's own. Before it, it runs the one filter of the
+// apiserver's chain that refuses a request before authentication: the
+// request deadline's parse of the timeout parameter.
 type authentication struct {
-	m *machinery
-	f *filter
+	m        *machinery
+	f        *filter
+	deadline *filter
 }
 
 // authnTrace records what the authenticator union said for one request.
@@ -37,7 +41,12 @@ type authnTrace struct {
 type authnTraceKey struct{}
 
 func newAuthentication(m *machinery) Stage {
-	a := &authentication{m: m}
+	a := &authentication{m: m, deadline: newFilter(func(next http.Handler) http.Handler {
+		// The deadline it sets is the apiserver's business, not the
+		// replay's (kproxy's budget bounds the replay): only whether it
+		// refuses counts, so the maximum given here is never used.
+		return filters.WithRequestDeadline(next, nil, nil, longRunning, statusCodecs, time.Minute)
+	})}
 	if m.authn == nil {
 		return a
 	}
@@ -57,6 +66,9 @@ func newAuthentication(m *machinery) Stage {
 func (authentication) Name() string { return record.StageAuthentication }
 
 func (a *authentication) Run(ctx context.Context, req *Request) Result {
+	if r, refused := a.refusedTimeout(ctx, req); refused {
+		return r
+	}
 	if req.Given != nil {
 		// A test case names its identity: there is no credential to
 		// check, and the apiserver's union adds system:authenticated.
@@ -99,6 +111,29 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		return unknownNow(res, late)
 	}
 	return res
+}
+
+// refusedTimeout runs kube-apiserver's WithRequestDeadline, which sits
+// outside WithAuthentication in its handler chain: a request that is not
+// long-running, whose timeout parameter time.ParseDuration refuses
+// ("10", "1x"), is answered 400 before anyone asks who sent it, whatever
+// its credentials, path or verb. A request with no timeout parameter
+// passes it untouched, so only one that names one runs it.
+func (a *authentication) refusedTimeout(ctx context.Context, req *Request) (Result, bool) {
+	if req.Info == nil || req.HTTP == nil || !strings.Contains(req.HTTP.URL.RawQuery, "timeout") {
+		return Result{}, false
+	}
+	r := requestFor(ctx, req, nil)
+	// The filter logs the URI it refuses: the path only, never a query
+	// that may carry an access_token.
+	r.RequestURI = r.URL.Path
+	out := a.deadline.run(r)
+	if out.passed {
+		return Result{}, false
+	}
+	st := out.status()
+	return Reject(st, "before authentication, the apiserver's request-deadline filter (WithRequestDeadline) refuses the timeout parameter, "+
+		"which must be a duration such as 30s or 1m: "+st.Message), true
 }
 
 // withAuthenticatedGroup adds system:authenticated, as the apiserver's
