@@ -134,6 +134,12 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		}
 		return "", ""
 	}
+	if r.Subresource == "token" {
+		// A TokenRequest writes nothing, and its answer carries back
+		// whatever resourceVersion its body named: it is no revision. The
+		// replay reads the latest, as it does for a refusal.
+		return "", ""
+	}
 	if aw.ResourceVersion == "" {
 		switch {
 		case !found && r.Verb == "delete":

@@ -51,12 +51,20 @@ func TestSnapshotRevision(t *testing.T) {
 		{"namespace finalize refused 409, deleted since", "update", "", 409, "", false, "", "", "deleted after this request", "finalize"},
 		{"update refused 409, still there", "update", "", 409, "", true, "12", "", "", ""},
 		{"binding refused otherwise (403), pod deleted since", "create", "", 403, "", false, "", "", "", "binding"},
+		// A TokenRequest's answer carries back the resourceVersion its body
+		// named: no revision of the service account.
+		{"TokenRequest whose body named an old resourceVersion", "create", "3", 201, "3", true, "213", "", "", "token"},
+		{"TokenRequest whose body named the service account's", "create", "213", 201, "213", true, "213", "", "", "token"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Run{Verb: tc.verb, BodyRV: tc.bodyRV, Subresource: tc.sub, actual: func(context.Context) (Answer, bool) {
 				return Answer{Status: tc.status, ResourceVersion: tc.answerRV}, true
 			}}
-			if tc.sub != "" {
+			switch tc.sub {
+			case "":
+			case "token":
+				r.Resource = "serviceaccounts"
+			default:
 				r.Resource = "pods"
 			}
 			at, why := r.snapshotRevision(context.Background(), tc.found, tc.rv)
