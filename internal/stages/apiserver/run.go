@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/audit"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/storage"
 	"k8s.io/apiserver/pkg/warning"
 
 	kdecode "github.com/kproxy/kproxy/internal/decode"
@@ -493,6 +494,10 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 	if reachedBackend(resp.Body.String()) {
 		run.markUnknown(backendReached("a kubelet or proxied backend"))
 	}
+	if st := run.createNamingResourceVersion(resp); st != nil {
+		run.Code, run.Status, run.Decided, run.Object = int(st.Code), st, record.StageStorage, nil
+		return run
+	}
 	if resp.Code >= 300 && resp.Code != http.StatusNotModified {
 		if st, ok := kdecode.Status(resp.Header().Get("Content-Type"), resp.Body.Bytes()); ok {
 			run.Status = st
@@ -523,6 +528,35 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		}
 	}
 	return run
+}
+
+// createNamingResourceVersion is the apiserver's answer to a create whose
+// object names a resourceVersion, which the replay's dry run cannot give:
+// the etcd3 store's Create refuses it (storage.ErrResourceVersionSetOnCreate,
+// a plain error the handler answers 500, as ErrorToAPIStatus words it)
+// before it looks for an existing object, while the registry's dry run
+// never calls it. So a create that is not a dry run, of the object itself,
+// whose body names a resourceVersion other than 0, and that the replay
+// admitted or refused only at the store as existing, is refused so. nil
+// for any other run.
+func (r *Run) createNamingResourceVersion(resp recorder) *metav1.Status {
+	if r.Read || r.DryRun || r.Verb != "create" || r.Subresource != "" {
+		return nil
+	}
+	if v, err := (storage.APIObjectVersioner{}).ParseResourceVersion(r.BodyRV); err != nil || v == 0 {
+		return nil
+	}
+	switch {
+	case resp.Code >= 200 && resp.Code < 300:
+	case resp.Code == http.StatusConflict:
+		if st, ok := kdecode.Status(resp.Header().Get("Content-Type"), resp.Body.Bytes()); !ok || st.Reason != metav1.StatusReasonAlreadyExists {
+			return nil
+		}
+	default:
+		return nil
+	}
+	return &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+		Code: http.StatusInternalServerError, Reason: metav1.StatusReasonUnknown, Message: storage.ErrResourceVersionSetOnCreate.Error()}
 }
 
 // requestTimeoutMessage begins (after "Timeout: ") the apiserver's 504
