@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -371,15 +372,21 @@ func (r *Run) markUnknownHere(why string) {
 // stage whose layer it is about, so a record's "cannot predict" names the
 // webhook's phase or storage rather than decode. decode reports what is
 // about the run as a whole, or about a stage before the handler.
+//
+// A refusal the handler made earlier than that stage (a read that failed
+// inside decode's phase, answered 500 there) is the unknown's doing: the
+// stage of that refusal reports it, so no stage before it refuses.
 func (r *Run) UnknownAt() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, s := range PhaseStage {
-		if s == r.unknownStage {
-			return s
-		}
+	at := slices.Index(PhaseStage[:], r.unknownStage)
+	if at < 0 {
+		at = PhaseDecode
 	}
-	return record.StageDecode
+	if d := slices.Index(PhaseStage[:], r.Decided); d >= 0 && d < at {
+		at = d
+	}
+	return PhaseStage[at]
 }
 
 func (r *Run) addRead(read StorageRead) {

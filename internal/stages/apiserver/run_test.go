@@ -30,6 +30,10 @@ func TestUnknownAt(t *testing.T) {
 		{"a read that failed", func(r *Run) {
 			r.addRead(StorageRead{Path: "/api/v1/namespaces/a/pods/p", Err: errors.New("etcd unreachable")})
 		}, record.StageStorage},
+		{"a read that failed, answered as decode's refusal", func(r *Run) {
+			r.addRead(StorageRead{Path: "/api/v1/namespaces/a", Err: errors.New("deleted after this request")})
+			r.Decided = record.StageDecode
+		}, record.StageDecode},
 		{"a stage before the handler", func(r *Run) { r.markUnknownAt(record.StageAuthorization, "escalation") }, record.StageDecode},
 		{"the first reason wins, with its stage", func(r *Run) {
 			r.markUnknownAt(record.StageStorage, "first")
