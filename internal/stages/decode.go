@@ -39,9 +39,12 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 		return d.nonResource(ctx, req), false
 	case !req.Info.IsResourceRequest:
 		return d.groupDiscovery(req), false
-	case !apiserver.IsWrite(req.Info) && !apiserver.IsRead(req.Info):
+	case !apiserver.IsWrite(req.Info) && !apiserver.IsRead(req.Info) && req.Info.Verb != "":
 		return Unknown("the " + req.Info.Verb + " verb: not modelled"), false
 	}
+	// A method the apiserver resolves to no verb (OPTIONS, TRACE, any
+	// other) runs as a read: go-restful has no route for it and answers
+	// 405, as for a HEAD, before anything reads storage.
 	if why := notReplayable(req); why != "" {
 		return Unknown(why), false
 	}
@@ -73,6 +76,8 @@ func (d decode) report(ctx context.Context, req *Request, run *apiserver.Run) Re
 		res = Unknown(run.Unknown)
 	case run.Status != nil && apiserver.DiscoveryRoot(req.Info):
 		res = Unknown("the apiserver's aggregator serves " + req.Info.Path + "; its refusals (here " + apiserver.StatusMessage(run.Status) + " from kube-apiserver's own handler) are not replayed")
+	case run.Decided == record.StageDecode && run.Code == http.StatusMethodNotAllowed:
+		res = Reject(run.Status, "the apiserver's router (go-restful) serves no "+req.HTTP.Method+" on this path: "+apiserver.StatusMessage(run.Status))
 	case run.Decided == record.StageDecode && run.Read:
 		res = Reject(run.Status, "the apiserver's handler refuses the request's options before reading storage: "+apiserver.StatusMessage(run.Status))
 	case run.Decided == record.StageDecode:
