@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -702,6 +703,12 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	msg := fmt.Sprintf("kproxy could not reach the apiserver at %s: %v", p.upstream.Host, err)
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		// Reached, and it hung up: kube-apiserver aborts a request whose
+		// handler panicked by closing the connection, which a client
+		// sent straight to it sees as EOF.
+		msg = fmt.Sprintf("the apiserver at %s closed the connection without answering (%v): it aborted the request (a panic in its handler, or it was going away)", p.upstream.Host, err)
+	}
 	if ex != nil {
 		ex.rec.Actual.Error = msg
 	}

@@ -248,3 +248,21 @@ func names(sr *tracetest.SpanRecorder) []string {
 	slices.Sort(n)
 	return n
 }
+
+// TestUpstreamAbortsTheRequest: an apiserver that hangs up without an
+// answer (kube-apiserver aborts a request whose handler panicked) is told
+// from one kproxy could not reach.
+func TestUpstreamAbortsTheRequest(t *testing.T) {
+	abort := http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic(http.ErrAbortHandler) })
+	base, client, _, recs := tracedProxy(t, abort, nil)
+	if got := get(t, client, base+"/api/v1/namespaces/team/pods"); got != http.StatusBadGateway {
+		t.Fatalf("status %d, want kproxy's 502", got)
+	}
+	rec := waitRecord(t, recs)
+	if !strings.Contains(rec.Actual.Error, "closed the connection without answering") || strings.Contains(rec.Actual.Error, "could not reach") {
+		t.Errorf("actual.error %q, want it to say the apiserver hung up", rec.Actual.Error)
+	}
+	if !rec.Actual.NoAnswer() {
+		t.Errorf("a request the apiserver aborted is not a no-answer record: %+v", rec.Actual)
+	}
+}
