@@ -62,20 +62,20 @@ func TestCreateNamingResourceVersion(t *testing.T) {
 	invalid := `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"invalid","reason":"Invalid","code":422}`
 	for _, tc := range []struct {
 		name      string
-		run       Run
+		run       *Run
 		code      int
 		body      string
 		wantRefus bool
 	}{
-		{"admitted", Run{Verb: "create", BodyRV: "5"}, 201, "{}", true},
-		{"existing", Run{Verb: "create", BodyRV: "5"}, 409, exists, true},
-		{"refused before the store", Run{Verb: "create", BodyRV: "5"}, 422, invalid, false},
-		{"a dry run", Run{Verb: "create", BodyRV: "5", DryRun: true}, 201, "{}", false},
-		{"no resourceVersion", Run{Verb: "create"}, 201, "{}", false},
-		{"resourceVersion 0", Run{Verb: "create", BodyRV: "0"}, 201, "{}", false},
-		{"not a number (the store does not parse it on create)", Run{Verb: "create", BodyRV: "abc"}, 201, "{}", false},
-		{"a subresource (a TokenRequest)", Run{Verb: "create", BodyRV: "5", Subresource: "token"}, 201, "{}", false},
-		{"an update", Run{Verb: "update", BodyRV: "5"}, 200, "{}", false},
+		{"admitted", &Run{Verb: "create", BodyRV: "5"}, 201, "{}", true},
+		{"existing", &Run{Verb: "create", BodyRV: "5"}, 409, exists, true},
+		{"refused before the store", &Run{Verb: "create", BodyRV: "5"}, 422, invalid, false},
+		{"a dry run", &Run{Verb: "create", BodyRV: "5", DryRun: true}, 201, "{}", false},
+		{"no resourceVersion", &Run{Verb: "create"}, 201, "{}", false},
+		{"resourceVersion 0", &Run{Verb: "create", BodyRV: "0"}, 201, "{}", false},
+		{"not a number (the store does not parse it on create)", &Run{Verb: "create", BodyRV: "abc"}, 201, "{}", false},
+		{"a subresource (a TokenRequest)", &Run{Verb: "create", BodyRV: "5", Subresource: "token"}, 201, "{}", false},
+		{"an update", &Run{Verb: "update", BodyRV: "5"}, 200, "{}", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp := recorder{httptest.NewRecorder()}
