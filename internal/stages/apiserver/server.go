@@ -140,16 +140,18 @@ func BuiltIn(group string) bool {
 	return legacyscheme.Scheme.IsGroupRegistered(group) || group == apiextensionsv1.GroupName || group == apiregistrationv1.GroupName
 }
 
-// ServesDiscovery reports a GET the replay server answers as the
-// apiserver does: /version, the discovery roots (/api, /apis), and
+// ServesDiscovery reports a request the replay server answers as the
+// apiserver does: /version (any method), GETs of the discovery roots (/api, /apis) and
 // discovery of built-in groups. Not replayed: discovery of custom
 // resource groups (the apiextensions discovery controller is not run),
 // of aggregated APIs, health, OpenAPI and metrics.
 func (w *Server) ServesDiscovery(method string, info *apirequest.RequestInfo) bool {
-	if method != http.MethodGet {
-		return false
-	}
 	p := strings.TrimSuffix(info.Path, "/")
+	if method != http.MethodGet {
+		// /version is a go-restful web service of its own, in the
+		// apiserver as in the replay: any other method gets its 405.
+		return p == "/version"
+	}
 	switch p {
 	case "/version", "/api", "/api/v1", "/apis":
 		return true
