@@ -23,6 +23,7 @@ import (
 	webhookinit "k8s.io/apiserver/pkg/admission/plugin/webhook/initializer"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/generic"
@@ -32,6 +33,7 @@ import (
 	serverstorage "k8s.io/apiserver/pkg/server/storage"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/apiserver/pkg/util/notfoundhandler"
 	"k8s.io/apiserver/pkg/util/openapi"
 	utilproxy "k8s.io/apiserver/pkg/util/proxy"
 	"k8s.io/apiserver/pkg/util/webhook"
@@ -468,7 +470,11 @@ func buildAPIExtensions(ctx context.Context, gc genericapiserver.Config, etcd ge
 			ServiceResolver:      svcResolver,
 		},
 	}
-	ext, err := cfg.Complete().New(genericapiserver.NewEmptyDelegate())
+	// The end of kube-apiserver's chain (CreateServerChain): a path no
+	// server of it serves is answered "404 page not found", not the
+	// index of paths an empty delegate's server answers with.
+	notFound := notfoundhandler.New(gc.Serializer, genericapifilters.NoMuxAndDiscoveryIncompleteKey)
+	ext, err := cfg.Complete().New(genericapiserver.NewEmptyDelegateWithCustomHandler(notFound))
 	if err != nil {
 		return nil, err
 	}
