@@ -118,9 +118,15 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 // long-running, whose timeout parameter time.ParseDuration refuses
 // ("10", "1x"), is answered 400 before anyone asks who sent it, whatever
 // its credentials, path or verb. A request with no timeout parameter
-// passes it untouched, so only one that names one runs it.
+// passes it untouched, as does one that is a duration (client-go sends
+// ?timeout=32s on every request): only the others run it.
 func (a *authentication) refusedTimeout(ctx context.Context, req *Request) (Result, bool) {
 	if req.Info == nil || req.HTTP == nil || !strings.Contains(req.HTTP.URL.RawQuery, "timeout") {
+		return Result{}, false
+	}
+	if v := req.HTTP.URL.Query().Get("timeout"); v == "" {
+		return Result{}, false
+	} else if _, err := time.ParseDuration(v); err == nil {
 		return Result{}, false
 	}
 	r := requestFor(ctx, req, nil)
