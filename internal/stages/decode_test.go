@@ -47,3 +47,16 @@ func TestNoSuchResource(t *testing.T) {
 		})
 	}
 }
+
+// TestProbedComponent: the names the componentstatus registry probes live
+// (its serversToValidate); any other it answers 404 without probing.
+func TestProbedComponent(t *testing.T) {
+	for name, want := range map[string]bool{
+		"controller-manager": true, "scheduler": true, "etcd-0": true, "etcd-12": true,
+		"etcd-": false, "etcd-x": false, "bogus": false, "": false, "Scheduler": false,
+	} {
+		if got := probedComponent(name); got != want {
+			t.Errorf("probedComponent(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

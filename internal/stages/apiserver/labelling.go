@@ -43,7 +43,9 @@ func (r *Run) attribute(st *metav1.Status) string {
 	}
 	switch st.Reason {
 	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:
-		if len(r.Reads) == 0 && r.phase == PhaseDecode {
+		// The componentstatus registry reads no storage: its 404 for a
+		// component it does not know is existence, as a store's is.
+		if len(r.Reads) == 0 && r.phase == PhaseDecode && r.Resource != "componentstatuses" {
 			return record.StageDecode // no route: the version or resource is not served
 		}
 		return record.StageStorage
