@@ -17,7 +17,9 @@ import (
 // of CustomResourceDefinitions (the apiextensions discovery controller is
 // not run in the replay, but which versions an established definition
 // serves is in the definitions themselves) and groups nobody serves (the
-// apiserver's 404). Aggregated APIs answer their own discovery: unknown.
+// apiserver's 404). The aggregator lists an aggregated group's versions
+// itself, from its APIServices; a version's discovery is the aggregated
+// API's own (unknown), or the aggregator's 503 while it is not Available.
 
 // groupDiscovery is decode's verdict on GET /apis/<group>[/<version>] for
 // a group the replay server does not serve.
@@ -56,7 +58,12 @@ func (d decode) groupDiscovery(req *Request) Result {
 		return Unknown("the aggregator's APIServices: " + err.Error())
 	}
 	for _, s := range services {
-		if s.Spec.Group == group && (version == "" || s.Spec.Version == version) {
+		if s.Spec.Group == group && version == "" {
+			// kube-aggregator's apiGroupHandler: the group's versions
+			// listed from its APIServices, Available or not.
+			return Pass("the aggregator lists group " + group + " from its APIServices (" + s.Name + " among them), whether or not they are Available")
+		}
+		if s.Spec.Group == group && s.Spec.Version == version {
 			if s.Spec.Service == nil {
 				return Unknown("APIService " + s.Name + " is served by kube-apiserver itself: its discovery of " + req.Info.Path + " is not modelled")
 			}
