@@ -65,10 +65,12 @@ func (d decode) groupDiscovery(req *Request) Result {
 		}
 		if s.Spec.Group == group && s.Spec.Version == version {
 			if s.Spec.Service == nil {
-				return Unknown("APIService " + s.Name + " is served by kube-apiserver itself: its discovery of " + req.Info.Path + " is not modelled")
-			}
-			if version == "" {
-				return Unknown("discovery of the aggregated group " + group + " (APIService " + s.Name + "): not modelled")
+				// The aggregator hands it to kube-apiserver, whose chain
+				// serves this version neither built in nor from an
+				// established CustomResourceDefinition (above): its end
+				// answers.
+				return Reject(muxNotFound(), "APIService "+s.Name+" is served by kube-apiserver itself, which serves "+req.Info.Path+
+					" neither built in nor from an established CustomResourceDefinition: its mux answers 404 page not found")
 			}
 			return aggregatedAPI(s, req.Info.Path)
 		}
