@@ -143,8 +143,8 @@ func BuiltIn(group string) bool {
 }
 
 // ServesDiscovery reports a request the replay server answers as the
-// apiserver does: /version (any method), GETs of the discovery roots (/api, /apis) and
-// discovery of built-in groups. Not replayed: discovery of custom
+// apiserver does: /version (any method), and GETs of the discovery roots
+// (/api, /apis) and of built-in groups. Not replayed: discovery of custom
 // resource groups (the apiextensions discovery controller is not run),
 // of aggregated APIs, health, OpenAPI and metrics.
 func (w *Server) ServesDiscovery(method string, info *apirequest.RequestInfo) bool {
