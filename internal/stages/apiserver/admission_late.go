@@ -138,6 +138,10 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 		{"ResourceQuotas", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ResourceQuotas().Informer() }, []string{"ResourceQuota"}, 0, false},
 		{"PriorityClasses", nil, func() cache.SharedIndexInformer { return f.Scheduling().V1().PriorityClasses().Informer() }, []string{"Priority"}, 0, false},
 		{"RuntimeClasses", nil, func() cache.SharedIndexInformer { return f.Node().V1().RuntimeClasses().Informer() }, []string{"RuntimeClass"}, 0, false},
+		// NodeRestriction checks a mirror pod's owner against its Node's
+		// uid, as its informer holds the Node: a Node deleted and created
+		// again (a new uid) right after the request is another Node.
+		{"Nodes", nil, func() cache.SharedIndexInformer { return f.Core().V1().Nodes().Informer() }, []string{"NodeRestriction"}, 0, false},
 		{"MutatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.MutatingWebhookConfigurations().Informer() }, []string{"MutatingAdmissionWebhook"}, 0, true},
 		{"ValidatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.ValidatingWebhookConfigurations().Informer() }, []string{"ValidatingAdmissionWebhook"}, 0, false},
 		{"ValidatingAdmissionPolicies", nil, func() cache.SharedIndexInformer { return adm.ValidatingAdmissionPolicies().Informer() }, []string{"ValidatingAdmissionPolicy"}, policyLag, false},

@@ -22,9 +22,9 @@ import (
 func TestAdmissionChangesSince(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	f := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
-	c := watchAdmissionState(clk, f, []string{"NamespaceLifecycle", "LimitRanger", "Priority"})
-	if len(c.kinds) != 3 { // not ResourceQuotas, RuntimeClasses, ...
-		t.Fatalf("%d kinds watched, want 3 (namespaces, LimitRanges, PriorityClasses)", len(c.kinds))
+	c := watchAdmissionState(clk, f, []string{"NamespaceLifecycle", "LimitRanger", "Priority", "NodeRestriction"})
+	if len(c.kinds) != 4 { // not ResourceQuotas, RuntimeClasses, ...
+		t.Fatalf("%d kinds watched, want 4 (namespaces, LimitRanges, PriorityClasses, Nodes)", len(c.kinds))
 	}
 	arrival := clk.Now()
 	clk.Step(time.Second)
@@ -48,6 +48,13 @@ func TestAdmissionChangesSince(t *testing.T) {
 	}
 	if got := c.changedSince(clk.Now(), "a"); got != "" {
 		t.Errorf("nothing changed after the request: %q", got)
+	}
+	// A Node re-created with a new uid (NodeRestriction's mirror pods).
+	mid := clk.Now()
+	clk.Step(time.Second)
+	find("Nodes").mark(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", UID: "new"}})
+	if got := c.changedSince(mid, "any"); got != "Nodes" {
+		t.Errorf("a Node's change: changedSince = %q, want Nodes", got)
 	}
 	// A namespace's change older than the horizon is pruned once the map
 	// grows past its sweep size; a recent one stays.
