@@ -88,12 +88,13 @@ func TestGenerate(t *testing.T) {
 		{ID: "4", Request: record.Request{Method: "GET", Path: "/api"}, Identity: "rejected", Actual: record.Actual{Status: 401}},
 		{ID: "5", Request: record.Request{Method: "GET", Path: "/version", User: "system:anonymous"}, Predicted: record.Prediction{Status: 500, Stage: "decode"}, Actual: record.Actual{Status: 200}},
 		{ID: "6", Request: record.Request{Method: "GET", Path: "/api/v1/namespaces/a/pods", User: "alice", Verb: "list", Resource: "pods", Namespace: "a"}, Predicted: record.Prediction{Status: 403, Stage: "authorization"}, Actual: record.Actual{Status: 403, Reason: "Forbidden"}},
+		{ID: "7", Request: record.Request{Method: "TRACE", Path: "/api/v1/namespaces/a/pods", User: "admin", Resource: "pods", Namespace: "a"}, Predicted: record.Prediction{Status: 405, Stage: "decode"}, Actual: record.Actual{Status: 405, Reason: "MethodNotAllowed"}},
 	}
 	f, notes := Generate(recs, "rec")
-	if len(f.Cases) != 4 || len(notes) != 2 {
+	if len(f.Cases) != 4 || len(notes) != 3 {
 		t.Fatalf("%d cases, notes %q", len(f.Cases), notes)
 	}
-	if !strings.Contains(notes[0], "--capture-bodies") || !strings.Contains(notes[1], "credentials are never captured") {
+	if !strings.Contains(notes[0], "--capture-bodies") || !strings.Contains(notes[1], "credentials are never captured") || !strings.Contains(notes[2], "not TRACE") {
 		t.Errorf("notes: %q", notes)
 	}
 	c := f.Cases[0]

@@ -43,6 +43,11 @@ func caseOf(r *record.Record) (*testfile.Case, string) {
 	if r.Actual.Status == 0 || r.Actual.Error != "" {
 		return nil, "no answer from the apiserver (kproxy answered: " + r.Actual.Error + ")"
 	}
+	if m := strings.ToUpper(r.Request.Method); !slices.Contains(testfile.Methods(), m) {
+		// The apiserver answers such a method 405 (or refuses it first);
+		// a test file sends only the methods a request to it has.
+		return nil, "a test case sends " + strings.Join(testfile.Methods(), ", ") + "; not " + r.Request.Method
+	}
 	if r.Actual.Status == http.StatusUnauthorized || r.Identity == "rejected" {
 		return nil, "the credential was refused, and credentials are never captured: write this case by hand with a token or tokenFile"
 	}

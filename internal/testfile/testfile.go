@@ -324,6 +324,10 @@ func validateIdentity(c *Case, add addFunc, field func(...string) string, line f
 
 var methods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
+// Methods are the methods a case may send, for a generator to check a
+// recorded request against.
+func Methods() []string { return slices.Clone(methods) }
+
 func validateRequest(c *Case, add addFunc, field func(...string) string, line func(...string) int) {
 	r := &c.Request
 	if r.Method == "" {
