@@ -41,11 +41,12 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 	case !req.Info.IsResourceRequest:
 		return d.groupDiscovery(req), false
 	case !apiserver.IsWrite(req.Info) && !apiserver.IsRead(req.Info) && req.Info.Verb != "":
+		// Not a method the apiserver resolves to no verb (OPTIONS,
+		// TRACE, any other): that runs as a read, go-restful has no
+		// route for it and answers 405, as for a HEAD, before anything
+		// reads storage.
 		return Unknown("the " + req.Info.Verb + " verb: not modelled"), false
 	}
-	// A method the apiserver resolves to no verb (OPTIONS, TRACE, any
-	// other) runs as a read: go-restful has no route for it and answers
-	// 405, as for a HEAD, before anything reads storage.
 	if why := notReplayable(req); why != "" {
 		return Unknown(why), false
 	}

@@ -517,15 +517,13 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			run.markUnknown(replayTimeoutWhy)
 		default:
 			// The replay's refusal is what cannot be trusted: the
-			// stage it came from says so.
-			if why := run.refusedLate(ctx); why != "" {
-				run.markUnknownAt(run.Decided, why)
-			} else if why := run.refusedByStateLate(ctx); why != "" {
-				run.markUnknownAt(run.Decided, why)
-			} else if why := run.mutatedLate(ctx); why != "" {
-				run.markUnknownAt(run.Decided, why)
-			} else if why := run.webhookRefusedOnlyHere(ctx); why != "" {
-				run.markUnknownAt(run.Decided, why)
+			// stage it came from says so. The first check that
+			// explains it wins; the later ones do not run.
+			for _, late := range []func(context.Context) string{run.refusedLate, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere} {
+				if why := late(ctx); why != "" {
+					run.markUnknownAt(run.Decided, why)
+					break
+				}
 			}
 		}
 	} else if !run.Read {
