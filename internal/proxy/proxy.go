@@ -679,6 +679,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	a.Warnings = resp.Header.Values("Warning")
 	a.RetryAfter = resp.Header.Get("Retry-After")
 	takeStream(resp, ex)
+	if fillsReads(ex.info, resp) && resp.Body != http.NoBody {
+		resp.Body = fullReads{resp.Body}
+	}
 	return nil
 }
 
