@@ -227,6 +227,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--api-audiences=https://kubernetes.default.svc.cluster.local",
 		"--authorization-mode=" + orDefault(o.AuthorizationMode, "Node,RBAC"),
+		// On top of the default plugins, as kubeadm enables it: the
+		// Node authorizer leaves a node's writes to it.
+		"--enable-admission-plugins=NodeRestriction",
 		"--enable-bootstrap-token-auth=true",
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--requestheader-client-ca-file=" + c.FrontProxyCAFile,
