@@ -142,6 +142,10 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 		// uid, as its informer holds the Node: a Node deleted and created
 		// again (a new uid) right after the request is another Node.
 		{"Nodes", nil, func() cache.SharedIndexInformer { return f.Core().V1().Nodes().Informer() }, []string{"NodeRestriction"}, 0, false},
+		// It also reads the pod a node deletes, evicts or asks a token
+		// for: a kubelet's final delete of its pod, replayed once its
+		// informer saw the pod go, finds no pod (404 for a 200).
+		{"Pods", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().Pods().Informer() }, []string{"NodeRestriction"}, 0, false},
 		{"MutatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.MutatingWebhookConfigurations().Informer() }, []string{"MutatingAdmissionWebhook"}, 0, true},
 		{"ValidatingWebhookConfigurations", nil, func() cache.SharedIndexInformer { return adm.ValidatingWebhookConfigurations().Informer() }, []string{"ValidatingAdmissionWebhook"}, 0, false},
 		{"ValidatingAdmissionPolicies", nil, func() cache.SharedIndexInformer { return adm.ValidatingAdmissionPolicies().Informer() }, []string{"ValidatingAdmissionPolicy"}, policyLag, false},

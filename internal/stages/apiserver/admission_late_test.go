@@ -23,8 +23,8 @@ func TestAdmissionChangesSince(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	f := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
 	c := watchAdmissionState(clk, f, []string{"NamespaceLifecycle", "LimitRanger", "Priority", "NodeRestriction"})
-	if len(c.kinds) != 4 { // not ResourceQuotas, RuntimeClasses, ...
-		t.Fatalf("%d kinds watched, want 4 (namespaces, LimitRanges, PriorityClasses, Nodes)", len(c.kinds))
+	if len(c.kinds) != 5 { // not ResourceQuotas, RuntimeClasses, ...
+		t.Fatalf("%d kinds watched, want 5 (namespaces, LimitRanges, PriorityClasses, Nodes, Pods)", len(c.kinds))
 	}
 	arrival := clk.Now()
 	clk.Step(time.Second)
@@ -55,6 +55,16 @@ func TestAdmissionChangesSince(t *testing.T) {
 	find("Nodes").mark(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", UID: "new"}})
 	if got := c.changedSince(mid, "any"); got != "Nodes" {
 		t.Errorf("a Node's change: changedSince = %q, want Nodes", got)
+	}
+	// A pod deleted (a kubelet's final delete), in its namespace only.
+	mid = clk.Now()
+	clk.Step(time.Second)
+	find("Pods").mark(cache.DeletedFinalStateUnknown{Obj: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: "d"}}})
+	if got := c.changedSince(mid, "d"); got != "Pods" {
+		t.Errorf("a pod's deletion: changedSince = %q, want Pods", got)
+	}
+	if got := c.changedSince(mid, "e"); got != "" {
+		t.Errorf("a pod's deletion elsewhere: changedSince = %q, want nothing", got)
 	}
 	// A namespace's change older than the horizon is pruned once the map
 	// grows past its sweep size; a recent one stays.
