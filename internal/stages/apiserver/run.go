@@ -446,6 +446,9 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
 		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
+	if namesPod(run, req.Info.Name) {
+		defer w.deletedPods.name(req.Info.Namespace, req.Info.Name, req.Arrival)()
+	}
 	rec := &warningRecorder{}
 	hctx := withRun(ctx, run)
 	hctx = apirequest.WithRequestInfo(hctx, req.Info)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -83,6 +84,9 @@ type Server struct {
 	// admissionChanges when kproxy last saw the state they read change.
 	plugins          []string
 	admissionChanges *admissionChanges
+	// deletedPods are the pods NodeRestriction may read as a replay's
+	// request met them (deleted_pods.go); nil without NodeRestriction.
+	deletedPods *deletedPods
 	// crds lists the cluster's CustomResourceDefinitions.
 	crds apiextensionslisters.CustomResourceDefinitionLister
 	// storage is every registry's storage (etcd keys, codecs); etcd the
@@ -316,8 +320,14 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	}))
 	ao := *o.Admission
 	ao.GenericAdmission = &adm
-	if err := ao.ApplyTo(gc, s.Informers, s.Client, dyn, utilfeature.DefaultFeatureGate, ev, append(genericInit, kubeInit...)...); err != nil {
+	deleted := &deletedPods{clock: clk}
+	if err := ao.ApplyTo(gc, withDeletedPods(s.Informers, deleted), s.Client, dyn, utilfeature.DefaultFeatureGate, ev, append(genericInit, kubeInit...)...); err != nil {
 		return nil, fmt.Errorf("admission chain (--enable-admission-plugins, --admission-control-config-file): %w", err)
+	}
+	if slices.Contains(plugins, "NodeRestriction") {
+		deleted.watch(s.Informers.Core().V1().Pods().Informer())
+	} else {
+		deleted = nil
 	}
 	gc.AdmissionControl = &phaseMarker{inner: gc.AdmissionControl}
 
@@ -421,7 +431,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{handler: srv.Handler.Director, plugins: plugins, admissionChanges: watchAdmissionState(clk, s.Informers, plugins),
+	return &Server{handler: srv.Handler.Director, plugins: plugins, admissionChanges: watchAdmissionState(clk, s.Informers, plugins), deletedPods: deleted,
 		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
 		storage: snapshots, etcd: access, noEtcd: noEtcd, served: served, opts: o}, nil
 }
