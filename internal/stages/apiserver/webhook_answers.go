@@ -80,3 +80,40 @@ func (r *Run) webhookRefusedOnlyThere(aw Answer) string {
 	return fmt.Sprintf("the apiserver's call to admission webhook %q refused the write (%d: %s), and the replay admits it "+
 		"(the webhook admitted kproxy's call, or its rules did not send kproxy's call to it): %s", name, aw.Status, aw.Refusal.Message, webhookOwnAnswer)
 }
+
+// A custom resource's conversion webhook answers kproxy's replay too: the
+// replay reads and writes the object through the apiextensions server,
+// which calls it to convert between the request's version and the stored
+// one. Its answer to that call is its own as well (a webhook that failed
+// or was down for one call and not the other), so a replay that a
+// conversion failure decides, where the apiserver answered otherwise,
+// says nothing about the request.
+
+// conversionFailed finds the apiextensions server's errors of a
+// conversion webhook's call: failed, or an answer it could not use.
+const conversionFailed = "conversion webhook for "
+
+const conversionOwnAnswer = "a conversion webhook's answer is its own (kproxy's replay calls it again: a webhook that failed, " +
+	"timed out or was down for one call and not the other answers the two differently), so the request's outcome is not known"
+
+// conversionFailedOnlyHere says why the replay's failure of a write by a
+// custom resource's conversion webhook, where the apiserver answered
+// otherwise, is not the request's, or "".
+func (r *Run) conversionFailedOnlyHere(ctx context.Context) string {
+	if r.Read || r.actual == nil || r.Status == nil || !strings.Contains(r.Status.Message, conversionFailed) {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	switch {
+	case !ok:
+	case aw.Refusal != nil && aw.Status == r.Code && aw.Refusal.Message == r.Status.Message:
+		// The same failure: the apiserver's call failed as kproxy's did.
+	case aw.Refusal != nil:
+		return fmt.Sprintf("the conversion webhook failed kproxy's call (%d: %s), and the apiserver answered %d: %s: %s",
+			r.Code, r.Status.Message, aw.Status, aw.Refusal.Message, conversionOwnAnswer)
+	default:
+		return fmt.Sprintf("the conversion webhook failed kproxy's call (%d: %s), and the apiserver answered %d: %s",
+			r.Code, r.Status.Message, aw.Status, conversionOwnAnswer)
+	}
+	return ""
+}

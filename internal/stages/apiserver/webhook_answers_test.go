@@ -59,3 +59,42 @@ func TestWebhookAnswers(t *testing.T) {
 		})
 	}
 }
+
+// TestConversionAnswers: a write the replay fails by a custom resource's
+// conversion webhook is unknown where the apiserver answered otherwise,
+// and stands where the apiserver's call failed alike.
+func TestConversionAnswers(t *testing.T) {
+	refused := &metav1.Status{Code: 500, Message: "conversion webhook for probe.test/v2, Kind=Gadget failed: conversion refused by probe"}
+	down := &metav1.Status{Code: 500, Message: `conversion webhook for probe.test/v2, Kind=Gadget failed: Post "https://127.0.0.1:18443/convert?timeout=30s": connection refused`}
+	invalid := &metav1.Status{Code: 422, Message: `gadgets.probe.test "g" is invalid: spec.size: Invalid value: 60`}
+	for _, tc := range []struct {
+		name     string
+		replay   *metav1.Status
+		read     bool
+		answered int
+		refusal  *metav1.Status
+		want     string // contains; "" keeps the verdict
+	}{
+		{"failed in the replay, patched by the apiserver", refused, false, 200, nil, "the conversion webhook failed kproxy's call (500: conversion webhook for probe.test/v2, Kind=Gadget failed: conversion refused by probe), and the apiserver answered 200"},
+		{"failed in the replay, refused otherwise by the apiserver", refused, false, 422, invalid, "and the apiserver answered 422: " + invalid.Message},
+		{"failed otherwise by both", refused, false, 500, down, "and the apiserver answered 500"},
+		{"failed alike by both", refused, false, 500, refused, ""},
+		{"not a conversion failure", invalid, false, 200, nil, ""},
+		{"a read (its failed read says unknown already)", refused, true, 200, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: "patch", Resource: "gadgets", Read: tc.read, Status: tc.replay, Code: int(tc.replay.Code), actual: func(context.Context) (Answer, bool) {
+				return Answer{Status: tc.answered, Refusal: tc.refusal}, true
+			}}
+			got := r.conversionFailedOnlyHere(context.Background())
+			switch {
+			case tc.want == "" && got != "":
+				t.Errorf("unknown %q, want the verdict kept", got)
+			case tc.want != "" && !strings.Contains(got, tc.want):
+				t.Errorf("got %q, want it to say %q", got, tc.want)
+			case tc.want != "" && !strings.Contains(got, "a conversion webhook's answer is its own"):
+				t.Errorf("%q does not say why", got)
+			}
+		})
+	}
+}

@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestConversionWebhook: a custom resource served in two versions, the
+// stored v1 (replicas) and v2 (size, at most 40), converted by a webhook
+// of the test's. The replay reads and writes the object through the
+// apiextensions server, which calls the webhook for kproxy as it does for
+// the apiserver. Writes and reads through v2 are predicted as answered,
+// refusals by v2's schema included. A webhook that fails to convert to
+// the stored version (a patch reads the object through v2, then stores
+// it: the read converts, the write fails) fails the write in both alike
+// (500, the same message); one that fails only kproxy's call (it starts
+// failing once the apiserver answered, and the replay runs behind queued
+// writes) makes the replay say unknown, where it had predicted the 500
+// for a 200.
+func TestConversionWebhook(t *testing.T) {
+	var failing atomic.Bool
+	hook := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var review map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&review); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		req, _ := review["request"].(map[string]any)
+		want, _ := req["desiredAPIVersion"].(string)
+		resp := map[string]any{"uid": req["uid"]}
+		if failing.Load() && strings.HasSuffix(want, "/v1") {
+			resp["result"] = map[string]any{"status": "Failure", "message": "the converter is down for maintenance"}
+		} else {
+			var out []any
+			objects, _ := req["objects"].([]any)
+			for _, o := range objects {
+				obj, _ := o.(map[string]any)
+				spec, _ := obj["spec"].(map[string]any)
+				if strings.HasSuffix(want, "/v2") && spec["replicas"] != nil {
+					spec["size"] = spec["replicas"]
+					delete(spec, "replicas")
+				} else if strings.HasSuffix(want, "/v1") && spec["size"] != nil {
+					spec["replicas"] = spec["size"]
+					delete(spec, "size")
+				}
+				obj["apiVersion"] = want
+				out = append(out, obj)
+			}
+			resp["result"] = map[string]any{"status": "Success"}
+			resp["convertedObjects"] = out
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "response": resp})
+	}))
+	defer hook.Close()
+	caBundle := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hook.Certificate().Raw}))
+	crd := filepath.Join(t.TempDir(), "crd.yaml")
+	if err := os.WriteFile(crd, []byte(fmt.Sprintf(`apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: gizmos.conversion.kproxy.test}
+spec:
+  group: conversion.kproxy.test
+  names: {kind: Gizmo, plural: gizmos}
+  scope: Namespaced
+  conversion:
+    strategy: Webhook
+    webhook:
+      conversionReviewVersions: [v1]
+      clientConfig: {url: %q, caBundle: %q}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, properties: {replicas: {type: integer, maximum: 50}}}
+  - name: v2
+    served: true
+    storage: false
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, properties: {size: {type: integer, maximum: 40}}}
+`, hook.URL+"/convert", caBundle)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	applyManifest(t, "apply", "-f", crd)
+	t.Cleanup(func() { applyManifest(t, "delete", "-f", crd, "--wait=false") })
+	applyManifest(t, "wait", "--for=condition=Established", "--timeout=60s", "crd/gizmos.conversion.kproxy.test")
+
+	recs, r, c := oneReplayWorker(t)
+	v1 := "/apis/conversion.kproxy.test/v1/namespaces/" + testNS + "/gizmos"
+	v2 := "/apis/conversion.kproxy.test/v2/namespaces/" + testNS + "/gizmos"
+	gizmo := func(name string, size int) string {
+		return fmt.Sprintf(`{"apiVersion":"conversion.kproxy.test/v2","kind":"Gizmo","metadata":{"name":%q},"spec":{"size":%d}}`, name, size)
+	}
+	size := func(n int) request {
+		return request{method: "PATCH", path: v2 + "/a", user: "admin", contentType: "application/merge-patch+json", body: fmt.Sprintf(`{"spec":{"size":%d}}`, n)}
+	}
+	// The first request may meet the apiserver before its CRD is served
+	// everywhere: wait for it to be predicted.
+	waitPredicted(t, recs, r, c, request{method: "GET", path: v2, user: "admin"})
+	for _, tc := range []struct {
+		req    request
+		status int
+	}{
+		{request{method: "POST", path: v2, user: "admin", body: gizmo("a", 3)}, 201},
+		{request{method: "GET", path: v2 + "/a", user: "admin"}, 200},
+		{request{method: "GET", path: v2, user: "admin"}, 200},
+		{size(4), 200},
+		{request{method: "GET", path: v1 + "/a", user: "admin"}, 200},
+		{request{method: "POST", path: v2, user: "admin", body: gizmo("big", 60)}, 422}, // v2's schema
+	} {
+		got := do(t, c, r.base, tc.req)
+		if got.status != tc.status {
+			t.Fatalf("%s %s: %d %s, want %d", tc.req.method, tc.req.path, got.status, got.body, tc.status)
+		}
+		checkPredicted(t, nextRecord(t, recs))
+	}
+
+	// Every conversion to v1 fails: the apiserver's write fails, and the
+	// replay's alike.
+	failing.Store(true)
+	if got := do(t, c, r.base, size(5)); got.status != http.StatusInternalServerError {
+		t.Fatalf("a patch while the converter fails: %d %s, want 500", got.status, got.body)
+	}
+	checkPredicted(t, nextRecord(t, recs))
+	failing.Store(false)
+
+	// Only kproxy's call fails: the replay, behind queued writes, calls
+	// the webhook once it fails to convert to v1.
+	late := 0
+	for i := range 3 {
+		queueWrites(t, r, c, 40)
+		if got := do(t, c, r.base, size(6+i)); got.status != http.StatusOK {
+			t.Fatalf("a patch: %d %s, want 200", got.status, got.body)
+		}
+		failing.Store(true)
+		var rec *record.Record
+		for rec == nil || rec.Request.Path != v2+"/a" {
+			rec = nextRecord(t, recs)
+		}
+		failing.Store(false)
+		p := rec.Predicted
+		switch {
+		case p.Stage == record.StageUnknown && strings.Contains(p.Message, "the conversion webhook failed kproxy's call (500: ") &&
+			strings.Contains(p.Message, "the converter is down for maintenance") && strings.Contains(p.Message, "and the apiserver answered 200"):
+			late++
+		case p.Stage != record.StageUnknown && p.Status == http.StatusOK:
+			// The replay ran before the webhook began failing.
+		default:
+			t.Errorf("a patch whose replay met a failing converter: predicted %+v, answered %d", p, rec.Actual.Status)
+		}
+	}
+	t.Logf("%d of 3 patches replayed after the converter began failing, each said unknown", late)
+	if late == 0 {
+		t.Error("no replay ran after the converter began failing: the test proved nothing")
+	}
+}
+
+// checkPredicted fails unless rec's prediction is the apiserver's answer:
+// status, reason and message.
+func checkPredicted(t *testing.T, rec *record.Record) {
+	t.Helper()
+	p, a := rec.Predicted, rec.Actual
+	if p.Stage == record.StageUnknown || p.Status != a.Status || p.Reason != a.Reason || p.Message != a.Message {
+		t.Errorf("%s %s: predicted %d %s %q at %s, answered %d %s %q%s", rec.Request.Method, rec.Request.Path,
+			p.Status, p.Reason, p.Message, p.Stage, a.Status, a.Reason, a.Message, stageSummary(rec))
+	}
+}
