@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"testing"
@@ -224,7 +223,7 @@ func registerNode(ctx context.Context, t *testing.T, kubelet kubernetes.Interfac
 	}
 	capacity := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"), corev1.ResourcePods: resource.MustParse("110")}
 	status := fmt.Sprintf(`{"status":{"capacity":%s,"allocatable":%s,"conditions":[{"type":"Ready","status":"True","reason":"KubeletReady","message":"kubelet is posting ready status","lastHeartbeatTime":%q,"lastTransitionTime":%q}],"nodeInfo":{"kubeletVersion":"v1.37.2","operatingSystem":"linux","architecture":"amd64"}}}`,
-		jsonOf(t, capacity), jsonOf(t, capacity), time.Now().UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339))
+		mustJSON(t, capacity), mustJSON(t, capacity), time.Now().UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339))
 	n, err := kubelet.CoreV1().Nodes().Patch(ctx, node, types.StrategicMergePatchType, []byte(status), metav1.PatchOptions{}, "status")
 	if err != nil {
 		t.Fatal(err)
@@ -263,14 +262,4 @@ func expectRefused(t *testing.T, what string, do func() error) {
 	if err := do(); !apierrors.IsForbidden(err) {
 		t.Fatalf("%s: %v, want 403 Forbidden", what, err)
 	}
-}
-
-// jsonOf is v as JSON.
-func jsonOf(t *testing.T, v any) string {
-	t.Helper()
-	b, err := json.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
 }

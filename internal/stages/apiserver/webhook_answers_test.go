@@ -48,14 +48,7 @@ func TestWebhookAnswers(t *testing.T) {
 			} else {
 				got = r.webhookRefusedOnlyThere(Answer{Status: tc.answered, Refusal: tc.refusal})
 			}
-			switch {
-			case tc.want == "" && got != "":
-				t.Errorf("unknown %q, want the verdict kept", got)
-			case tc.want != "" && !strings.Contains(got, tc.want):
-				t.Errorf("got %q, want it to say %q", got, tc.want)
-			case tc.want != "" && !strings.Contains(got, "a webhook's answer is its own"):
-				t.Errorf("%q does not say why", got)
-			}
+			checkOwnAnswer(t, got, tc.want, "a webhook's answer is its own")
 		})
 	}
 }
@@ -87,14 +80,21 @@ func TestConversionAnswers(t *testing.T) {
 				return Answer{Status: tc.answered, Refusal: tc.refusal}, true
 			}}
 			got := r.conversionFailedOnlyHere(context.Background())
-			switch {
-			case tc.want == "" && got != "":
-				t.Errorf("unknown %q, want the verdict kept", got)
-			case tc.want != "" && !strings.Contains(got, tc.want):
-				t.Errorf("got %q, want it to say %q", got, tc.want)
-			case tc.want != "" && !strings.Contains(got, "a conversion webhook's answer is its own"):
-				t.Errorf("%q does not say why", got)
-			}
+			checkOwnAnswer(t, got, tc.want, "a conversion webhook's answer is its own")
 		})
+	}
+}
+
+// checkOwnAnswer checks why a verdict is unknown: got says want and why,
+// or, with want "", nothing (the verdict stands).
+func checkOwnAnswer(t *testing.T, got, want, why string) {
+	t.Helper()
+	switch {
+	case want == "" && got != "":
+		t.Errorf("unknown %q, want the verdict kept", got)
+	case want != "" && !strings.Contains(got, want):
+		t.Errorf("got %q, want it to say %q", got, want)
+	case want != "" && !strings.Contains(got, why):
+		t.Errorf("%q does not say why", got)
 	}
 }
