@@ -145,13 +145,14 @@ type Proxy struct {
 	shedLine            logging.Gate // the replay-shed warning
 	recorder            recorder     // see completeLater
 	pool                *replayPool
-	// answering counts the requests relayed now that wait for their
-	// answer (not long-running): the demand on kproxy's CPUs the replay
-	// pool yields to under CPU pressure.
-	answering atomic.Int64
-	bodies    *bodyBudget
-	replica   string
-	metrics   *metrics.Metrics // nil: none
+	// burst counts the requests relayed now that wait for their answer
+	// (not long-running): the demand on kproxy's CPUs the replay pool
+	// yields to under CPU pressure, and what tells a burst's end, when
+	// the upstream connections it left idle are closed (idleconns.go).
+	burst   *burstReaper
+	bodies  *bodyBudget
+	replica string
+	metrics *metrics.Metrics // nil: none
 	// selection is --replay-filter's choice of the requests replayed,
 	// changed at run time through the flow API (SetReplayFilter); nil
 	// replays every request.
@@ -230,6 +231,7 @@ func New(cfg Config) (*Proxy, error) {
 		p.mode = "reverse"
 	}
 	p.recorder.queue = make(chan *exchange, recorderBuffer)
+	p.burst = newBurstReaper(p.clock, p.passthrough, p.impersonating, p.watchPassthrough, p.watchImpersonating)
 	p.pool = newReplayPool(cfg.ReplayWorkers, cfg.ReplayQueue, p.clock, p.metrics)
 	if cfg.ReplayCPUPressure > 0 {
 		total := cfg.CPUPressureTotal
@@ -241,7 +243,7 @@ func New(cfg Config) (*Proxy, error) {
 			p.log.Info("CPU pressure cannot be read: the replay yields to forwarding only once its queue is full (--replay-cpu-pressure needs Linux PSI, "+PSIPath+")", "error", err)
 		}
 		if pressure != nil {
-			p.pool.pressure, p.pool.demand = pressure, p.answering.Load
+			p.pool.pressure, p.pool.demand = pressure, p.burst.inFlight.Load
 			p.metrics.CPUPressure(pressure.Share)
 		}
 	}
@@ -285,7 +287,7 @@ type exchange struct {
 	span trace.Span
 	info *apirequest.RequestInfo // the request as the apiserver resolves it
 	// answering: the request is not long-running, counted in
-	// Proxy.answering until its relay ends.
+	// Proxy.burst until its relay ends.
 	answering bool
 	ident     identity
 	actAs     user.Info // the user forwarded by impersonation
@@ -391,11 +393,9 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		done:  make(chan struct{}),
 	}
 	ex.parts.Store(2)
-	// Counted only for the replay pool's CPU pressure signal: with it off,
-	// no request pays for the shared counter.
-	if p.pool.demand != nil && !stages.IsLongRunning(r, info) {
+	if !stages.IsLongRunning(r, info) {
 		ex.answering = true
-		p.answering.Add(1)
+		p.burst.begin()
 	}
 	// The apiserver uses a client-supplied Audit-ID; otherwise kproxy sets
 	// one so its trace, the apiserver's trace and the audit log join up.
@@ -575,7 +575,7 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	ex.end = p.clock.Now()
 	close(ex.done)
 	if ex.answering {
-		p.answering.Add(-1)
+		p.burst.end()
 	}
 	// The body tee has handed the replay its copy (ex.body.finish above):
 	// a short read's replay starts now.

@@ -35,7 +35,25 @@ func (s Sinks) Write(r *Record) {
 // that), records are dropped until it succeeds: none is ever appended to
 // a partial line. The sink never gives up: it writes again as soon as the
 // disk does.
+//
+// Records finished at the same time share a write (group commit): the
+// first writer writes its own line at once, and the lines that arrive
+// while it writes wait, whole, in a queue it writes next, in one system
+// call. A reader still sees whole lines, each as soon as a write is
+// free; under load there are fewer system calls than records. When
+// every Write has returned, every line was written. The queue is
+// bounded (maxQueued): past it, writers wait, as they did for the file.
 type FileSink struct {
+	q struct {
+		mu      sync.Mutex
+		cond    sync.Cond // on mu: the writer took the queue, or finished
+		lines   []byte    // whole lines waiting for the writer
+		n       int       // how many
+		spare   []byte    // the last batch's buffer, for the next
+		writing bool      // a Write is writing: the others queue
+	}
+	// mu guards the file and what follows; held by the writer for its
+	// write, and by Lost, Rotations and Close.
 	mu      sync.Mutex
 	f       captureFile
 	path    string
@@ -142,8 +160,14 @@ func newFileSink(f captureFile, path string, log *slog.Logger) *FileSink {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &FileSink{f: f, path: path, log: log}
+	s := &FileSink{f: f, path: path, log: log}
+	s.q.cond.L = &s.q.mu
+	return s
 }
+
+// maxQueued bounds the lines waiting for a write (bytes): the records
+// of a burst, not of a stalled disk.
+const maxQueued = 1 << 20
 
 // Write implements Sink.
 func (s *FileSink) Write(r *Record) {
@@ -157,22 +181,56 @@ func (s *FileSink) Write(r *Record) {
 		s.log.Error("capture record not encodable", "file", s.path, "id", r.ID, "error", err)
 		return
 	}
-	b := buf.Bytes()
+	q := &s.q
+	q.mu.Lock()
+	for q.writing && len(q.lines) >= maxQueued {
+		q.cond.Wait()
+	}
+	if q.writing {
+		q.lines = append(q.lines, buf.Bytes()...)
+		q.n++
+		q.mu.Unlock()
+		return
+	}
+	q.writing = true
+	q.mu.Unlock()
+	s.writeLines(buf.Bytes(), 1)
+	q.mu.Lock()
+	for q.n > 0 {
+		batch, n := q.lines, q.n
+		q.lines, q.n = q.spare[:0], 0
+		q.mu.Unlock()
+		q.cond.Broadcast()
+		s.writeLines(batch, n)
+		q.mu.Lock()
+		q.spare = nil
+		if cap(batch) <= maxQueued { // not one record's captured body
+			q.spare = batch[:0]
+		}
+	}
+	q.writing = false
+	q.mu.Unlock()
+	q.cond.Broadcast()
+}
+
+// writeLines appends n whole lines in one write; on failure all n are
+// dropped (the write's partial tail is taken back).
+func (s *FileSink) writeLines(b []byte, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.partial > 0 && s.takeBack() != nil {
-		// Appended now, the record would continue the partial line.
-		s.drop(nil)
+		// Appended now, the records would continue the partial line.
+		s.drop(nil, n)
 		return
 	}
 	if s.rot.due(s.size, len(b)) && !s.rot.Now().Before(s.retryAt) {
 		s.rotate(len(b))
 	}
-	n, err := s.f.Write(b)
-	s.size += int64(n)
+	written, err := s.f.Write(b)
+	s.size += int64(written)
 	if err != nil {
-		s.partial = n
-		s.drop(err)
+		s.partial = written
+		s.drop(err, n)
 		if err := s.takeBack(); err != nil && !s.stuck {
 			s.stuck = true
 			s.log.Error("capture: cannot remove a partial line yet; records are dropped until it is removed",
@@ -199,10 +257,10 @@ func putLineBuffer(buf *bytes.Buffer) {
 	}
 }
 
-// drop counts a record not written; the first of a failure is logged.
-func (s *FileSink) drop(err error) {
-	s.lost++
-	s.total++
+// drop counts n records not written; the first failure is logged.
+func (s *FileSink) drop(err error, n int) {
+	s.lost += uint64(n)
+	s.total += uint64(n)
 	if !s.failing {
 		s.failing = true
 		s.log.Error("capture write failed: records are dropped (and counted) until a write succeeds again",
@@ -248,8 +306,14 @@ func (s *FileSink) Rotations() (done, failed uint64) {
 	return s.rotations, s.failed
 }
 
-// Close closes the file, with a last try at removing a partial line.
+// Close closes the file, with a last try at removing a partial line,
+// once the lines queued are written.
 func (s *FileSink) Close() error {
+	s.q.mu.Lock()
+	for s.q.writing {
+		s.q.cond.Wait()
+	}
+	s.q.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.takeBack(); err != nil {

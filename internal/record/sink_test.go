@@ -212,3 +212,67 @@ func TestFileSinkPartialCutAway(t *testing.T) {
 		t.Errorf("records %v, want after", ids)
 	}
 }
+
+// slowDisk is a capture file whose first write waits for release, and
+// which counts its writes.
+type slowDisk struct {
+	fullDisk
+	mu      sync.Mutex
+	writes  int
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (d *slowDisk) Write(b []byte) (int, error) {
+	d.mu.Lock()
+	d.writes++
+	first := d.writes == 1
+	d.mu.Unlock()
+	if first {
+		close(d.entered)
+		<-d.release
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.fullDisk.Write(b)
+}
+
+// TestFileSinkGroupCommit: the records finished while a write is under
+// way share the next write, whole lines each, every one of them written
+// once every Write has returned.
+func TestFileSinkGroupCommit(t *testing.T) {
+	disk := &slowDisk{fullDisk: fullDisk{room: 1 << 20}, entered: make(chan struct{}), release: make(chan struct{})}
+	s := newFileSink(disk, "c.jsonl", nil)
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Write(&Record{ID: "first"}) })
+	<-disk.entered
+	for i := range 20 {
+		wg.Go(func() { s.Write(&Record{ID: fmt.Sprint("r", i)}) })
+	}
+	// The twenty queue behind the first write, which has not returned.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.q.mu.Lock()
+		n := s.q.n
+		s.q.mu.Unlock()
+		if n == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d records queued behind the write; want 20", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(disk.release)
+	wg.Wait()
+	ids := wholeLines(t, &disk.fullDisk)
+	if len(ids) != 21 || ids[0] != "first" {
+		t.Fatalf("records %v: want first, then the 20 others", ids)
+	}
+	if disk.writes != 2 {
+		t.Errorf("%d writes for 21 records; want 2 (the first, then the 20 queued behind it)", disk.writes)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
