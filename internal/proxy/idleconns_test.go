@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"crypto/tls"
-	"encoding/pem"
 	"io"
 	"net"
 	"net/http"
@@ -12,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -83,13 +81,14 @@ func TestBurstReaper(t *testing.T) {
 // connections a burst opened are closed once it is over (not 30s later),
 // and those of fewer requests at once are kept for the next ones.
 func TestBurstClosesUpstreamConnections(t *testing.T) {
-	var open atomic.Int64
+	var open, arrived atomic.Int64
 	release := make(chan struct{})
 	var gate sync.Mutex
 	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		gate.Lock()
 		ch := release
 		gate.Unlock()
+		arrived.Add(1)
 		<-ch
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x"}}`)
@@ -103,13 +102,7 @@ func TestBurstClosesUpstreamConnections(t *testing.T) {
 		}
 	}
 	upstream.StartTLS()
-	t.Cleanup(upstream.Close)
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
-	up, err := NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(up.Passthrough.CloseIdleConnections)
+	up := upstreamOf(t, upstream)
 	clk := clocktesting.NewFakeClock(time.Now())
 	p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, WatchPassthrough: up.WatchPassthrough, Clock: clk})
 	if err != nil {
@@ -126,6 +119,7 @@ func TestBurstClosesUpstreamConnections(t *testing.T) {
 		gate.Lock()
 		release = make(chan struct{})
 		gate.Unlock()
+		arrived.Store(0)
 		var wg sync.WaitGroup
 		for range n {
 			wg.Go(func() {
@@ -138,7 +132,11 @@ func TestBurstClosesUpstreamConnections(t *testing.T) {
 				resp.Body.Close()
 			})
 		}
-		poll(t, "every request in flight", func() bool { return p.burst.inFlight.Load() == int64(n) })
+		// Each on a connection of its own: all waiting upstream at once.
+		poll(t, "every request upstream", func() bool { return arrived.Load() == int64(n) })
+		if got := p.burst.inFlight.Load(); got != int64(n) {
+			t.Fatalf("%d requests in flight through kproxy; want %d", got, n)
+		}
 		gate.Lock()
 		close(release)
 		gate.Unlock()

@@ -453,7 +453,13 @@ func TestReplayPoolOneWorkerWhenOverloaded(t *testing.T) {
 // to it (trusting its certificate); both closed when the test ends.
 func tlsUpstream(t *testing.T, h http.HandlerFunc) *Upstream {
 	t.Helper()
-	upstream := httptest.NewTLSServer(h)
+	return upstreamOf(t, httptest.NewTLSServer(h))
+}
+
+// upstreamOf is kproxy's Upstream for a started TLS test server, which
+// it closes when the test ends.
+func upstreamOf(t *testing.T, upstream *httptest.Server) *Upstream {
+	t.Helper()
 	t.Cleanup(upstream.Close)
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
 	up, err := NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
