@@ -72,9 +72,10 @@ func newBurstReaper(c clock.PassiveClock, transports ...http.RoundTripper) *burs
 		clock: tc,
 		closeIdle: func() {
 			for _, t := range transports {
-				if t != nil {
-					utilnet.CloseIdleConnectionsFor(t)
+				if tr, ok := t.(*http.Transport); t == nil || (ok && tr == nil) {
+					continue // none configured (a nil in an interface too)
 				}
+				utilnet.CloseIdleConnectionsFor(t)
 			}
 		},
 		freeMemory: debug.FreeOSMemory,

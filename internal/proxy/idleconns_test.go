@@ -77,6 +77,13 @@ func TestBurstReaper(t *testing.T) {
 	}
 }
 
+// TestBurstReaperNoTransport: transports not configured (nil, or a nil
+// *http.Transport in the interface) are skipped, not called.
+func TestBurstReaperNoTransport(t *testing.T) {
+	var none *http.Transport
+	newBurstReaper(clocktesting.NewFakeClock(time.Now()), none, nil).closeIdle()
+}
+
 // TestBurstClosesUpstreamConnections: through the proxy, the upstream
 // connections a burst opened are closed once it is over (not 30s later),
 // and those of fewer requests at once are kept for the next ones.
