@@ -205,6 +205,22 @@ func (m *Metrics) CPUPressure(share func() float64) {
 	}, share))
 }
 
+// InFlight exports the requests relayed now that wait for their answer,
+// and how many bursts of them ended with kproxy closing the upstream
+// connections they left idle.
+func (m *Metrics) InFlight(requests, idleCloses func() float64) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kproxy_requests_in_flight",
+		Help: "Requests relayed now that wait for their answer (watches, logs, execs and other long-running requests not counted).",
+	}, requests), prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "kproxy_upstream_idle_closes_total",
+		Help: "Bursts (64 or more requests in flight at once) after which kproxy closed the upstream connections they left idle and returned the freed memory to the system.",
+	}, idleCloses))
+}
+
 // ReplayQueued moves the queue depth by delta (+1 queued, -1 taken).
 func (m *Metrics) ReplayQueued(delta int) {
 	if m == nil {

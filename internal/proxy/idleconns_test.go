@@ -11,7 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kproxy/kproxy/internal/metrics"
 )
 
 // TestBurstReaper: a burst (burstInFlight requests at once) starts one
@@ -111,7 +114,8 @@ func TestBurstClosesUpstreamConnections(t *testing.T) {
 	upstream.StartTLS()
 	up := upstreamOf(t, upstream)
 	clk := clocktesting.NewFakeClock(time.Now())
-	p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, WatchPassthrough: up.WatchPassthrough, Clock: clk})
+	reg := prometheus.NewRegistry()
+	p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, WatchPassthrough: up.WatchPassthrough, Clock: clk, Metrics: metrics.New(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,8 +145,8 @@ func TestBurstClosesUpstreamConnections(t *testing.T) {
 		}
 		// Each on a connection of its own: all waiting upstream at once.
 		poll(t, "every request upstream", func() bool { return arrived.Load() == int64(n) })
-		if got := p.burst.inFlight.Load(); got != int64(n) {
-			t.Fatalf("%d requests in flight through kproxy; want %d", got, n)
+		if got := gauge(t, reg, "kproxy_requests_in_flight", "", ""); got != float64(n) {
+			t.Fatalf("kproxy_requests_in_flight = %v; want %d", got, n)
 		}
 		gate.Lock()
 		close(release)
@@ -171,8 +175,8 @@ func TestBurstClosesUpstreamConnections(t *testing.T) {
 	look(t, clk, p.burst)
 	look(t, clk, p.burst)
 	poll(t, "the upstream connections closed after the burst", func() bool { return open.Load() == 0 })
-	if p.burst.reaped.Load() != 1 {
-		t.Fatalf("bursts ended: %d; want 1", p.burst.reaped.Load())
+	if got := gauge(t, reg, "kproxy_upstream_idle_closes_total", "", ""); got != 1 {
+		t.Fatalf("kproxy_upstream_idle_closes_total = %v; want 1", got)
 	}
 }
 

@@ -232,6 +232,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.recorder.queue = make(chan *exchange, recorderBuffer)
 	p.burst = newBurstReaper(p.clock, p.passthrough, p.impersonating, p.watchPassthrough, p.watchImpersonating)
+	p.metrics.InFlight(func() float64 { return float64(p.burst.inFlight.Load()) }, func() float64 { return float64(p.burst.reaped.Load()) })
 	p.pool = newReplayPool(cfg.ReplayWorkers, cfg.ReplayQueue, p.clock, p.metrics)
 	if cfg.ReplayCPUPressure > 0 {
 		total := cfg.CPUPressureTotal
