@@ -47,6 +47,10 @@
 // v5.channel.k8s.io). Upgrades cannot ride HTTP/2, so the upstream transport
 // speaks HTTP/1.1 (NextProtos pinned), with a large idle pool: an HTTP/1.1
 // pool moves big responses faster than one multiplexed HTTP/2 connection.
+// The pool is kept for a burst's sake, not after it: once 64 or more
+// requests were in flight and few are again, kproxy closes the idle
+// connections (idleconns.go) instead of holding them, their goroutines
+// and the apiserver's side of them for 30 seconds.
 // Watches are the exception: they go over HTTP/2 (unless they ask for an
 // upgrade), many to a connection, so that thousands of mostly idle watches
 // do not hold a connection each; each stream's window is kept small, so a
