@@ -12,9 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kproxy/kproxy/internal/stages/apiserver"
-
+	"github.com/munnerz/goautoneg"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
 // Non-resource requests past authorization: the apiserver's own handlers
@@ -47,8 +48,8 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 	case p == "/openapi/v3" || strings.HasPrefix(p, "/openapi/v3/"):
 		return d.openAPIV3(ctx, req, p)
 	case p == "/openapi/v2":
-		if !openAPIAcceptable(req.HTTP.Header.Get("Accept")) {
-			return Unknown("the OpenAPI v2 document with Accept " + req.HTTP.Header.Get("Accept") + ": content negotiation not modelled")
+		if !openAPINegotiates(req.HTTP.Header.Get("Accept"), openAPIV2Subtypes) {
+			return notAcceptable(req, "the OpenAPI v2 document", openAPIV2Subtypes)
 		}
 		switch h := conditionalHeader(req.HTTP.Header); {
 		case req.HTTP.Header.Get("Range") != "" || req.HTTP.Header.Get("If-Range") != "":
@@ -224,8 +225,12 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound}
 		return Reject(st, fmt.Sprintf("the apiserver's OpenAPI v3 index lists no document %q (%d documents): 404", gv, len(index.Paths)))
 	}
-	if !openAPIAcceptable(req.HTTP.Header.Get("Accept")) {
-		return Unknown("an OpenAPI document with Accept " + req.HTTP.Header.Get("Accept") + ": content negotiation not modelled")
+	if accept := req.HTTP.Header.Get("Accept"); accept != "" && len(goautoneg.ParseAccept(accept)) == 0 {
+		// pkg/handler3 returns before negotiating: net/http's 200.
+		return Pass(fmt.Sprintf("Accept %q names no media type: the OpenAPI v3 handler returns before choosing one, and the answer is 200 with no body", accept))
+	}
+	if !openAPINegotiates(req.HTTP.Header.Get("Accept"), openAPIV3Subtypes) {
+		return notAcceptable(req, "the OpenAPI v3 document of "+gv, openAPIV3Subtypes)
 	}
 	return Pass("the apiserver serves the OpenAPI v3 document of " + gv)
 }
@@ -445,11 +450,40 @@ func modifiedSinceArrival(mod, arrival time.Time) bool {
 	return mod.After(arrival.Add(-2 * time.Second))
 }
 
-// openAPIAcceptable reports an Accept header the OpenAPI handlers serve
-// (JSON or their protobuf, or anything).
-func openAPIAcceptable(accept string) bool {
-	return acceptsAny(accept, "*/*", "application/*", "application/json", "application/com.github.proto-openapi.spec.v3@v1.0+protobuf",
-		"application/com.github.proto-openapi.spec.v2@v1.0+protobuf", "application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
+// The media subtypes kube-openapi's handlers serve their documents in
+// (pkg/handler for v2, pkg/handler3 for v3): JSON, and protobuf under its
+// current and its deprecated name.
+var (
+	openAPIV2Subtypes = []string{"json", "com.github.proto-openapi.spec.v2.v1.0+protobuf", "com.github.proto-openapi.spec.v2@v1.0+protobuf"}
+	openAPIV3Subtypes = []string{"json", "com.github.proto-openapi.spec.v3.v1.0+protobuf", "com.github.proto-openapi.spec.v3@v1.0+protobuf"}
+)
+
+// openAPINegotiates is kube-openapi's content negotiation, as its
+// handlers run it: the Accept header ("*/*" when absent) parsed by
+// goautoneg, and a clause matches one of the served application/
+// subtypes when its type and subtype are equal or "*" (quality is not
+// weighed: a clause with q=0 matches too). No clause matching: the
+// handler answers 406 with no body.
+func openAPINegotiates(accept string, subtypes []string) bool {
+	if accept == "" {
+		accept = "*/*"
+	}
+	for _, c := range goautoneg.ParseAccept(accept) {
+		for _, st := range subtypes {
+			if (c.Type == "application" || c.Type == "*") && (c.SubType == st || c.SubType == "*") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// notAcceptable is kube-openapi's refusal of an Accept header it serves
+// nothing for: 406, no body.
+func notAcceptable(req *Request, what string, subtypes []string) Result {
+	st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotAcceptable}
+	return Reject(st, fmt.Sprintf("%s is served as application/%s; Accept %q names none of them (nor */* or application/*): the handler answers 406 with no body",
+		what, strings.Join(subtypes, ", application/"), req.HTTP.Header.Get("Accept")))
 }
 
 // conditionalHeader names a header that makes a request conditional or
