@@ -225,7 +225,7 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound}
 		return Reject(st, fmt.Sprintf("the apiserver's OpenAPI v3 index lists no document %q (%d documents): 404", gv, len(index.Paths)))
 	}
-	if accept := req.HTTP.Header.Get("Accept"); accept != "" && len(goautoneg.ParseAccept(accept)) == 0 {
+	if accept := req.HTTP.Header.Get("Accept"); namesNoMediaType(accept) {
 		// pkg/handler3 returns before negotiating: net/http's 200.
 		return Pass(fmt.Sprintf("Accept %q names no media type: the OpenAPI v3 handler returns before choosing one, and the answer is 200 with no body", accept))
 	}
@@ -457,6 +457,12 @@ var (
 	openAPIV2Subtypes = []string{"json", "com.github.proto-openapi.spec.v2.v1.0+protobuf", "com.github.proto-openapi.spec.v2@v1.0+protobuf"}
 	openAPIV3Subtypes = []string{"json", "com.github.proto-openapi.spec.v3.v1.0+protobuf", "com.github.proto-openapi.spec.v3@v1.0+protobuf"}
 )
+
+// namesNoMediaType reports an Accept header, given, from which goautoneg
+// parses no clause at all ("garbage").
+func namesNoMediaType(accept string) bool {
+	return accept != "" && len(goautoneg.ParseAccept(accept)) == 0
+}
 
 // openAPINegotiates is kube-openapi's content negotiation, as its
 // handlers run it: the Accept header ("*/*" when absent) parsed by
