@@ -14,8 +14,13 @@ import (
 // system call to the client. A list or a get is read to its end before
 // the client uses it, so its reads can fill the copy buffer (32 KiB)
 // first: the same bytes, in the same order, as they arrive, in an
-// eighth of the writes. Watches, logs, proxied streams and every other
-// answer of no length are still relayed read by read.
+// eighth of the writes. Nor is each such read flushed (ReverseProxy
+// flushes after every write of an answer of no length): a flush ends the
+// chunk with a write system call of its own, for its last two bytes, so
+// each 32 KiB took four writes to the client; unflushed, the chunk's end
+// goes out with the next chunk's start, in three, and net/http flushes
+// the rest as the response ends. Watches, logs, proxied streams and every
+// other answer of no length are still relayed and flushed read by read.
 
 // fillsReads says whether the answer to a request may be relayed in full
 // reads: a list or a get of a resource itself, answered 200 without a

@@ -12,10 +12,16 @@ import (
 	"time"
 )
 
-// countingWriter counts the writes of an answer's body to the client.
+// countingWriter counts the writes of an answer's body to the client,
+// and the flushes.
 type countingWriter struct {
 	http.ResponseWriter
-	writes *atomic.Int64
+	writes, flushes *atomic.Int64
+}
+
+func (c countingWriter) Flush() {
+	c.flushes.Add(1)
+	http.NewResponseController(c.ResponseWriter).Flush()
 }
 
 func (c countingWriter) Write(b []byte) (int, error) {
@@ -26,7 +32,8 @@ func (c countingWriter) Write(b []byte) (int, error) {
 func (c countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
 
 // TestListRelayedInFullReads: a LIST the apiserver streams in 1 KiB
-// pieces reaches the client in 32 KiB writes, while a followed log, a
+// pieces reaches the client in 32 KiB writes, none flushed on its own
+// (net/http flushes the end of the response), while a followed log, a
 // stream of no end, is still relayed piece by piece as it arrives (the
 // upstream sends each line only once the client has read the one
 // before, so holding any of them back would stall the test).
@@ -51,23 +58,25 @@ func TestListRelayedInFullReads(t *testing.T) {
 	upstream.StartTLS()
 	t.Cleanup(upstream.Close)
 	front, client := streamProxy(t, upstream, nil)
-	var writes atomic.Int64
+	var writes, flushes atomic.Int64
 	inner := front.Config.Handler
 	front.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		inner.ServeHTTP(countingWriter{w, &writes}, r)
+		inner.ServeHTTP(countingWriter{w, &writes, &flushes}, r)
 	})
 
 	for _, tc := range []struct {
 		path       string
 		lockstep   bool
 		wantWrites int64
+		wantFlush  bool
 	}{
-		{"/api/v1/namespaces/default/configmaps", false, 2},   // list: 64 KiB in two full reads
-		{"/api/v1/namespaces/default/configmaps/a", false, 2}, // get
-		{"/api/v1/namespaces/default/pods/p/log", true, 64},   // a stream: each piece as it comes
+		{"/api/v1/namespaces/default/configmaps", false, 2, false},  // list: 64 KiB in two full reads
+		{"/api/v1/namespaces/default/configmaps/a", false, 2, false}, // get
+		{"/api/v1/namespaces/default/pods/p/log", true, 64, true},    // a stream: each piece as it comes
 	} {
 		t.Run(tc.path, func(t *testing.T) {
 			writes.Store(0)
+			flushes.Store(0)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, front.URL+tc.path, nil)
@@ -99,6 +108,11 @@ func TestListRelayedInFullReads(t *testing.T) {
 			}
 			if n := writes.Load(); n != tc.wantWrites {
 				t.Errorf("the answer reached the client in %d writes, want %d", n, tc.wantWrites)
+			}
+			// The stream is flushed piece by piece (else it would stall);
+			// the list's writes are not flushed each.
+			if n := flushes.Load(); (n >= tc.wantWrites) != tc.wantFlush {
+				t.Errorf("%d flushes of %d writes; want a flush after each: %v", n, writes.Load(), tc.wantFlush)
 			}
 		})
 	}

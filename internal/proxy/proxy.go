@@ -682,6 +682,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	takeStream(resp, ex)
 	if fillsReads(ex.info, resp) && resp.Body != http.NoBody {
 		resp.Body = fullReads{resp.Body}
+		if ex.rw != nil {
+			ex.rw.unflushed = true
+		}
 	}
 	return nil
 }
@@ -1173,6 +1176,9 @@ type responseRecorder struct {
 	// state the request met.
 	keepBody bool
 	okBody   []byte
+	// unflushed: the answer is relayed in full reads (coalesce.go), with
+	// no flush after each.
+	unflushed bool
 }
 
 func (w *responseRecorder) WriteHeader(code int) {
@@ -1200,6 +1206,9 @@ func (w *responseRecorder) Write(b []byte) (int, error) {
 }
 
 func (w *responseRecorder) Flush() {
+	if w.unflushed {
+		return
+	}
 	_ = http.NewResponseController(w.ResponseWriter).Flush()
 }
 
