@@ -70,7 +70,7 @@ func TestListRelayedInFullReads(t *testing.T) {
 		wantWrites int64
 		wantFlush  bool
 	}{
-		{"/api/v1/namespaces/default/configmaps", false, 2, false},  // list: 64 KiB in two full reads
+		{"/api/v1/namespaces/default/configmaps", false, 2, false},   // list: 64 KiB in two full reads
 		{"/api/v1/namespaces/default/configmaps/a", false, 2, false}, // get
 		{"/api/v1/namespaces/default/pods/p/log", true, 64, true},    // a stream: each piece as it comes
 	} {
