@@ -29,6 +29,11 @@ func (decode) Name() string { return record.StageDecode }
 // handler.
 func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) {
 	w := d.m.writer() // once: it is read on every request
+	if req.Info != nil && !req.Info.IsResourceRequest && w != nil {
+		if res, answered := d.aggregatorDiscovery(w, req); answered {
+			return res, false
+		}
+	}
 	switch {
 	case req.Info != nil && !req.Info.IsResourceRequest && w != nil && w.ServesDiscovery(req.HTTP.Method, req.Info):
 		return Result{}, true // discovery and /version: the replay server's own handlers
@@ -76,8 +81,10 @@ func (d decode) report(ctx context.Context, req *Request, run *apiserver.Run) Re
 	switch {
 	case run.Unknown != "" && run.UnknownAt() == record.StageDecode:
 		res = Unknown(run.Unknown)
-	case run.Status != nil && apiserver.DiscoveryRoot(req.Info):
-		res = Unknown("the apiserver's aggregator serves " + req.Info.Path + "; its refusals (here " + apiserver.StatusMessage(run.Status) + " from kube-apiserver's own handler) are not replayed")
+	case run.Status != nil && strings.TrimSuffix(req.Info.Path, "/") == "/apis":
+		// Aggregated discovery's refusal: the aggregator's own document,
+		// not the replay server's.
+		res = Unknown("the apiserver's aggregator serves aggregated discovery of /apis; its refusals (here " + apiserver.StatusMessage(run.Status) + " from kube-apiserver's own handler) are not replayed")
 	case run.Decided == record.StageDecode && run.Code == http.StatusMethodNotAllowed:
 		res = Reject(run.Status, "the apiserver's router (go-restful) serves no "+req.HTTP.Method+" on this path: "+apiserver.StatusMessage(run.Status))
 	case run.Decided == record.StageDecode && run.Read:

@@ -1,14 +1,27 @@
 package stages
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
+	"k8s.io/apiserver/pkg/endpoints/discovery/aggregated"
+	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
+	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
+	genericfeatures "k8s.io/apiserver/pkg/features"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	apiregistrationv1helper "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1/helper"
+	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
 
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
@@ -24,18 +37,23 @@ import (
 // groupDiscovery is decode's verdict on GET /apis/<group>[/<version>] for
 // a group the replay server does not serve.
 func (d decode) groupDiscovery(req *Request) Result {
+	rest := strings.Trim(strings.TrimPrefix(req.Info.Path, "/apis/"), "/")
+	group, version, _ := strings.Cut(rest, "/")
+	w := d.m.writer()
+	if groupUnknown(w, group) {
+		// No handler at all: the end of the chain answers, whatever
+		// the method or the Accept.
+		return Reject(muxNotFound(), fmt.Sprintf("no CustomResourceDefinition or APIService names the group %q: nothing serves %s, the apiserver's mux answers 404 page not found", group, req.Info.Path))
+	}
 	if req.HTTP.Method != http.MethodGet {
 		return Unknown("the " + req.HTTP.Method + " of discovery path " + req.Info.Path + ": not modelled")
 	}
-	rest := strings.Trim(strings.TrimPrefix(req.Info.Path, "/apis/"), "/")
-	group, version, _ := strings.Cut(rest, "/")
 	if strings.Contains(version, "/") {
 		return Unknown("discovery path " + req.Info.Path + ": not modelled")
 	}
 	if !discoveryAcceptable(req.HTTP.Header.Get("Accept")) {
 		return Unknown("discovery of " + req.Info.Path + " with Accept " + req.HTTP.Header.Get("Accept") + ": content negotiation not modelled")
 	}
-	w := d.m.writer()
 	crds, err := w.CRDs().List(labels.Everything())
 	if err != nil {
 		return Unknown("the cluster's CustomResourceDefinitions: " + err.Error())
@@ -153,4 +171,92 @@ func acceptsAny(accept string, mediaTypes ...string) bool {
 		}
 	}
 	return false
+}
+
+// aggregatorDiscovery is kube-aggregator's own answer to /apis, /apis/
+// and /apis/<group>[/] (its apiserver.go registers apisHandler there, and
+// an apiGroupHandler for each group an APIService names): the discovery
+// document it builds from its APIServices, negotiated by
+// responsewriters.WriteObjectNegotiated with the aggregator's codecs
+// ("only the following media types are accepted: ..." for an Accept it
+// serves nothing in), for any method (neither handler looks at it). GET
+// /apis with an Accept for aggregated discovery goes to the aggregated
+// document instead, which the replay server runs (answered false), as
+// does a group no APIService names (the aggregator's handler for it is
+// gone: kube-apiserver's own answers).
+func (d decode) aggregatorDiscovery(w *apiserver.Server, req *Request) (res Result, answered bool) {
+	p := req.Info.Path
+	rest, ok := strings.CutPrefix(p, "/apis/")
+	group := strings.TrimSuffix(rest, "/")
+	switch {
+	case p == "/apis":
+		legacy, took := aggregatorNegotiation(req.HTTP, &metav1.APIGroupList{}, true)
+		if !took {
+			if req.HTTP.Method == http.MethodGet {
+				return Result{}, false
+			}
+			return Unknown("the " + req.HTTP.Method + " of /apis asking for aggregated discovery (Accept " + req.HTTP.Header.Get("Accept") + "): not modelled"), true
+		}
+		return aggregatorVerdict(req, legacy, "kube-aggregator's /apis handler lists the groups of its APIServices"), true
+	case p == "/apis/":
+		legacy, _ := aggregatorNegotiation(req.HTTP, &metav1.APIGroupList{}, false)
+		return aggregatorVerdict(req, legacy, "kube-aggregator's /apis/ handler lists the groups of its APIServices"), true
+	case !ok || group == "" || strings.Contains(group, "/") || (rest != group && rest != group+"/"):
+		return Result{}, false
+	}
+	if w.Served() == nil || !w.Served().APIServicesSynced() {
+		return Unknown("discovery of " + p + ": the aggregator's APIServices have not synced yet"), true
+	}
+	services, err := w.Served().APIServices.List(labels.Everything())
+	if err != nil {
+		return Unknown("the aggregator's APIServices: " + err.Error()), true
+	}
+	var names []string
+	for _, s := range services {
+		if s.Spec.Group == group {
+			names = append(names, s.Name)
+		}
+	}
+	if len(names) == 0 {
+		return Result{}, false
+	}
+	legacy, _ := aggregatorNegotiation(req.HTTP, &metav1.APIGroup{}, false)
+	return aggregatorVerdict(req, legacy, "kube-aggregator's handler of group "+group+" lists its versions from its APIServices ("+strings.Join(names, ", ")+"), Available or not"), true
+}
+
+// aggregatorNegotiation runs kube-aggregator's negotiation of a discovery
+// answer (obj, an empty document: only the status is wanted) on r, within
+// aggregated discovery's wrapper for /apis (wrapped): took is false when
+// the wrapper hands the request to the aggregated document instead.
+func aggregatorNegotiation(r *http.Request, obj runtime.Object, wrapped bool) (rec *httptest.ResponseRecorder, took bool) {
+	codecs := aggregatorscheme.Codecs
+	if utilfeature.DefaultFeatureGate.Enabled(genericfeatures.CBORServingAndStorage) {
+		// As kube-aggregator's apiserver.go builds them.
+		codecs = serializer.NewCodecFactory(aggregatorscheme.Scheme, serializer.WithSerializer(cbor.NewSerializerInfo))
+	}
+	rec = httptest.NewRecorder()
+	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		took = true
+		responsewriters.WriteObjectNegotiated(codecs, negotiation.DefaultEndpointRestrictions, schema.GroupVersion{}, w, r, http.StatusOK, obj, false)
+	})
+	if wrapped {
+		h = aggregated.WrapAggregatedDiscoveryToHandler(h, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), nil)
+	}
+	h.ServeHTTP(rec, r)
+	return rec, took
+}
+
+// aggregatorVerdict is decode's verdict on the aggregator's negotiated
+// answer: its refusal, or its document (200).
+func aggregatorVerdict(req *Request, rec *httptest.ResponseRecorder, serves string) Result {
+	if rec.Code == http.StatusOK {
+		r := Pass(serves + " (any method: it does not look at it)")
+		r.Answer = http.StatusOK
+		return r
+	}
+	st := &metav1.Status{}
+	if err := json.Unmarshal(rec.Body.Bytes(), st); err != nil || st.Code == 0 {
+		return Unknown(fmt.Sprintf("%s; its answer (%d) is not a Status: not modelled", serves, rec.Code))
+	}
+	return Reject(st, serves+", negotiated with Accept "+strconv.Quote(req.HTTP.Header.Get("Accept"))+": "+apiserver.StatusMessage(st))
 }

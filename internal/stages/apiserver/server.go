@@ -147,26 +147,31 @@ func BuiltIn(group string) bool {
 }
 
 // ServesDiscovery reports a request the replay server answers as the
-// apiserver does: /version (any method), and GETs of the discovery roots
-// (/api, /apis) and of built-in groups. Not replayed: discovery of custom
+// apiserver does: /version, /api, /api/v1 and the versions of built-in
+// groups (any method: go-restful answers 405 to those it has no route
+// for), and GETs of /apis and built-in groups (when kube-aggregator's own
+// handler does not answer them, stages/group_discovery.go). Not replayed: discovery of custom
 // resource groups (the apiextensions discovery controller is not run),
 // of aggregated APIs, health, OpenAPI and metrics.
 func (w *Server) ServesDiscovery(method string, info *apirequest.RequestInfo) bool {
 	p := strings.TrimSuffix(info.Path, "/")
-	if method != http.MethodGet {
-		// /version is a go-restful web service of its own, in the
-		// apiserver as in the replay: any other method gets its 405.
-		return p == "/version"
-	}
 	switch p {
-	case "/version", "/api", "/api/v1", "/apis":
+	case "/version", "/api", "/api/v1":
+		// go-restful web services, in the apiserver as in the replay:
+		// a method they have no route for gets go-restful's 405.
 		return true
+	case "/apis":
+		return method == http.MethodGet
 	}
 	rest, ok := strings.CutPrefix(p, "/apis/")
 	if !ok {
 		return false
 	}
-	group, _, _ := strings.Cut(rest, "/")
+	group, version, _ := strings.Cut(rest, "/")
+	if method != http.MethodGet && version == "" {
+		// kube-aggregator's own group handler, not a web service.
+		return false
+	}
 	return BuiltIn(group) && group != apiextensionsv1.GroupName
 }
 
