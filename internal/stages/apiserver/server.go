@@ -149,8 +149,9 @@ func BuiltIn(group string) bool {
 // ServesDiscovery reports a request the replay server answers as the
 // apiserver does: /version, /api, /api/v1 and the versions of built-in
 // groups (any method: go-restful answers 405 to those it has no route
-// for), and GETs of /apis and built-in groups (when kube-aggregator's own
-// handler does not answer them, stages/group_discovery.go). Not replayed: discovery of custom
+// for), and GETs of /apis (aggregated discovery) and of built-in
+// groups (when kube-aggregator's own handlers do not answer them,
+// stages/group_discovery.go). Not replayed: discovery of custom
 // resource groups (the apiextensions discovery controller is not run),
 // of aggregated APIs, health, OpenAPI and metrics.
 func (w *Server) ServesDiscovery(method string, info *apirequest.RequestInfo) bool {
@@ -161,6 +162,8 @@ func (w *Server) ServesDiscovery(method string, info *apirequest.RequestInfo) bo
 		// a method they have no route for gets go-restful's 405.
 		return true
 	case "/apis":
+		// Aggregated discovery (the aggregator's own legacy document is
+		// answered before: stages/group_discovery.go).
 		return method == http.MethodGet
 	}
 	rest, ok := strings.CutPrefix(p, "/apis/")
