@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -179,22 +180,21 @@ func acceptsAny(accept string, mediaTypes ...string) bool {
 // document it builds from its APIServices, negotiated by
 // responsewriters.WriteObjectNegotiated with the aggregator's codecs
 // ("only the following media types are accepted: ..." for an Accept it
-// serves nothing in), for any method (neither handler looks at it). GET
-// /apis with an Accept for aggregated discovery goes to the aggregated
-// document instead, which the replay server runs (answered false; any
-// other method is answered 200 by that document's handler too, which
-// the replay server's go-restful route refuses), as
-// does a group no APIService names (the aggregator's handler for it is
-// gone: kube-apiserver's own answers).
+// serves nothing in), for any method (neither handler looks at it).
+// Not answered here (answered false): a GET of /apis asking for
+// aggregated discovery (the replay server runs that document's handler),
+// and a group no APIService names (the aggregator has no handler for it:
+// kube-apiserver's own answers).
 func (d decode) aggregatorDiscovery(w *apiserver.Server, req *Request) (res Result, answered bool) {
 	p := req.Info.Path
 	rest, ok := strings.CutPrefix(p, "/apis/")
 	group := strings.TrimSuffix(rest, "/")
+	h := aggregatorHandlers()
 	switch {
 	case p == "/apis":
-		legacy, took := aggregatorNegotiation(req.HTTP, &metav1.APIGroupList{}, true)
+		rec := serveRecorded(h.root, req.HTTP)
 		switch {
-		case took:
+		case rec.Header().Get(aggregatedMarker) == "":
 		case req.HTTP.Method == http.MethodGet:
 			return Result{}, false
 		case req.HTTP.Header.Get("If-None-Match") != "":
@@ -207,10 +207,9 @@ func (d decode) aggregatorDiscovery(w *apiserver.Server, req *Request) (res Resu
 			r.Answer = http.StatusOK
 			return r, true
 		}
-		return aggregatorVerdict(req, legacy, "kube-aggregator's /apis handler lists the groups of its APIServices"), true
+		return aggregatorVerdict(req, rec, "kube-aggregator's /apis handler lists the groups of its APIServices"), true
 	case p == "/apis/":
-		legacy, _ := aggregatorNegotiation(req.HTTP, &metav1.APIGroupList{}, false)
-		return aggregatorVerdict(req, legacy, "kube-aggregator's /apis/ handler lists the groups of its APIServices"), true
+		return aggregatorVerdict(req, serveRecorded(h.list, req.HTTP), "kube-aggregator's /apis/ handler lists the groups of its APIServices"), true
 	case !ok || group == "" || strings.Contains(group, "/") || (rest != group && rest != group+"/"):
 		return Result{}, false
 	}
@@ -230,30 +229,47 @@ func (d decode) aggregatorDiscovery(w *apiserver.Server, req *Request) (res Resu
 	if len(names) == 0 {
 		return Result{}, false
 	}
-	legacy, _ := aggregatorNegotiation(req.HTTP, &metav1.APIGroup{}, false)
-	return aggregatorVerdict(req, legacy, "kube-aggregator's handler of group "+group+" lists its versions from its APIServices ("+strings.Join(names, ", ")+"), Available or not"), true
+	return aggregatorVerdict(req, serveRecorded(h.group, req.HTTP), "kube-aggregator's handler of group "+group+" lists its versions from its APIServices ("+strings.Join(names, ", ")+"), Available or not"), true
 }
 
-// aggregatorNegotiation runs kube-aggregator's negotiation of a discovery
-// answer (obj, an empty document: only the status is wanted) on r, within
-// aggregated discovery's wrapper for /apis (wrapped): took is false when
-// the wrapper hands the request to the aggregated document instead.
-func aggregatorNegotiation(r *http.Request, obj runtime.Object, wrapped bool) (rec *httptest.ResponseRecorder, took bool) {
+// aggregatedMarker is the header the stand-in for the aggregated
+// discovery document sets: the wrapper chose it.
+const aggregatedMarker = "X-Kproxy-Aggregated-Discovery"
+
+// discoveryHandlers are kube-aggregator's discovery negotiation: list
+// (apisHandler: an APIGroupList), group (apiGroupHandler: an APIGroup),
+// root (list within aggregated discovery's wrapper, as /apis is served;
+// the aggregated document itself is a stand-in that marks the answer).
+// The documents are empty: only the negotiation's status is wanted.
+type discoveryHandlers struct{ list, group, root http.Handler }
+
+// aggregatorHandlers builds the handlers once (the wrapper builds a
+// scheme and codecs of its own), with the codecs kube-aggregator's
+// apiserver.go builds (CBOR when CBORServingAndStorage is on).
+var aggregatorHandlers = sync.OnceValue(func() discoveryHandlers {
 	codecs := aggregatorscheme.Codecs
 	if utilfeature.DefaultFeatureGate.Enabled(genericfeatures.CBORServingAndStorage) {
-		// As kube-aggregator's apiserver.go builds them.
 		codecs = serializer.NewCodecFactory(aggregatorscheme.Scheme, serializer.WithSerializer(cbor.NewSerializerInfo))
 	}
-	rec = httptest.NewRecorder()
-	var h http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		took = true
-		responsewriters.WriteObjectNegotiated(codecs, negotiation.DefaultEndpointRestrictions, schema.GroupVersion{}, w, r, http.StatusOK, obj, false)
-	})
-	if wrapped {
-		h = aggregated.WrapAggregatedDiscoveryToHandler(h, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), nil)
+	negotiated := func(obj func() runtime.Object) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			responsewriters.WriteObjectNegotiated(codecs, negotiation.DefaultEndpointRestrictions, schema.GroupVersion{}, w, r, http.StatusOK, obj(), false)
+		})
 	}
+	list := negotiated(func() runtime.Object { return &metav1.APIGroupList{} })
+	aggregatedStandIn := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Header().Set(aggregatedMarker, "1") })
+	return discoveryHandlers{
+		list:  list,
+		group: negotiated(func() runtime.Object { return &metav1.APIGroup{} }),
+		root:  aggregated.WrapAggregatedDiscoveryToHandler(list, aggregatedStandIn, nil),
+	}
+})
+
+// serveRecorded runs h on r into a recorder.
+func serveRecorded(h http.Handler, r *http.Request) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, r)
-	return rec, took
+	return rec
 }
 
 // aggregatorVerdict is decode's verdict on the aggregator's negotiated
