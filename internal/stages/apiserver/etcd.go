@@ -18,12 +18,14 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/features"
 	"k8s.io/apiserver/pkg/server/options/encryptionconfig"
 	"k8s.io/apiserver/pkg/storage"
 	"k8s.io/apiserver/pkg/storage/etcd3"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/transport"
 	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/utils/clock"
@@ -156,7 +158,11 @@ const (
 // storagebackend/factory's newETCD3Storage without the compactor, and
 // with the client shared: the client records what etcd answered each
 // read (see etcdCapture), so that the storage stage reports the key's
-// revisions without reading it a second time.
+// revisions without reading it a second time. With
+// AllowUnsafeMalformedObjectDeletion (on by default since 1.37) the
+// apiserver wraps its transformer, decoder and store so that an object it
+// cannot decrypt or decode is a "corrupt object" StorageError, whose
+// message is what a get of it answers; kproxy wraps its alike.
 func (a *etcdAccess) store(config storagebackend.ConfigForResource, newFunc, newListFunc func() runtime.Object, resourcePrefix string) (storage.Interface, error) {
 	transformer := config.Transformer
 	if t, ok := a.transformers[config.GroupResource]; ok {
@@ -166,12 +172,22 @@ func (a *etcdAccess) store(config storagebackend.ConfigForResource, newFunc, new
 		transformer = identity.NewEncryptCheckTransformer()
 	}
 	versioner := storage.APIObjectVersioner{}
+	decoder := etcd3.NewDefaultDecoder(config.Codec, versioner)
+	corruptObjects := utilfeature.DefaultFeatureGate.Enabled(features.AllowUnsafeMalformedObjectDeletion)
+	if corruptObjects {
+		transformer = etcd3.WithCorruptObjErrorHandlingTransformer(transformer)
+		decoder = etcd3.WithCorruptObjErrorHandlingDecoder(decoder)
+	}
 	s, err := etcd3.New(a.kube, nil, config.Codec, newFunc, newListFunc, a.prefix, resourcePrefix, config.GroupResource,
-		transformer, config.LeaseManagerConfig, etcd3.NewDefaultDecoder(config.Codec, versioner), versioner)
+		transformer, config.LeaseManagerConfig, decoder, versioner)
 	if err != nil {
 		return nil, fmt.Errorf("etcd store for %s: %w", config.GroupResource, err)
 	}
-	return readOnlyStore{s}, nil
+	var st storage.Interface = s
+	if corruptObjects {
+		st = etcd3.NewStoreWithUnsafeCorruptObjectDeletion(st, config.GroupResource)
+	}
+	return readOnlyStore{st}, nil
 }
 
 // etcdCapture records the etcd reads made with its context: the etcd3

@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/features"
 	"k8s.io/apiserver/pkg/storage"
@@ -90,6 +91,9 @@ func lateRead(ctx context.Context, run *Run, read *StorageRead, err error) error
 	if run.actual == nil || read.Err != nil || read.Options != rvOption("", "") {
 		return err
 	}
+	if storage.IsCorruptObject(err) {
+		return corruptRead(ctx, run, read, err)
+	}
 	found := err == nil
 	if !found && !storage.IsNotFound(err) {
 		return err
@@ -98,6 +102,9 @@ func lateRead(ctx context.Context, run *Run, read *StorageRead, err error) error
 	switch {
 	case !ok:
 		return err
+	case found && aw.Status == http.StatusInternalServerError && aw.Refusal != nil && strings.Contains(aw.Refusal.Message, "StorageError: corrupt object"):
+		read.Err = fmt.Errorf("the apiserver answered 500 (it could not decrypt or decode the object: %s), and kproxy's read could: "+
+			"a conversion webhook or an encryption provider answers each read on its own, so the request's outcome is not known", aw.Refusal.Message)
 	case found && aw.Status == http.StatusNotFound:
 		read.Err = errors.New("the apiserver answered 404 (no such object), and the replay found it: it was created after this request, before the replay read it, so the state on arrival is not known")
 	case !found && aw.Status == http.StatusOK:
@@ -105,6 +112,30 @@ func lateRead(ctx context.Context, run *Run, read *StorageRead, err error) error
 	default:
 		return err
 	}
+	return read.Err
+}
+
+// corruptRead holds a get that found the object undecodable to the
+// apiserver's answer: what the store makes of the bytes is a conversion
+// webhook's or an encryption provider's answer at the moment each read
+// them, so where the apiserver answered otherwise, the replay's failure
+// says nothing about the request.
+func corruptRead(ctx context.Context, run *Run, read *StorageRead, err error) error {
+	want := apierrors.NewInternalError(err).ErrStatus.Message
+	aw, ok := run.actual(ctx)
+	switch {
+	case !ok:
+		return err
+	case aw.Status == http.StatusInternalServerError && aw.Refusal != nil && aw.Refusal.Message == want:
+		return err // the apiserver's read failed alike
+	case aw.Refusal != nil:
+		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt or decode the object (%w), and the apiserver answered %d: %s: "+
+			"the apiserver's read did not fail alike (a conversion webhook answers each call on its own; kproxy's encryption keys may not be the apiserver's), so the request's outcome is not known", err, aw.Status, aw.Refusal.Message)
+	default:
+		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt or decode the object (%w), and the apiserver answered %d: "+
+			"the apiserver's read did not fail alike (a conversion webhook answers each call on its own; kproxy's encryption keys may not be the apiserver's), so the request's outcome is not known", err, aw.Status)
+	}
+	read.Refused = nil
 	return read.Err
 }
 
@@ -190,6 +221,20 @@ func settleRead(read *StorageRead, err error, out runtime.Object) error {
 		} else if l, lerr := meta.ListAccessor(out); lerr == nil {
 			read.ResourceVersion = l.GetResourceVersion()
 		}
+	case storage.IsCorruptObject(err) && !read.List && read.Options == rvOption("", ""):
+		// An object etcd holds that the store cannot decrypt or decode
+		// (a conversion webhook failing, a key the encryption config
+		// lacks): a get of the latest reads etcd in the apiserver too,
+		// and answers 500 with this error (lateRead holds it to the
+		// apiserver's answer).
+		read.Refused = err
+	case storage.IsCorruptObject(err) || apierrors.ReasonForError(err) == metav1.StatusReasonStoreReadError:
+		what := "a get at a resourceVersion"
+		if read.List {
+			what = "lists"
+		}
+		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt or decode the object (%w); the apiserver answers %s from its watch cache, "+
+			"which holds objects as they were decoded when stored, so whether it fails alike is not visible from outside", err, what)
 	case apierrors.IsInternalError(err):
 		read.Err = err // the replay failed (say, a value it cannot decrypt)
 	case storage.IsNotFound(err) || storage.IsInvalidError(err) || errors.As(err, &st):
