@@ -53,9 +53,12 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		}
 		seen[r.Key] = true
 		s := r.Key + ": "
-		if r.Found {
+		switch {
+		case r.Found && r.Undecodable != nil:
+			s += "found, and the apiserver's store cannot decrypt or decode it (" + r.Undecodable.Error() + ")"
+		case r.Found:
 			s += "found at resourceVersion " + r.ResourceVersion
-		} else {
+		default:
 			s += "not found"
 		}
 		switch {

@@ -295,9 +295,12 @@ type StorageRead struct {
 	Later           string
 	Found           bool
 	ResourceVersion string
-	Start           time.Time
-	Duration        time.Duration
-	Err             error // the read failed: the run cannot be trusted
+	// Undecodable: the object was found, and the store cannot decrypt or
+	// decode it (the etcd3 store's "corrupt object").
+	Undecodable error
+	Start       time.Time
+	Duration    time.Duration
+	Err         error // the read failed: the run cannot be trusted
 	// Refused is the storage's answer to a read request when it is an
 	// error the apiserver answers with (not found, resourceVersion too
 	// large or too old, invalid continue token).

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/features"
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	serverstorage "k8s.io/apiserver/pkg/server/storage"
@@ -27,6 +28,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/apiserver/pkg/storage/value"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/utils/clock"
@@ -267,7 +269,14 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 	}
 	found, rv, err := src.latest(ctx, out)
 	if err != nil {
-		read.Err = err
+		if !storage.IsCorruptObject(err) {
+			read.Err = err
+			return err
+		}
+		// An object the store cannot decrypt or decode, which the
+		// apiserver's registry read fails on alike (a delete answers its
+		// 500; conversionFailedOnlyHere holds it to the apiserver's answer).
+		read.Found, read.Undecodable = true, err
 		return err
 	}
 	if run != nil {
@@ -677,7 +686,75 @@ func (s *snapshotStorage) asDryRun() *genericregistry.DryRunnableStorage {
 	return &genericregistry.DryRunnableStorage{Storage: s, Codec: legacyscheme.Codecs.LegacyCodec(legacyscheme.Scheme.PrioritizedVersionsAllGroups()...)}
 }
 
-func (s *snapshotStorage) Delete(ctx context.Context, key string, _ runtime.Object, _ *storage.Preconditions, _ storage.ValidateObjectFunc, _ runtime.Object, _ storage.DeleteOptions) error {
+func (s *snapshotStorage) Delete(ctx context.Context, key string, out runtime.Object, _ *storage.Preconditions, validate storage.ValidateObjectFunc, _ runtime.Object, opts storage.DeleteOptions) error {
+	if opts.ExpectTransformOrDecodeError && utilfeature.DefaultFeatureGate.Enabled(features.AllowUnsafeMalformedObjectDeletion) {
+		return s.unsafeDelete(ctx, key, out, validate)
+	}
+	return refuseWrite(ctx, "delete", key)
+}
+
+// unsafeDelete answers the delete of the registry's corrupt-object
+// deleter (a DELETE with ignoreStoreReadErrorWithClusterBreakingPotential),
+// which calls the storage itself, past the dry-run layer, as the etcd3
+// store's conditionalDelete decides it, never deleting: the key read live;
+// absent, NotFound; an object the store decodes, Invalid ("unsafe deletion
+// is not allowed ..."); one it cannot decrypt or decode, the deletion
+// validator, which on the replay's dry run aborts the delete (the deleter
+// then answers success). A delete answered with a Status removed the key:
+// the object is read as etcd's history says it was just before.
+func (s *snapshotStorage) unsafeDelete(ctx context.Context, key string, out runtime.Object, validate storage.ValidateObjectFunc) error {
+	run := runFrom(ctx)
+	if run == nil || s.etcd == nil {
+		if run != nil {
+			run.markUnknown("an unsafe delete (ignoreStoreReadErrorWithClusterBreakingPotential) turns on whether etcd holds an object the apiserver cannot decrypt or decode: " + needsEtcd + s.noEtcd)
+		}
+		return errReplayWrite
+	}
+	p, _, _, _ := s.apiPath(key, false)
+	read := StorageRead{Key: key, Path: p, Start: s.clock.Now()}
+	defer func() {
+		read.Duration = s.clock.Since(read.Start)
+		run.addRead(read)
+	}()
+	src := etcdObjects{s: s, key: key, read: &read}
+	found, rv, err := src.latest(ctx, out)
+	corrupt := storage.IsCorruptObject(err)
+	if err != nil && !corrupt {
+		read.Err = err
+		return err
+	}
+	read.ResourceVersion = rv
+	if !corrupt {
+		at, why := run.snapshotRevision(ctx, found, "")
+		switch {
+		case why != "":
+			read.Err = errors.New(why)
+			return read.Err
+		case at == lastExisting:
+			// Deleted by the request: as it was just before.
+			read.Snapshot, err = src.lastExisting(ctx, out)
+			if corrupt = apierrors.ReasonForError(err) == metav1.StatusReasonStoreReadError; !corrupt {
+				read.Err = fmt.Errorf("the apiserver deleted the object as one it cannot decrypt or decode, and etcd's history of the key does not show it so just before the delete: %v", err)
+				if err == nil {
+					read.Err = errors.New("the apiserver deleted the object as one it cannot decrypt or decode, and kproxy's store decodes it as etcd's history shows it just before the delete: kproxy's encryption keys or conversion webhook answer otherwise, so the request's outcome is not known")
+				}
+				return read.Err
+			}
+		case !found:
+			read.Refused = storage.NewKeyNotFoundError(s.access.key(key), 0)
+			return read.Refused
+		}
+	}
+	if !corrupt {
+		read.Found = true
+		// The etcd3 store names the key with its prefix here.
+		read.Refused = storage.NewInvalidObjError(s.access.key(key), "unsafe deletion is not allowed because the object is decodable from storage")
+		return read.Refused
+	}
+	read.Found, read.Undecodable = true, err
+	if err := validate(ctx, nil); err != nil {
+		return err // the dry run's: the delete would have gone ahead
+	}
 	return refuseWrite(ctx, "delete", key)
 }
 

@@ -96,11 +96,27 @@ const conversionFailed = "conversion webhook for "
 const conversionOwnAnswer = "a conversion webhook's answer is its own (kproxy's replay calls it again: a webhook that failed, " +
 	"timed out or was down for one call and not the other answers the two differently), so the request's outcome is not known"
 
+// corruptObject finds the etcd3 store's error for an object it cannot
+// decrypt or decode (AllowUnsafeMalformedObjectDeletion's wrapping).
+const corruptObject = "StorageError: corrupt object"
+
+const corruptOwnAnswer = "the apiserver's store read it otherwise " +
+	"(kproxy's encryption keys may not be the apiserver's), so the request's outcome is not known"
+
 // conversionFailedOnlyHere says why the replay's failure of a write by a
-// custom resource's conversion webhook, where the apiserver answered
-// otherwise, is not the request's, or "".
+// custom resource's conversion webhook, or by an object its store cannot
+// decrypt or decode, where the apiserver answered otherwise, is not the
+// request's, or "".
 func (r *Run) conversionFailedOnlyHere(ctx context.Context) string {
-	if r.Read || r.actual == nil || r.Status == nil || !strings.Contains(r.Status.Message, conversionFailed) {
+	if r.Read || r.actual == nil || r.Status == nil {
+		return ""
+	}
+	failed, why := "the conversion webhook failed kproxy's call", conversionOwnAnswer
+	switch {
+	case strings.Contains(r.Status.Message, conversionFailed):
+	case strings.Contains(r.Status.Message, corruptObject):
+		failed, why = "kproxy's store could not decrypt or decode the object", corruptOwnAnswer
+	default:
 		return ""
 	}
 	aw, ok := r.actual(ctx)
@@ -109,11 +125,11 @@ func (r *Run) conversionFailedOnlyHere(ctx context.Context) string {
 	case aw.Refusal != nil && aw.Status == r.Code && aw.Refusal.Message == r.Status.Message:
 		// The same failure: the apiserver's call failed as kproxy's did.
 	case aw.Refusal != nil:
-		return fmt.Sprintf("the conversion webhook failed kproxy's call (%d: %s), and the apiserver answered %d: %s: %s",
-			r.Code, r.Status.Message, aw.Status, aw.Refusal.Message, conversionOwnAnswer)
+		return fmt.Sprintf("%s (%d: %s), and the apiserver answered %d: %s: %s",
+			failed, r.Code, r.Status.Message, aw.Status, aw.Refusal.Message, why)
 	default:
-		return fmt.Sprintf("the conversion webhook failed kproxy's call (%d: %s), and the apiserver answered %d: %s",
-			r.Code, r.Status.Message, aw.Status, conversionOwnAnswer)
+		return fmt.Sprintf("%s (%d: %s), and the apiserver answered %d: %s",
+			failed, r.Code, r.Status.Message, aw.Status, why)
 	}
 	return ""
 }

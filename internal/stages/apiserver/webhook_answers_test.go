@@ -59,6 +59,7 @@ func TestWebhookAnswers(t *testing.T) {
 func TestConversionAnswers(t *testing.T) {
 	refused := &metav1.Status{Code: 500, Message: "conversion webhook for probe.test/v2, Kind=Gadget failed: conversion refused by probe"}
 	down := &metav1.Status{Code: 500, Message: `conversion webhook for probe.test/v2, Kind=Gadget failed: Post "https://127.0.0.1:18443/convert?timeout=30s": connection refused`}
+	undecryptable := &metav1.Status{Code: 500, Message: "Internal error occurred: StorageError: corrupt object, Code: 7, Key: /secrets/ns/s, ResourceVersion: 0, AdditionalErrorMsg: data from the storage is not transformable revision=0: no matching prefix found"}
 	invalid := &metav1.Status{Code: 422, Message: `gadgets.probe.test "g" is invalid: spec.size: Invalid value: 60`}
 	for _, tc := range []struct {
 		name     string
@@ -73,6 +74,8 @@ func TestConversionAnswers(t *testing.T) {
 		{"failed otherwise by both", refused, false, 500, down, "and the apiserver answered 500"},
 		{"failed alike by both", refused, false, 500, refused, ""},
 		{"not a conversion failure", invalid, false, 200, nil, ""},
+		{"undecryptable in the replay, deleted by the apiserver", undecryptable, false, 200, nil, "kproxy's store could not decrypt or decode the object (500: Internal error occurred: StorageError: corrupt object"},
+		{"undecryptable in both", undecryptable, false, 500, undecryptable, ""},
 		{"a read (its failed read says unknown already)", refused, true, 200, nil, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -80,7 +83,11 @@ func TestConversionAnswers(t *testing.T) {
 				return Answer{Status: tc.answered, Refusal: tc.refusal}, true
 			}}
 			got := r.conversionFailedOnlyHere(context.Background())
-			checkOwnAnswer(t, got, tc.want, "a conversion webhook's answer is its own")
+			why := "a conversion webhook's answer is its own"
+			if strings.Contains(tc.replay.Message, corruptObject) {
+				why = corruptOwnAnswer
+			}
+			checkOwnAnswer(t, got, tc.want, why)
 		})
 	}
 }
