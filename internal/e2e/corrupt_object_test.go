@@ -22,7 +22,9 @@ import (
 // ignoreStoreReadErrorWithClusterBreakingPotential removes it (dry run
 // first). kproxy decrypts with the same configuration and predicts each
 // answer; the reads the apiserver's watch cache answers are predicted or
-// unknown, never another answer.
+// unknown, never another answer. A kproxy started while the Secret is
+// there (every list of secrets fails) predicts too: it does not wait for
+// secrets.
 func TestUndecryptableSecret(t *testing.T) {
 	ctx := context.Background()
 	const name = "lost-key"
@@ -53,6 +55,15 @@ func TestUndecryptableSecret(t *testing.T) {
 			t.Errorf("the apiserver lists secrets again %v after the key is gone: %v", 90*time.Second, err)
 		}
 	})
+	// A kproxy started now, with the Secret unreadable (every list of
+	// secrets fails), still predicts: it does not wait for secrets.
+	{
+		recs, r, c := oneReplayWorker(t)
+		waitPredicted(t, recs, r, c, request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "admin"})
+		do(t, c, r.base, request{method: "GET", path: secrets + "/" + name, user: "admin"})
+		checkPredicted(t, nextRecord(t, recs))
+	}
+
 	path := "/api/v1/namespaces/" + testNS + "/secrets/" + name
 	unsafe := path + "?ignoreStoreReadErrorWithClusterBreakingPotential=true"
 	for _, tc := range []struct {

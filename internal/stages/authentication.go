@@ -82,6 +82,9 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	if !a.m.state.Synced() {
 		return Unknown("the cluster state (service accounts, pods, nodes) has not synced yet")
 	}
+	if a.m.bootstrapTokens && !a.m.state.SecretsSynced() && bootstrapTokenLike(req.HTTP) {
+		return Unknown("the bootstrap-token Secrets in kube-system have not synced yet (kproxy's list of them fails: its log says why), and the request's bearer token has a bootstrap token's form")
+	}
 	tr := &authnTrace{}
 	ch := &authnChildren{tracer: a.m.tracer, clock: a.m.clock}
 	out := a.f.run(requestFor(context.WithValue(context.WithValue(ctx, authnChildrenKey{}, ch), authnTraceKey{}, tr), req, nil))
@@ -209,4 +212,16 @@ func (a *authentication) notAsked(results []record.StageResult) []record.StageRe
 		}
 	}
 	return results
+}
+
+// bootstrapTokenLike says whether the request's bearer token has the form
+// of a bootstrap token, the only tokens the bootstrap-token authenticator
+// looks up.
+func bootstrapTokenLike(r *http.Request) bool {
+	if r == nil {
+		return false
+	}
+	// As the apiserver's bearer-token authenticator reads the header.
+	parts := strings.SplitN(strings.TrimSpace(r.Header.Get("Authorization")), " ", 3)
+	return len(parts) >= 2 && strings.EqualFold(parts[0], "bearer") && bootstrapTokenRE.MatchString(parts[1])
 }

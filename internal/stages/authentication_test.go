@@ -51,3 +51,32 @@ func TestRefusedTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestBootstrapTokenLike: only a bearer token of a bootstrap token's form
+// waits for the bootstrap-token secrets to sync.
+func TestBootstrapTokenLike(t *testing.T) {
+	for _, tc := range []struct {
+		header string
+		want   bool
+	}{
+		{"Bearer abcdef.0123456789abcdef", true},
+		{"bearer abcdef.0123456789abcdef", true},
+		{"Bearer  abcdef.0123456789abcdef", false}, // no token, to the apiserver
+		{"Bearer admin-token", false},
+		{"Bearer ABCDEF.0123456789abcdef", false},
+		{"Bearer abcdef.0123456789abcdef0", false},
+		{"Basic YWRtaW46cGFzcw==", false},
+		{"", false},
+	} {
+		r := httptest.NewRequest("GET", "/api", nil)
+		if tc.header != "" {
+			r.Header.Set("Authorization", tc.header)
+		}
+		if got := bootstrapTokenLike(r); got != tc.want {
+			t.Errorf("%q: %v, want %v", tc.header, got, tc.want)
+		}
+	}
+	if bootstrapTokenLike(nil) {
+		t.Error("no request: a bootstrap token")
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	bootstrapapi "k8s.io/cluster-bootstrap/token/api"
+
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/apiserver/pkg/authentication/user"
 
@@ -67,7 +69,7 @@ func certificateOnly(r *http.Request) bool {
 	return c.HasCertificate() && !c.HasTokenCredential()
 }
 
-var bootstrapTokenRE = regexp.MustCompile(`^([a-z0-9]{6})\.([a-z0-9]{16})$`)
+var bootstrapTokenRE = regexp.MustCompile(bootstrapapi.BootstrapTokenPattern)
 
 // describeToken says what a rejected bearer token is, from its public
 // parts: a JWT's issuer, audiences, subject and expiry, checked against

@@ -43,13 +43,16 @@ import (
 // the mirrored flags over the cluster state exactly as kube-apiserver
 // assembles it (options -> config -> New), and shared by the stages.
 type machinery struct {
-	authn         authenticator.Request
-	authnErr      error // why authentication cannot be replayed
-	authnMembers  []authenticatorMember
-	tracer        trace.Tracer
-	apiAudiences  authenticator.Audiences
-	saIssuers     []string
-	requestHeader *authenticatorfactory.RequestHeaderConfig
+	authn    authenticator.Request
+	authnErr error // why authentication cannot be replayed
+	// bootstrapTokens: the bootstrap-token authenticator is on; it reads
+	// its secrets from an informer (ClusterState.SecretsSynced).
+	bootstrapTokens bool
+	authnMembers    []authenticatorMember
+	tracer          trace.Tracer
+	apiAudiences    authenticator.Audiences
+	saIssuers       []string
+	requestHeader   *authenticatorfactory.RequestHeaderConfig
 
 	authz    authorizer.Authorizer
 	authzErr error // why authorization cannot be replayed
@@ -272,6 +275,7 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *apiserver.Option
 			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.FieldSelector = "type=bootstrap.kubernetes.io/token" }))
 		ac.BootstrapTokenAuthenticator = bootstrap.NewTokenAuthenticator(bf.Core().V1().Secrets().Lister().Secrets(metav1.NamespaceSystem))
 		s.AddFactory(bf)
+		m.bootstrapTokens = true
 	}
 	ac.APIServerID = apiserver.ServerID
 	authn, members, err := buildAuthenticatorChain(ctx, ac)

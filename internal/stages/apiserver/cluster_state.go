@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -29,8 +32,9 @@ type ClusterState struct {
 	readQPS float64
 	// extra are narrower factories (bootstrap-token secrets in
 	// kube-system), started and synced with Informers.
-	extra  []informers.SharedInformerFactory
-	synced func() bool
+	extra         []informers.SharedInformerFactory
+	synced        func() bool
+	secretsSynced func() bool
 }
 
 // NewClusterState builds the state over kproxy's own client config.
@@ -73,34 +77,44 @@ func (s *ClusterState) admitRead() error {
 // Start runs the informers and waits, at most timeout, for their caches.
 // It returns an error if they did not sync in time: predictions stay
 // unknown until they do.
+//
+// Secrets are not waited for. kube-apiserver serves requests whatever its
+// informers' state, and a Secret it cannot decrypt (a key lost in a
+// rotation: the very incident) fails every list of secrets until it is
+// removed: waiting for them would leave every prediction unknown then.
+// The replay reads secrets where the apiserver does: its service-account
+// token getter falls back to a live read where its lister misses, and the
+// bootstrap-token authenticator, which does not, is asked only once the
+// bootstrap-token secrets have synced (SecretsSynced).
 func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 	all := append([]informers.SharedInformerFactory{s.Informers}, s.extra...)
 	for _, f := range all {
 		f.Start(ctx.Done())
 	}
-	wctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	var missing []string
-	for _, f := range all {
-		for typ, ok := range f.WaitForCacheSync(wctx.Done()) {
-			if !ok {
-				missing = append(missing, typ.String())
-			}
-		}
-	}
-	var done atomic.Bool
+	_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		missing = unsynced(all, func(typ reflect.Type) bool { return typ != secretType })
+		return len(missing) == 0, nil
+	})
+	var done, secretsDone atomic.Bool
 	s.synced = func() bool {
 		if done.Load() {
 			return true // informers do not unsync
 		}
-		for _, f := range all {
-			for _, ok := range f.WaitForCacheSync(closed) {
-				if !ok {
-					return false
-				}
-			}
+		if len(unsynced(all, func(typ reflect.Type) bool { return typ != secretType })) > 0 {
+			return false
 		}
 		done.Store(true)
+		return true
+	}
+	s.secretsSynced = func() bool {
+		if secretsDone.Load() {
+			return true
+		}
+		if len(unsynced(all, func(typ reflect.Type) bool { return typ == secretType })) > 0 {
+			return false
+		}
+		secretsDone.Store(true)
 		return true
 	}
 	if len(missing) > 0 {
@@ -109,14 +123,37 @@ func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
+var secretType = reflect.TypeFor[*corev1.Secret]()
+
+// unsynced names the started informers of the types counted that have
+// not synced.
+func unsynced(all []informers.SharedInformerFactory, counted func(reflect.Type) bool) []string {
+	var missing []string
+	for _, f := range all {
+		for typ, ok := range f.WaitForCacheSync(closed) {
+			if !ok && counted(typ) {
+				missing = append(missing, typ.String())
+			}
+		}
+	}
+	return missing
+}
+
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
 // AddFactory adds a narrower informer factory (bootstrap-token secrets in
 // kube-system), started and synced with Informers. Add before Start.
 func (s *ClusterState) AddFactory(f informers.SharedInformerFactory) { s.extra = append(s.extra, f) }
 
-// Synced reports whether every informer has synced.
+// Synced reports whether every informer has synced, Secrets aside (see
+// Start).
 func (s *ClusterState) Synced() bool { return s != nil && s.synced != nil && s.synced() }
+
+// SecretsSynced reports whether the Secret informers (bootstrap-token
+// secrets) have synced too.
+func (s *ClusterState) SecretsSynced() bool {
+	return s != nil && s.secretsSynced != nil && s.secretsSynced()
+}
 
 // readOnly refuses every request that could change the cluster.
 type readOnly struct{ rt http.RoundTripper }
