@@ -83,7 +83,11 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		return Unknown("the cluster state (service accounts, pods, nodes) has not synced yet")
 	}
 	if a.m.bootstrapTokens && !a.m.state.SecretsSynced() && bootstrapTokenLike(req.HTTP) {
-		return Unknown("the bootstrap-token Secrets in kube-system have not synced yet (kproxy's list of them fails: its log says why), and the request's bearer token has a bootstrap token's form")
+		why := "the bootstrap-token Secrets in kube-system have not synced yet, and the request's bearer token has a bootstrap token's form"
+		if err := a.m.state.SecretsErr(); err != nil {
+			why += fmt.Sprintf(" (kproxy's list of them fails: %v)", err)
+		}
+		return Unknown(why)
 	}
 	tr := &authnTrace{}
 	ch := &authnChildren{tracer: a.m.tracer, clock: a.m.clock}

@@ -274,6 +274,7 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *apiserver.Option
 		bf := informers.NewSharedInformerFactoryWithOptions(s.Client, 0, informers.WithNamespace(metav1.NamespaceSystem),
 			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.FieldSelector = "type=bootstrap.kubernetes.io/token" }))
 		ac.BootstrapTokenAuthenticator = bootstrap.NewTokenAuthenticator(bf.Core().V1().Secrets().Lister().Secrets(metav1.NamespaceSystem))
+		s.ObserveSecrets(bf.Core().V1().Secrets().Informer())
 		s.AddFactory(bf)
 		m.bootstrapTokens = true
 	}

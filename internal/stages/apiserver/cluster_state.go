@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/flowcontrol"
 )
 
@@ -35,6 +36,7 @@ type ClusterState struct {
 	extra         []informers.SharedInformerFactory
 	synced        func() bool
 	secretsSynced func() bool
+	secretsErr    atomic.Pointer[error]
 }
 
 // NewClusterState builds the state over kproxy's own client config.
@@ -85,7 +87,8 @@ func (s *ClusterState) admitRead() error {
 // The replay reads secrets where the apiserver does: its service-account
 // token getter falls back to a live read where its lister misses, and the
 // bootstrap-token authenticator, which does not, is asked only once the
-// bootstrap-token secrets have synced (SecretsSynced).
+// bootstrap-token secrets have synced (SecretsSynced). Start waits for
+// them as for the rest until a list of them fails (ObserveSecrets).
 func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 	all := append([]informers.SharedInformerFactory{s.Informers}, s.extra...)
 	for _, f := range all {
@@ -93,7 +96,7 @@ func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 	}
 	var missing []string
 	_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		missing = unsynced(all, func(typ reflect.Type) bool { return typ != secretType })
+		missing = unsynced(all, func(typ reflect.Type) bool { return typ != secretType || s.SecretsErr() == nil })
 		return len(missing) == 0, nil
 	})
 	var done, secretsDone atomic.Bool
@@ -148,6 +151,27 @@ func (s *ClusterState) AddFactory(f informers.SharedInformerFactory) { s.extra =
 // Synced reports whether every informer has synced, Secrets aside (see
 // Start).
 func (s *ClusterState) Synced() bool { return s != nil && s.synced != nil && s.synced() }
+
+// ObserveSecrets keeps an informer of secrets' last list or watch
+// failure (SecretsErr), for Start. Call before Start.
+func (s *ClusterState) ObserveSecrets(inf cache.SharedIndexInformer) {
+	_ = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		s.secretsErr.Store(&err)
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	})
+}
+
+// SecretsErr is the last failure of an observed informer of secrets, or
+// nil.
+func (s *ClusterState) SecretsErr() error {
+	if s == nil {
+		return nil
+	}
+	if err := s.secretsErr.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
 
 // SecretsSynced reports whether the Secret informers (bootstrap-token
 // secrets) have synced too.
