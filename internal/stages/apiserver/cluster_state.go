@@ -99,27 +99,8 @@ func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 		missing = unsynced(all, func(typ reflect.Type) bool { return typ != secretType || s.SecretsErr() == nil })
 		return len(missing) == 0, nil
 	})
-	var done, secretsDone atomic.Bool
-	s.synced = func() bool {
-		if done.Load() {
-			return true // informers do not unsync
-		}
-		if len(unsynced(all, func(typ reflect.Type) bool { return typ != secretType })) > 0 {
-			return false
-		}
-		done.Store(true)
-		return true
-	}
-	s.secretsSynced = func() bool {
-		if secretsDone.Load() {
-			return true
-		}
-		if len(unsynced(all, func(typ reflect.Type) bool { return typ == secretType })) > 0 {
-			return false
-		}
-		secretsDone.Store(true)
-		return true
-	}
+	s.synced = syncedLatch(all, func(typ reflect.Type) bool { return typ != secretType })
+	s.secretsSynced = syncedLatch(all, func(typ reflect.Type) bool { return typ == secretType })
 	if len(missing) > 0 {
 		return fmt.Errorf("cluster state not synced after %v: %v (kproxy's identity may lack list/watch on them)", timeout, missing)
 	}
@@ -127,6 +108,22 @@ func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 }
 
 var secretType = reflect.TypeFor[*corev1.Secret]()
+
+// syncedLatch reports whether the informers of the types counted have
+// synced, and keeps saying so once they have: informers do not unsync.
+func syncedLatch(all []informers.SharedInformerFactory, counted func(reflect.Type) bool) func() bool {
+	var done atomic.Bool
+	return func() bool {
+		if done.Load() {
+			return true
+		}
+		if len(unsynced(all, counted)) > 0 {
+			return false
+		}
+		done.Store(true)
+		return true
+	}
+}
 
 // unsynced names the started informers of the types counted that have
 // not synced.

@@ -102,7 +102,7 @@ func lateRead(ctx context.Context, run *Run, read *StorageRead, err error) error
 	switch {
 	case !ok:
 		return err
-	case found && aw.Status == http.StatusInternalServerError && aw.Refusal != nil && strings.Contains(aw.Refusal.Message, "StorageError: corrupt object"):
+	case found && aw.Status == http.StatusInternalServerError && aw.Refusal != nil && strings.Contains(aw.Refusal.Message, corruptObject):
 		read.Err = fmt.Errorf("the apiserver answered 500 (it could not decrypt or decode the object: %s), and kproxy's read could: "+
 			"a conversion webhook or an encryption provider answers each read on its own, so the request's outcome is not known", aw.Refusal.Message)
 	case found && aw.Status == http.StatusNotFound:
