@@ -99,6 +99,9 @@ func TestUndecryptableSecret(t *testing.T) {
 		switch {
 		case tc.exact:
 			checkPredicted(t, rec)
+			if tc.status == 500 && p.Stage != record.StageStorage {
+				t.Errorf("%s %s: the corrupt object's 500 is labelled %q, want storage (the store's own error)", tc.req.method, tc.req.path, p.Stage)
+			}
 		case p.Stage == record.StageUnknown:
 			t.Logf("%s %s (answered %d): unknown: %s", tc.req.method, tc.req.path, got.status, p.Message)
 		case p.Status != rec.Actual.Status || (p.Status >= 300 && p.Message != rec.Actual.Message):

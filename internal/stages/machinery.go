@@ -271,10 +271,13 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *apiserver.Option
 	if ac.BootstrapToken {
 		// Only bootstrap-token secrets, only in kube-system, as the
 		// apiserver itself reads them.
-		bf := informers.NewSharedInformerFactoryWithOptions(s.Client, 0, informers.WithNamespace(metav1.NamespaceSystem),
+		sc, err := s.SecretsClient()
+		if err != nil {
+			return fmt.Errorf("replay client for secrets: %w", err)
+		}
+		bf := informers.NewSharedInformerFactoryWithOptions(sc, 0, informers.WithNamespace(metav1.NamespaceSystem),
 			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.FieldSelector = "type=bootstrap.kubernetes.io/token" }))
 		ac.BootstrapTokenAuthenticator = bootstrap.NewTokenAuthenticator(bf.Core().V1().Secrets().Lister().Secrets(metav1.NamespaceSystem))
-		s.ObserveSecrets(bf.Core().V1().Secrets().Informer())
 		s.AddFactory(bf)
 		m.bootstrapTokens = true
 	}

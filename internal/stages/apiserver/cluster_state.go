@@ -1,20 +1,24 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/flowcontrol"
 )
 
@@ -88,7 +92,7 @@ func (s *ClusterState) admitRead() error {
 // token getter falls back to a live read where its lister misses, and the
 // bootstrap-token authenticator, which does not, is asked only once the
 // bootstrap-token secrets have synced (SecretsSynced). Start waits for
-// them as for the rest until a list of them fails (ObserveSecrets).
+// them as for the rest until a list of them fails (SecretsClient).
 func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 	all := append([]informers.SharedInformerFactory{s.Informers}, s.extra...)
 	for _, f := range all {
@@ -149,17 +153,51 @@ func (s *ClusterState) AddFactory(f informers.SharedInformerFactory) { s.extra =
 // Start).
 func (s *ClusterState) Synced() bool { return s != nil && s.synced != nil && s.synced() }
 
-// ObserveSecrets keeps an informer of secrets' last list or watch
-// failure (SecretsErr), for Start. Call before Start.
-func (s *ClusterState) ObserveSecrets(inf cache.SharedIndexInformer) {
-	_ = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
-		s.secretsErr.Store(&err)
-		cache.DefaultWatchErrorHandler(ctx, r, err)
-	})
+// SecretsClient is a client for informers of secrets that keeps the
+// last failure of a list of them (SecretsErr), for Start: a list the
+// apiserver answers 429 (its watch cache of secrets re-initializing, as
+// while one Secret cannot be decrypted) is retried by client-go for about
+// a minute before the informer hears of it; Start should not wait that
+// long, so the failure is seen where the answer arrives.
+func (s *ClusterState) SecretsClient() (kubernetes.Interface, error) {
+	cfg := rest.CopyConfig(s.Config)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return secretListObserver{rt: rt, s: s} })
+	return kubernetes.NewForConfig(cfg)
 }
 
-// SecretsErr is the last failure of an observed informer of secrets, or
-// nil.
+// secretListObserver records a failed list of secrets (or watch: a
+// client may list by watching).
+type secretListObserver struct {
+	rt http.RoundTripper
+	s  *ClusterState
+}
+
+func (o secretListObserver) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := o.rt.RoundTrip(req)
+	var failed error
+	switch {
+	case err != nil:
+		failed = fmt.Errorf("a list of secrets failed: %w", err)
+	case resp.StatusCode >= 300:
+		// Read the Status (small) and hand the client an identical body.
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		msg := strings.TrimSpace(string(body))
+		var st metav1.Status
+		if json.Unmarshal(body, &st) == nil && st.Message != "" {
+			msg = st.Message
+		}
+		failed = fmt.Errorf("a list of secrets was answered %d: %s", resp.StatusCode, msg)
+	}
+	if failed != nil {
+		o.s.secretsErr.Store(&failed)
+	}
+	return resp, err
+}
+
+// SecretsErr is the last failure of a list of secrets through
+// SecretsClient, or nil.
 func (s *ClusterState) SecretsErr() error {
 	if s == nil {
 		return nil

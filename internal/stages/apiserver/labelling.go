@@ -41,6 +41,11 @@ func (r *Run) attribute(st *metav1.Status) string {
 		strings.HasPrefix(st.Message, "strconv.ParseUint: parsing ") {
 		return record.StageStorage
 	}
+	// An object the etcd3 store cannot decrypt or decode, whichever
+	// request read it (a delete reads before admission).
+	if st.Code == 500 && strings.Contains(st.Message, corruptObject) {
+		return record.StageStorage
+	}
 	switch st.Reason {
 	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:
 		// The componentstatus registry reads no storage: its 404 for a

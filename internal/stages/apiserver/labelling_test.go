@@ -42,6 +42,8 @@ func TestLabelling(t *testing.T) {
 		{"a value too large for etcd", &Run{phase: PhaseStorage}, status(apierrors.NewRequestEntityTooLargeError("etcd")), record.StageStorage},
 		{"an update whose resourceVersion is not a number, parsed by the store", &Run{phase: PhaseValidation, Verb: "update", Reads: []StorageRead{{}}},
 			&metav1.Status{Status: metav1.StatusFailure, Code: 500, Message: `strconv.ParseUint: parsing "abc": invalid syntax`}, record.StageStorage},
+		{"a delete of an object the store cannot decrypt, read before admission", &Run{phase: PhaseDecode, Verb: "delete", Reads: []StorageRead{{Found: true}}},
+			status(apierrors.NewInternalError(errors.New("StorageError: corrupt object, Code: 7, Key: /secrets/ns/s, ResourceVersion: 0, AdditionalErrorMsg: data from the storage is not transformable revision=0: no key"))), record.StageStorage},
 		{"the strategy's validation", &Run{phase: PhaseValidation}, status(apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, "x", nil)), record.StageValidation},
 	}
 	for _, tc := range cases {

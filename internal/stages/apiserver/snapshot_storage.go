@@ -747,6 +747,14 @@ func (s *snapshotStorage) unsafeDelete(ctx context.Context, key string, out runt
 	}
 	if !corrupt {
 		read.Found = true
+		if run.actual != nil {
+			if aw, ok := run.actual(ctx); ok && aw.Status < 300 {
+				// The apiserver found it unreadable (it refuses a readable
+				// one, dry run or not): it was written again since.
+				read.Err = fmt.Errorf("the apiserver deleted the object as one it cannot decrypt or decode (%d), and the replay reads it fine: it was written again after the request, or kproxy's store reads it otherwise, so the request's outcome is not known", aw.Status)
+				return read.Err
+			}
+		}
 		// The etcd3 store names the key with its prefix here.
 		read.Refused = storage.NewInvalidObjError(s.access.key(key), "unsafe deletion is not allowed because the object is decodable from storage")
 		return read.Refused
