@@ -64,14 +64,20 @@ func TestDiff(t *testing.T) {
 		{File: "f", Name: "a", Got: Verdict{Status: 200, Stage: "none"}},
 		{File: "f", Name: "b", Got: Verdict{Status: 201, Stage: "none"}},
 		{File: "f", Name: "c", Got: Verdict{Status: 403, Stage: "authorization", Reason: "Forbidden"}},
+		{File: "f", Name: "d", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `W "w" is invalid: [spec.a: Invalid value: 1, spec.b: Required value]`}},
+		{File: "f", Name: "e", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `W "w" is invalid: [spec.a: Invalid value: 1, spec.b: Required value]`}},
 	}}
 	after := &Report{Results: []Result{
 		{File: "f", Name: "a", Got: Verdict{Status: 200, Stage: "none", Explanation: "changed wording only"}},
 		{File: "f", Name: "b", Got: Verdict{Status: 422, Stage: "validating-admission", Reason: "Invalid"}},
 		{File: "f", Name: "c", Got: Verdict{Status: 403, Stage: "authorization", Reason: "Forbidden"}},
+		// A custom resource's schema errors, listed in another order (the
+		// apiserver's own order varies): no change.
+		{File: "f", Name: "d", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `W "w" is invalid: [spec.b: Required value, spec.a: Invalid value: 1]`}},
+		{File: "f", Name: "e", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `W "w" is invalid: [spec.a: Invalid value: 2, spec.b: Required value]`}},
 	}}
 	ch := Diff(before, after)
-	if len(ch) != 1 || ch[0].Name != "b" || ch[0].String() != "b: 201 → 422 Invalid at validating-admission" {
+	if len(ch) != 2 || ch[0].Name != "b" || ch[0].String() != "b: 201 → 422 Invalid at validating-admission" || ch[1].Name != "e" {
 		t.Errorf("changes: %v", ch)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/testfile"
 )
 
@@ -72,7 +73,8 @@ func Run(ctx context.Context, e Engine, files []*testfile.File, o Options) *Repo
 // Diff lists the cases whose verdict differs between two runs of the
 // same suite (before: the baseline; after: with overlays or changed
 // flags), in after's order. Verdicts are compared on what decides them:
-// status, stage, reason and message.
+// status, stage, reason and message (up to the order of an error list,
+// which the apiserver itself does not keep: record.SameMessage).
 func Diff(before, after *Report) []Change {
 	type key struct{ file, name string }
 	was := map[key]Verdict{}
@@ -94,7 +96,7 @@ func Diff(before, after *Report) []Change {
 
 func sameVerdict(a, b Verdict) bool {
 	return a.Status == b.Status && a.Stage == b.Stage && a.Reason == b.Reason &&
-		a.Message == b.Message && a.Unknown == b.Unknown && reflect.DeepEqual(a.Warnings, b.Warnings)
+		record.SameMessage(a.Message, b.Message) && a.Unknown == b.Unknown && reflect.DeepEqual(a.Warnings, b.Warnings)
 }
 
 // String is a change in one line: before → after.

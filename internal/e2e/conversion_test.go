@@ -335,7 +335,7 @@ spec:
 func checkPredicted(t *testing.T, rec *record.Record) {
 	t.Helper()
 	p, a := rec.Predicted, rec.Actual
-	if p.Stage == record.StageUnknown || p.Status != a.Status || p.Reason != a.Reason || p.Message != a.Message {
+	if p.Stage == record.StageUnknown || p.Status != a.Status || p.Reason != a.Reason || !record.SameMessage(p.Message, a.Message) {
 		t.Errorf("%s %s: predicted %d %s %q at %s, answered %d %s %q%s", rec.Request.Method, rec.Request.Path,
 			p.Status, p.Reason, p.Message, p.Stage, a.Status, a.Reason, a.Message, stageSummary(rec))
 	}

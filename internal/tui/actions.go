@@ -141,12 +141,14 @@ func rerunDiff(then, now *record.Record) string {
 	}
 	for _, s := range then.Stages {
 		n, ok := nowByName[s.Name]
-		if !ok || (n.Outcome == s.Outcome && n.Explanation == s.Explanation) {
+		// An explanation quoting an error list may list it in another
+		// order, as the apiserver does (record.SameMessage).
+		if !ok || (n.Outcome == s.Outcome && record.SameMessage(n.Explanation, s.Explanation)) {
 			continue
 		}
 		changed++
 		fmt.Fprintf(&b, "  %s: %s -> %s\n", s.Name, s.Outcome, n.Outcome)
-		if n.Explanation != s.Explanation {
+		if !record.SameMessage(n.Explanation, s.Explanation) {
 			fmt.Fprintf(&b, "    now: %s\n", firstLine(n.Explanation, 100))
 		}
 	}

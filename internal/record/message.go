@@ -1,0 +1,63 @@
+package record
+
+import (
+	"slices"
+	"strings"
+)
+
+// SameMessage reports whether two apiserver messages say the same thing,
+// up to the order of the errors in a list. kube-apiserver writes a
+// field.ErrorList as "<kind> "<name>" is invalid: [e1, e2, ...]", and a
+// custom resource's schema validation lists its errors in the order of a
+// walk over a Go map, which differs from one request to the next (eight
+// identical requests straight to the apiserver: three orders). Comparing
+// two verdicts by their message text would call that a change.
+func SameMessage(a, b string) bool {
+	if a == b {
+		return true
+	}
+	if len(a) != len(b) {
+		return false
+	}
+	pa, ea, ok := errorList(a)
+	if !ok {
+		return false
+	}
+	pb, eb, ok := errorList(b)
+	if !ok || pa != pb || len(ea) != len(eb) {
+		return false
+	}
+	slices.Sort(ea)
+	slices.Sort(eb)
+	return slices.Equal(ea, eb)
+}
+
+// errorList splits a message ending in a bracketed error list into what
+// comes before the list and the list's errors. An error starts after ", "
+// with a field path (no spaces, not a quoted value) and ": ", as
+// field.Error formats one ("<nil>" for a rule on the whole object).
+func errorList(s string) (prefix string, errs []string, ok bool) {
+	i := strings.Index(s, ": [")
+	if i < 0 || !strings.HasSuffix(s, "]") {
+		return "", nil, false
+	}
+	prefix, body := s[:i+3], s[i+3:len(s)-1]
+	start := 0
+	for j := 0; j+2 < len(body); j++ {
+		if body[j] != ',' || body[j+1] != ' ' || !fieldStart(body[j+2:]) {
+			continue
+		}
+		errs = append(errs, body[start:j])
+		start = j + 2
+	}
+	return prefix, append(errs, body[start:]), true
+}
+
+// fieldStart reports whether s begins with a field path and ": ".
+func fieldStart(s string) bool {
+	end := strings.Index(s, ": ")
+	if end <= 0 || s[0] == '"' {
+		return false
+	}
+	return !strings.ContainsAny(s[:end], " ,")
+}

@@ -1,0 +1,34 @@
+package record
+
+import "testing"
+
+// TestSameMessage: messages equal up to the order of their error list
+// (as kube-apiserver answers a custom resource's schema errors) are the
+// same; any other difference is not.
+func TestSameMessage(t *testing.T) {
+	const (
+		// Two answers of kube-apiserver v1.37.2 to the same create.
+		first  = `Gadget.probe.example.com "g2" is invalid: [spec.mode: Unsupported value: "weird": supported values: "open", "locked", "auto", spec.note: Too long: may not be more than 20 bytes, spec.port: Invalid value: "number": spec.port in body must be of type integer,string: "number", spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10, spec.items[1]: Duplicate value: {"name":"a"}, <nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation]`
+		second = `Gadget.probe.example.com "g2" is invalid: [spec.note: Too long: may not be more than 20 bytes, spec.port: Invalid value: "number": spec.port in body must be of type integer,string: "number", spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10, spec.mode: Unsupported value: "weird": supported values: "open", "locked", "auto", spec.items[1]: Duplicate value: {"name":"a"}, <nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation]`
+	)
+	for _, tc := range []struct {
+		name string
+		a, b string
+		want bool
+	}{
+		{"identical", first, first, true},
+		{"the same errors in another order", first, second, true},
+		{"both empty", "", "", true},
+		{"another value in one error", first, `Gadget.probe.example.com "g2" is invalid: [spec.mode: Unsupported value: "woird": supported values: "open", "locked", "auto", spec.note: Too long: may not be more than 20 bytes, spec.port: Invalid value: "number": spec.port in body must be of type integer,string: "number", spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10, spec.items[1]: Duplicate value: {"name":"a"}, <nil>: Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation]`, false},
+		{"another object", `ConfigMap "a" is invalid: [data.x: Invalid value: "x", data.y: Invalid value: "y"]`, `ConfigMap "b" is invalid: [data.y: Invalid value: "y", data.x: Invalid value: "x"]`, false},
+		{"two errors swapped", `ConfigMap "a" is invalid: [data.x: Invalid value: "x", data.y: Invalid value: "y"]`, `ConfigMap "a" is invalid: [data.y: Invalid value: "y", data.x: Invalid value: "x"]`, true},
+		{"the enum's values in another order are another message", `X "a" is invalid: spec.mode: Unsupported value: "w": supported values: "a", "b"`, `X "a" is invalid: spec.mode: Unsupported value: "w": supported values: "b", "a"`, false},
+		{"no list", `configmaps "a" not found`, `configmaps "b" not found`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := SameMessage(tc.a, tc.b); got != tc.want {
+				t.Errorf("SameMessage = %v, want %v\n a: %s\n b: %s", got, tc.want, tc.a, tc.b)
+			}
+		})
+	}
+}
