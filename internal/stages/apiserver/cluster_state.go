@@ -98,30 +98,49 @@ func (s *ClusterState) Start(ctx context.Context, timeout time.Duration) error {
 	for _, f := range all {
 		f.Start(ctx.Done())
 	}
+	// The gate counts the informers the replay registered before Start.
+	// Admission policies add informers of their paramKind later (a
+	// ConfigMap informer for a policy whose params are ConfigMaps); their
+	// sync is the policy plugin's to check, as in the apiserver, and one
+	// that cannot sync (kproxy may not list the kind; a snapshot holds only
+	// the named objects of it) must not hold every prediction unknown.
+	own := startedTypes(all)
 	var missing []string
 	_ = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		missing = unsynced(all, func(typ reflect.Type) bool { return typ != secretType || s.SecretsErr() == nil })
+		missing = unsynced(all, own, func(typ reflect.Type) bool { return typ != secretType || s.SecretsErr() == nil })
 		return len(missing) == 0, nil
 	})
-	s.synced = syncedLatch(all, func(typ reflect.Type) bool { return typ != secretType })
-	s.secretsSynced = syncedLatch(all, func(typ reflect.Type) bool { return typ == secretType })
+	s.synced = syncedLatch(all, own, func(typ reflect.Type) bool { return typ != secretType })
+	s.secretsSynced = syncedLatch(all, own, func(typ reflect.Type) bool { return typ == secretType })
 	if len(missing) > 0 {
 		return fmt.Errorf("cluster state not synced after %v: %v (kproxy's identity may lack list/watch on them)", timeout, missing)
 	}
 	return nil
 }
 
+// startedTypes are the types of each factory's started informers.
+func startedTypes(all []informers.SharedInformerFactory) []map[reflect.Type]bool {
+	own := make([]map[reflect.Type]bool, len(all))
+	for i, f := range all {
+		own[i] = map[reflect.Type]bool{}
+		for typ := range f.WaitForCacheSync(closed) {
+			own[i][typ] = true
+		}
+	}
+	return own
+}
+
 var secretType = reflect.TypeFor[*corev1.Secret]()
 
 // syncedLatch reports whether the informers of the types counted have
 // synced, and keeps saying so once they have: informers do not unsync.
-func syncedLatch(all []informers.SharedInformerFactory, counted func(reflect.Type) bool) func() bool {
+func syncedLatch(all []informers.SharedInformerFactory, own []map[reflect.Type]bool, counted func(reflect.Type) bool) func() bool {
 	var done atomic.Bool
 	return func() bool {
 		if done.Load() {
 			return true
 		}
-		if len(unsynced(all, counted)) > 0 {
+		if len(unsynced(all, own, counted)) > 0 {
 			return false
 		}
 		done.Store(true)
@@ -129,13 +148,13 @@ func syncedLatch(all []informers.SharedInformerFactory, counted func(reflect.Typ
 	}
 }
 
-// unsynced names the started informers of the types counted that have
-// not synced.
-func unsynced(all []informers.SharedInformerFactory, counted func(reflect.Type) bool) []string {
+// unsynced names the informers of own (each factory's, started by
+// Start) of the types counted that have not synced.
+func unsynced(all []informers.SharedInformerFactory, own []map[reflect.Type]bool, counted func(reflect.Type) bool) []string {
 	var missing []string
-	for _, f := range all {
+	for i, f := range all {
 		for typ, ok := range f.WaitForCacheSync(closed) {
-			if !ok && counted(typ) {
+			if !ok && own[i][typ] && counted(typ) {
 				missing = append(missing, typ.String())
 			}
 		}
