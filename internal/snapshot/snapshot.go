@@ -11,8 +11,10 @@
 // apiserver serves about itself (discovery, its version, the OpenAPI
 // index) under served/. Which collections it holds is not a hand-kept
 // list: `kproxy snapshot` builds the replay against the cluster and
-// collects every collection the replay itself lists and watches, plus the
-// objects the test cases name. Secrets are never written: not their data,
+// collects every collection the replay itself lists and watches, and
+// those the cluster's admission policies take their params from (the
+// policy plugins list them once they load a policy), plus the objects
+// the test cases name. Secrets are never written: not their data,
 // not their names.
 //
 // # Serving it

@@ -124,8 +124,12 @@ func Take(ctx context.Context, dir string, o Options) (*Manifest, error) {
 			maxRV = n
 		}
 	}
+	params, err := policyParams(ctx, dyn, index, m.Resources)
+	if err != nil {
+		return nil, err
+	}
 	collected := map[schema.GroupVersionResource][]map[string]any{}
-	collect := dedupe(o.Collect)
+	collect := dedupe(append(slices.Clip(o.Collect), params...))
 	sort.Slice(collect, func(i, j int) bool { return collect[i].String() < collect[j].String() })
 	for _, gvr := range collect {
 		i, ok := index[gvr]
@@ -236,6 +240,48 @@ func Take(ctx context.Context, dir string, o Options) (*Manifest, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// admissionPolicies are the policy kinds whose paramKind names a kind
+// of objects the policy plugins read whole (an informer each).
+var admissionPolicies = []schema.GroupVersionResource{
+	{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "validatingadmissionpolicies"},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Resource: "mutatingadmissionpolicies"},
+}
+
+// policyParams are the collections the cluster's admission policies take
+// their params from. The replay's policy plugins list and watch them
+// once they load a policy, which may be after the replay the Recorder
+// watched had synced; a snapshot holding only some of them would leave
+// such a policy unevaluated (the replay says unknown). Secrets stay
+// withheld.
+func policyParams(ctx context.Context, dyn dynamic.Interface, index map[schema.GroupVersionResource]int, resources []Resource) ([]schema.GroupVersionResource, error) {
+	byKind := map[schema.GroupVersionKind]schema.GroupVersionResource{}
+	for gvr, i := range index {
+		byKind[gvr.GroupVersion().WithKind(resources[i].Kind)] = gvr
+	}
+	var out []schema.GroupVersionResource
+	for _, p := range admissionPolicies {
+		if _, ok := index[p]; !ok {
+			continue // not served by this cluster
+		}
+		l, err := dyn.Resource(p).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("list %s, for the collections their params live in: %w (kproxy snapshot needs list on what the replay reads; see the README's ClusterRole)", p.Resource, err)
+		}
+		for _, it := range l.Items {
+			apiVersion, _, _ := unstructured.NestedString(it.Object, "spec", "paramKind", "apiVersion")
+			kind, _, _ := unstructured.NestedString(it.Object, "spec", "paramKind", "kind")
+			gv, err := schema.ParseGroupVersion(apiVersion)
+			if kind == "" || err != nil {
+				continue
+			}
+			if gvr, ok := byKind[gv.WithKind(kind)]; ok {
+				out = append(out, gvr)
+			}
+		}
+	}
+	return out, nil
 }
 
 func dedupe(in []schema.GroupVersionResource) []schema.GroupVersionResource {

@@ -87,6 +87,8 @@ type Server struct {
 	// deletedPods are the pods NodeRestriction may read as a replay's
 	// request met them (deleted_pods.go); nil without NodeRestriction.
 	deletedPods *deletedPods
+	// params reads the admission policies' params (policy_params.go).
+	params *paramReads
 	// crds lists the cluster's CustomResourceDefinitions.
 	crds apiextensionslisters.CustomResourceDefinitionLister
 	// storage is every registry's storage (etcd keys, codecs); etcd the
@@ -311,7 +313,12 @@ func New(ctx context.Context, c Config) (*Server, error) {
 		webhookinit.NewPluginInitializer(authWrapper, svcResolver),
 		controlplaneadmission.NewPluginInitializer(quotaConfig, exclusion.Excluded()),
 	}
-	dyn, err := dynamic.NewForConfig(loop)
+	// The policy plugins' dynamic informers (a custom resource's params)
+	// list through it: kproxy sees whether they have (policy_params.go).
+	lists := &listOutcomes{}
+	dynCfg := rest.CopyConfig(loop)
+	dynCfg.Wrap(lists.wrap)
+	dyn, err := dynamic.NewForConfig(dynCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -441,6 +448,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	}
 	return &Server{handler: srv.Handler.Director, plugins: plugins, admissionChanges: watchAdmissionState(clk, s.Informers, plugins), deletedPods: deleted,
 		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
+		params:  newParamReads(s.Informers, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(), lists, plugins),
 		storage: snapshots, etcd: access, noEtcd: noEtcd, served: served, opts: o}, nil
 }
 

@@ -1,0 +1,312 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	apiextensionslisters "k8s.io/apiextensions-apiserver/pkg/client/listers/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/predicates/rules"
+	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/client-go/informers"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	admissionlisters "k8s.io/client-go/listers/admissionregistration/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// An admission policy with a paramKind reads its params from an informer
+// the policy plugin starts when it loads the policy, and waits at most a
+// second for it to sync before it gives up on the binding: "paramKind
+// kind ... not yet synced to use for admission", a configuration error
+// its failurePolicy turns into a refusal (Fail) or nothing (Ignore). The
+// apiserver's informer lists with the apiserver's own rights and has
+// long synced; the replay's may never sync (a snapshot that holds only
+// some objects of the kind; a kproxy identity that may not list it) or
+// not yet (a policy loaded just now, a large kind). Either way the
+// replay's refusal is about kproxy's state, not the request's.
+
+// paramsNotSynced matches the policy plugins' error for a param informer
+// that has not synced (generic.CollectParams, v1.37), and captures the
+// paramKind it names.
+var paramsNotSynced = regexp.MustCompile("paramKind kind `([^`]*)` not yet synced to use for admission")
+
+// paramsUnsyncedHere says why the replay's refusal for an admission
+// policy whose params the replay could not read is not the request's,
+// or "": the refusal, or one of its causes, is that error, and the
+// apiserver did not answer the same.
+func (r *Run) paramsUnsyncedHere(ctx context.Context) string {
+	if r.Status == nil {
+		return ""
+	}
+	kind := paramsUnsyncedIn(r.Status)
+	if kind == "" {
+		return ""
+	}
+	if r.actual != nil {
+		if aw, ok := r.actual(ctx); ok && aw.Refusal != nil && aw.Status == r.Code && aw.Refusal.Message == r.Status.Message {
+			return "" // the apiserver's params had not synced either
+		}
+	}
+	return fmt.Sprintf("an admission policy's params (%s) had not synced in kproxy's replay, so the policy could not be evaluated "+
+		"(kproxy may not list them, or the snapshot holds only some of them); the apiserver evaluates it with its own", kind)
+}
+
+// paramsUnsyncedIn is the paramKind a refusal's message or causes say
+// has not synced, or "".
+func paramsUnsyncedIn(st *metav1.Status) string {
+	if m := paramsNotSynced.FindStringSubmatch(st.Message); m != nil {
+		return paramKindString(m[1])
+	}
+	if st.Details != nil {
+		for _, c := range st.Details.Causes {
+			if m := paramsNotSynced.FindStringSubmatch(c.Message); m != nil {
+				return paramKindString(m[1])
+			}
+		}
+	}
+	return ""
+}
+
+// paramKindString is "ConfigMap v1" for the way the error prints a
+// ParamKind ("&ParamKind{APIVersion:v1,Kind:ConfigMap,}").
+func paramKindString(s string) string {
+	if m := printedParamKind.FindStringSubmatch(s); m != nil {
+		return m[2] + " " + m[1]
+	}
+	return s
+}
+
+var printedParamKind = regexp.MustCompile(`^&ParamKind\{APIVersion:([^,]*),Kind:([^,]*),\}$`)
+
+// A policy whose failurePolicy is Ignore says nothing when its params
+// have not synced: the plugin skips it, and the replay admits what the
+// apiserver, reading its params, may refuse. So where the replay admits
+// a write that such a policy's rules select, and its params have not
+// synced in the replay, the admission is not the request's: unless the
+// apiserver admitted it too, the prediction is unknown, naming the policy.
+// The policy plugins' informers are not reachable from here; their sync
+// is read where they live: a built-in kind's informer is the shared
+// factory's (the plugin asks the factory first), a custom resource's is a
+// dynamic informer over the replay's dynamic client, whose lists kproxy
+// sees go by (listOutcomes).
+
+// paramReads reads the admission policies the replay's plugins load, and
+// whether their params have synced.
+type paramReads struct {
+	typed informers.SharedInformerFactory
+	crds  apiextensionslisters.CustomResourceDefinitionLister
+	lists *listOutcomes
+	// vap and map are the policies and bindings of the enabled policy
+	// plugins (nil: the plugin is off).
+	vap *vapReads
+	mut *mapReads
+}
+
+type vapReads struct {
+	policies admissionlisters.ValidatingAdmissionPolicyLister
+	bindings admissionlisters.ValidatingAdmissionPolicyBindingLister
+}
+
+type mapReads struct {
+	policies admissionlisters.MutatingAdmissionPolicyLister
+	bindings admissionlisters.MutatingAdmissionPolicyBindingLister
+}
+
+// newParamReads rides on the informers the policy plugins registered.
+func newParamReads(f informers.SharedInformerFactory, crds apiextensionslisters.CustomResourceDefinitionLister, lists *listOutcomes, plugins []string) *paramReads {
+	p := &paramReads{typed: f, crds: crds, lists: lists}
+	adm := f.Admissionregistration().V1()
+	if slices.Contains(plugins, "ValidatingAdmissionPolicy") {
+		p.vap = &vapReads{adm.ValidatingAdmissionPolicies().Lister(), adm.ValidatingAdmissionPolicyBindings().Lister()}
+	}
+	if slices.Contains(plugins, "MutatingAdmissionPolicy") {
+		p.mut = &mapReads{adm.MutatingAdmissionPolicies().Lister(), adm.MutatingAdmissionPolicyBindings().Lister()}
+	}
+	return p
+}
+
+// skippedPolicy is an Ignore policy with params whose rules select the
+// request.
+type skippedPolicy struct {
+	stage, kind, name string
+	params            schema.GroupVersionKind
+}
+
+// skipped says why the replay's admission of a write (info) is not the
+// request's, or "": a policy with failurePolicy Ignore selects it, and
+// its params have not synced in the replay. Where the apiserver's answer
+// is known, only if it refused the write.
+func (p *paramReads) skipped(ctx context.Context, r *Run, info *apirequest.RequestInfo) (stage, why string) {
+	if p == nil || r.Read || r.Status != nil {
+		return "", ""
+	}
+	for _, s := range p.ignoredWithParams(info) {
+		if p.paramsSynced(s.params) {
+			continue
+		}
+		if r.actual != nil {
+			aw, ok := r.actual(ctx)
+			if ok && aw.Refusal == nil {
+				return "", "" // the apiserver admitted it too
+			}
+		}
+		return s.stage, fmt.Sprintf("%s %q (failurePolicy Ignore) selects this write and takes its params from %s, which had not synced in kproxy's replay "+
+			"(kproxy may not list them, or the snapshot holds only some of them): the replay's plugin skipped the policy, "+
+			"and the apiserver evaluates it with its params", s.kind, s.name, s.params.Kind+" "+s.params.GroupVersion().String())
+	}
+	return "", ""
+}
+
+// ignoredWithParams are the policies with failurePolicy Ignore, a
+// paramKind and a binding with a paramRef, whose resource rules select
+// the request. Only the rules: a namespace or object selector, a match
+// condition or an exclusion may leave it out, which only makes the
+// check say unknown where it could have said more.
+func (p *paramReads) ignoredWithParams(info *apirequest.RequestInfo) []skippedPolicy {
+	var out []skippedPolicy
+	op, ok := admissionOperation(info.Verb)
+	if !ok {
+		return nil
+	}
+	attr := admission.NewAttributesRecord(nil, nil, schema.GroupVersionKind{}, info.Namespace, info.Name,
+		schema.GroupVersionResource{Group: info.APIGroup, Version: info.APIVersion, Resource: info.Resource}, info.Subresource, op, nil, false, nil)
+	selects := func(rs []admissionregistrationv1.NamedRuleWithOperations) bool {
+		for _, rule := range rs {
+			m := rules.Matcher{Rule: rule.RuleWithOperations, Attr: attr}
+			if m.Matches() {
+				return true
+			}
+		}
+		return false
+	}
+	if p.vap != nil {
+		if pols, err := p.vap.policies.List(labels.Everything()); err == nil {
+			for _, pol := range pols {
+				s := pol.Spec
+				if s.ParamKind == nil || s.FailurePolicy == nil || *s.FailurePolicy != admissionregistrationv1.Ignore ||
+					s.MatchConstraints == nil || !selects(s.MatchConstraints.ResourceRules) || !p.vapBound(pol.Name) {
+					continue
+				}
+				if gvk, ok := paramGVK(s.ParamKind); ok {
+					out = append(out, skippedPolicy{record.StageValidatingAdmission, "ValidatingAdmissionPolicy", pol.Name, gvk})
+				}
+			}
+		}
+	}
+	if p.mut != nil {
+		if pols, err := p.mut.policies.List(labels.Everything()); err == nil {
+			for _, pol := range pols {
+				s := pol.Spec
+				if s.ParamKind == nil || s.FailurePolicy == nil || *s.FailurePolicy != admissionregistrationv1.Ignore ||
+					s.MatchConstraints == nil || !selects(s.MatchConstraints.ResourceRules) || !p.mapBound(pol.Name) {
+					continue
+				}
+				if gvk, ok := paramGVK(s.ParamKind); ok {
+					out = append(out, skippedPolicy{record.StageMutatingAdmission, "MutatingAdmissionPolicy", pol.Name, gvk})
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (p *paramReads) vapBound(policy string) bool {
+	bs, err := p.vap.bindings.List(labels.Everything())
+	return err == nil && slices.ContainsFunc(bs, func(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding) bool {
+		return b.Spec.PolicyName == policy && b.Spec.ParamRef != nil
+	})
+}
+
+func (p *paramReads) mapBound(policy string) bool {
+	bs, err := p.mut.bindings.List(labels.Everything())
+	return err == nil && slices.ContainsFunc(bs, func(b *admissionregistrationv1.MutatingAdmissionPolicyBinding) bool {
+		return b.Spec.PolicyName == policy && b.Spec.ParamRef != nil
+	})
+}
+
+// paramsSynced reports whether the replay's informer of a param kind has
+// synced: a built-in kind's in the shared factory, a custom resource's by
+// its list through the dynamic client.
+func (p *paramReads) paramsSynced(gvk schema.GroupVersionKind) bool {
+	if obj, err := clientgoscheme.Scheme.New(gvk); err == nil {
+		return p.typed.WaitForCacheSync(closed)[reflect.TypeOf(obj)]
+	}
+	crds, err := p.crds.List(labels.Everything())
+	if err != nil {
+		return false
+	}
+	for _, crd := range crds {
+		if crd.Spec.Group == gvk.Group && crd.Spec.Names.Kind == gvk.Kind {
+			return p.lists.listed("/apis/" + gvk.Group + "/" + gvk.Version + "/" + crd.Spec.Names.Plural)
+		}
+	}
+	return false
+}
+
+func paramGVK(k *admissionregistrationv1.ParamKind) (schema.GroupVersionKind, bool) {
+	gv, err := schema.ParseGroupVersion(k.APIVersion)
+	if err != nil || k.Kind == "" {
+		return schema.GroupVersionKind{}, false
+	}
+	return gv.WithKind(k.Kind), true
+}
+
+// admissionOperation is the admission operation of a write verb. A patch
+// may create (server-side apply): it is matched as an update, and rules
+// for CREATE alone miss it; nothing else depends on it.
+func admissionOperation(verb string) (admission.Operation, bool) {
+	switch verb {
+	case "create":
+		return admission.Create, true
+	case "update", "patch":
+		return admission.Update, true
+	case "delete", "deletecollection":
+		return admission.Delete, true
+	}
+	return "", false
+}
+
+// listOutcomes are the lists of whole collections the replay's dynamic
+// client made, by path, and whether the last one succeeded: a dynamic
+// informer has synced once its list did.
+type listOutcomes struct{ ok sync.Map }
+
+func (l *listOutcomes) listed(path string) bool {
+	v, ok := l.ok.Load(path)
+	return ok && v.(bool)
+}
+
+// wrap observes rt's answers to lists (and watch-lists).
+func (l *listOutcomes) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(req)
+		if req.Method == http.MethodGet && collectionPath(req.URL.Path) {
+			q := req.URL.Query()
+			if q.Get("watch") != "true" || q.Get("sendInitialEvents") == "true" {
+				l.ok.Store(req.URL.Path, err == nil && resp.StatusCode < 300)
+			}
+		}
+		return resp, err
+	})
+}
+
+// collectionPath: /api/v1/R or /apis/G/V/R, all namespaces.
+func collectionPath(p string) bool {
+	parts := strings.Split(strings.Trim(p, "/"), "/")
+	return (len(parts) == 3 && parts[0] == "api") || (len(parts) == 4 && parts[0] == "apis")
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
