@@ -1,0 +1,46 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+)
+
+// When several ValidatingAdmissionPolicies deny a request, the plugin
+// reports the first of them, in the order its policy source lists its
+// hooks: a walk over a Go map, drawn again each time the policies are
+// reloaded, in the apiserver as in the replay. Two policies that deny a
+// ConfigMap with reasons Forbidden and Invalid get it answered 403 for a
+// while, then 422 after any policy changes (seen on v1.37.2: eight
+// reloads, two orders). The replay cannot know the apiserver's draw, so
+// where the two name different policies the verdict is unknown; where no
+// answer is known (kproxy explain, the local engine) the replay's own
+// draw stands.
+
+// policyDenial matches a ValidatingAdmissionPolicy's denial as the
+// plugin words it, capturing the policy and the binding.
+var policyDenial = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']*)'(?: with binding '([^']*)')? denied request`)
+
+// policyOrderHere says why the replay's refusal by one admission policy,
+// where the apiserver refused by another, is not a prediction, or "".
+func (r *Run) policyOrderHere(ctx context.Context) string {
+	if r.Status == nil || r.actual == nil {
+		return ""
+	}
+	mine := policyDenial.FindStringSubmatch(r.Status.Message)
+	if mine == nil {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	if !ok || aw.Refusal == nil {
+		return ""
+	}
+	theirs := policyDenial.FindStringSubmatch(aw.Refusal.Message)
+	if theirs == nil || (theirs[1] == mine[1] && theirs[2] == mine[2]) {
+		return ""
+	}
+	return fmt.Sprintf("ValidatingAdmissionPolicy %q (binding %q) refused kproxy's replay (%d) and %q (binding %q) the apiserver's (%d): "+
+		"when several policies deny a request, kube-apiserver reports the first in an order it draws again each time it reloads its policies, "+
+		"so which one it reports, and its status, is not known",
+		mine[1], mine[2], r.Code, theirs[1], theirs[2], aw.Status)
+}
