@@ -179,9 +179,12 @@ func (p *paramReads) ignoredWithParams(info *apirequest.RequestInfo) []skippedPo
 	if !ok {
 		return nil
 	}
-	attr := admission.NewAttributesRecord(nil, nil, schema.GroupVersionKind{}, info.Namespace, info.Name,
-		schema.GroupVersionResource{Group: info.APIGroup, Version: info.APIVersion, Resource: info.Resource}, info.Subresource, op, nil, false, nil)
+	var attr admission.Attributes // built for the first policy that may skip
 	selects := func(rs []admissionregistrationv1.NamedRuleWithOperations) bool {
+		if attr == nil {
+			attr = admission.NewAttributesRecord(nil, nil, schema.GroupVersionKind{}, info.Namespace, info.Name,
+				schema.GroupVersionResource{Group: info.APIGroup, Version: info.APIVersion, Resource: info.Resource}, info.Subresource, op, nil, false, nil)
+		}
 		for _, rule := range rs {
 			m := rules.Matcher{Rule: rule.RuleWithOperations, Attr: attr}
 			if m.Matches() {
