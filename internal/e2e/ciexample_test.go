@@ -1,16 +1,11 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/xml"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/kproxy/kproxy/internal/localcluster"
-	"github.com/kproxy/kproxy/internal/pki"
 )
 
 // TestCIExample runs examples/ci as its README says, against the test
@@ -21,24 +16,11 @@ import (
 func TestCIExample(t *testing.T) {
 	dir := t.TempDir()
 	bin, manifest := kproxyBinary(t, dir)
-	upstream, err := cluster.UpstreamKubeconfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := filepath.Join(dir, "admin.kubeconfig")
-	if err := localcluster.WriteKubeconfig(admin, cluster.URL, pki.CertPEM(cluster.CA.Cert), localcluster.TokenOf("admin")); err != nil {
-		t.Fatal(err)
-	}
+	upstream, admin := cliKubeconfigs(t, dir)
 	example := "../../examples/ci"
 	run := func(wantExit int, args ...string) string {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		var out, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &stderr
-		if code := exitStatus(cmd.Run()); code != wantExit {
-			t.Fatalf("kproxy %s: exit status %d, want %d\n%s\n%s", strings.Join(args, " "), code, wantExit, out.String(), stderr.String())
-		}
-		return out.String() + stderr.String()
+		return runCLI(t, bin, wantExit, args...)
 	}
 	snap := filepath.Join(dir, "snapshot")
 	run(0, "snapshot", "-o", snap, "--kubeconfig", upstream, "--apiserver-manifest", manifest, "--for", example+"/tests")

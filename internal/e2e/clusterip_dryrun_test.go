@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
-	"github.com/kproxy/kproxy/internal/pki"
 )
 
 const clusterIPTaken = `apiVersion: v1
@@ -54,14 +52,7 @@ cases:
 func TestClusterIPDryRun(t *testing.T) {
 	dir := t.TempDir()
 	bin, manifest := kproxyBinary(t, dir)
-	upstream, err := cluster.UpstreamKubeconfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := filepath.Join(dir, "admin.kubeconfig")
-	if err := localcluster.WriteKubeconfig(admin, cluster.URL, pki.CertPEM(cluster.CA.Cert), localcluster.TokenOf("admin")); err != nil {
-		t.Fatal(err)
-	}
+	upstream, admin := cliKubeconfigs(t, dir)
 	platform := filepath.Join(dir, "platform.yaml")
 	tests := filepath.Join(dir, "tests", "clusterip.yaml")
 	if err := os.MkdirAll(filepath.Dir(tests), 0o755); err != nil {
@@ -91,13 +82,7 @@ func TestClusterIPDryRun(t *testing.T) {
 
 	run := func(wantExit int, args ...string) string {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if code := exitStatus(cmd.Run()); code != wantExit {
-			t.Fatalf("kproxy %s: exit status %d, want %d\n%s", strings.Join(args, " "), code, wantExit, out.String())
-		}
-		return out.String()
+		return runCLI(t, bin, wantExit, args...)
 	}
 	snap := filepath.Join(dir, "snapshot")
 	run(0, "snapshot", "-o", snap, "--kubeconfig", upstream, "--apiserver-manifest", manifest, "--for", tests)

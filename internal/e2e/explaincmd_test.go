@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -42,6 +43,34 @@ func kproxyBinary(t *testing.T, dir string) (bin, manifest string) {
 		t.Fatal(err)
 	}
 	return bin, manifest
+}
+
+// cliKubeconfigs are the CLI tests' kubeconfigs, written into dir:
+// kproxy's own identity's (the upstream one) and the cluster admin's.
+func cliKubeconfigs(t *testing.T, dir string) (upstream, admin string) {
+	t.Helper()
+	upstream, err := cluster.UpstreamKubeconfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin = filepath.Join(dir, "admin.kubeconfig")
+	if err := localcluster.WriteKubeconfig(admin, cluster.URL, pki.CertPEM(cluster.CA.Cert), localcluster.TokenOf("admin")); err != nil {
+		t.Fatal(err)
+	}
+	return upstream, admin
+}
+
+// runCLI runs kproxy (bin) with args and returns what it printed, stdout
+// then stderr; the test fails unless it exits wantExit.
+func runCLI(t *testing.T, bin string, wantExit int, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if code := exitStatus(cmd.Run()); code != wantExit {
+		t.Fatalf("kproxy %s: exit status %d, want %d\n%s\n%s", strings.Join(args, " "), code, wantExit, out.String(), stderr.String())
+	}
+	return out.String() + stderr.String()
 }
 
 // TestExplainCommand runs `kproxy explain` as a user would, against the

@@ -1,16 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/kproxy/kproxy/internal/localcluster"
-	"github.com/kproxy/kproxy/internal/pki"
 )
 
 const paramsPlatform = `apiVersion: v1
@@ -69,28 +65,9 @@ spec:
   paramRef: {name: tmpl, namespace: params-offline, parameterNotFoundAction: Deny}
 `
 
-// The same with failurePolicy Ignore: the plugin skips it, saying nothing.
-const paramsProposedIgnore = `apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
-metadata: {name: params-offline-templates}
-spec:
-  failurePolicy: Ignore
-  paramKind: {apiVersion: v1, kind: PodTemplate}
-  matchConstraints:
-    namespaceSelector: {matchLabels: {kproxy-test: params-offline}}
-    resourceRules:
-    - {apiGroups: [apps], apiVersions: [v1], operations: [CREATE], resources: [deployments]}
-  validations:
-  - expression: "false"
----
-apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata: {name: params-offline-templates}
-spec:
-  policyName: params-offline-templates
-  validationActions: [Deny]
-  paramRef: {name: tmpl, namespace: params-offline, parameterNotFoundAction: Deny}
-`
+// The same with failurePolicy Ignore, denying what it selects: the
+// plugin skips it, saying nothing.
+var paramsProposedIgnore = strings.NewReplacer("failurePolicy: Fail", "failurePolicy: Ignore", `expression: "true"`, `expression: "false"`).Replace(paramsProposed)
 
 const paramsCases = `apiVersion: kproxy.dev/v1alpha1
 kind: Test
@@ -126,14 +103,7 @@ cases:
 func TestPolicyParamsOffline(t *testing.T) {
 	dir := t.TempDir()
 	bin, manifest := kproxyBinary(t, dir)
-	upstream, err := cluster.UpstreamKubeconfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin := filepath.Join(dir, "admin.kubeconfig")
-	if err := localcluster.WriteKubeconfig(admin, cluster.URL, pki.CertPEM(cluster.CA.Cert), localcluster.TokenOf("admin")); err != nil {
-		t.Fatal(err)
-	}
+	upstream, admin := cliKubeconfigs(t, dir)
 	write := func(name, content string) string {
 		t.Helper()
 		p := filepath.Join(dir, name)
@@ -155,13 +125,7 @@ func TestPolicyParamsOffline(t *testing.T) {
 	})
 	run := func(wantExit int, args ...string) string {
 		t.Helper()
-		cmd := exec.Command(bin, args...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if code := exitStatus(cmd.Run()); code != wantExit {
-			t.Fatalf("kproxy %s: exit status %d, want %d\n%s", strings.Join(args, " "), code, wantExit, out.String())
-		}
-		return out.String()
+		return runCLI(t, bin, wantExit, args...)
 	}
 	snap := filepath.Join(dir, "snapshot")
 	out := run(0, "snapshot", "-o", snap, "--kubeconfig", upstream, "--apiserver-manifest", manifest, "--for", tests)
