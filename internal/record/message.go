@@ -1,6 +1,7 @@
 package record
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -12,8 +13,16 @@ import (
 // walk over a Go map, which differs from one request to the next (eight
 // identical requests straight to the apiserver: three orders). Comparing
 // two verdicts by their message text would call that a change.
+//
+// Likewise a refusal that names one of several culprits, the first the
+// apiserver met in an order it does not keep: one of several exceeded
+// ResourceQuotas (in its informer's order: six identical creates past
+// three quotas got two names), one of several denying
+// ValidatingAdmissionPolicies (in an order drawn again on each reload of
+// the policies). Two such refusals of the same request say the same
+// thing, whichever culprit they name.
 func SameMessage(a, b string) bool {
-	if a == b {
+	if a == b || sameCulprit(a, b) {
 		return true
 	}
 	if len(a) != len(b) {
@@ -60,4 +69,23 @@ func fieldStart(s string) bool {
 		return false
 	}
 	return !strings.ContainsAny(s[:end], " ,")
+}
+
+// drawnCulprits start the part of a refusal that names the culprit the
+// apiserver met first (see SameMessage).
+var drawnCulprits = []*regexp.Regexp{
+	regexp.MustCompile(`exceeded quota: [^,]*, requested: `),
+	regexp.MustCompile(`ValidatingAdmissionPolicy '[^']*'(?: with binding '[^']*')? denied request: `),
+}
+
+// sameCulprit reports two refusals of the same request (the same text
+// before it) that each name a culprit of the same kind.
+func sameCulprit(a, b string) bool {
+	for _, re := range drawnCulprits {
+		ia, ib := re.FindStringIndex(a), re.FindStringIndex(b)
+		if ia != nil && ib != nil && a[:ia[0]] == b[:ib[0]] {
+			return true
+		}
+	}
+	return false
 }

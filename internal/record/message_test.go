@@ -24,6 +24,16 @@ func TestSameMessage(t *testing.T) {
 		{"two errors swapped", `ConfigMap "a" is invalid: [data.x: Invalid value: "x", data.y: Invalid value: "y"]`, `ConfigMap "a" is invalid: [data.y: Invalid value: "y", data.x: Invalid value: "x"]`, true},
 		{"the enum's values in another order are another message", `X "a" is invalid: spec.mode: Unsupported value: "w": supported values: "a", "b"`, `X "a" is invalid: spec.mode: Unsupported value: "w": supported values: "b", "a"`, false},
 		{"no list", `configmaps "a" not found`, `configmaps "b" not found`, false},
+		// As kube-apiserver v1.37.2 words identical creates past three quotas (it named qa, then qc).
+		{"another exceeded quota", `configmaps "c1" is forbidden: exceeded quota: qa, requested: configmaps=1, used: configmaps=1, limited: configmaps=1`,
+			`configmaps "c1" is forbidden: exceeded quota: qc, requested: configmaps=1, used: configmaps=1, limited: configmaps=1`, true},
+		{"an exceeded quota for another object", `configmaps "c1" is forbidden: exceeded quota: qa, requested: configmaps=1, used: configmaps=1, limited: configmaps=1`,
+			`configmaps "c2" is forbidden: exceeded quota: qa, requested: configmaps=1, used: configmaps=1, limited: configmaps=1`, false},
+		// Two answers of kube-apiserver v1.37.2 to the same create, before and after a reload of its policies.
+		{"another denying policy", `configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-a' with binding 'deny-a' denied request: deny-a says no`,
+			`configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-b' with binding 'deny-b' denied request: deny-b says no`, true},
+		{"a policy's denial and another refusal", `configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-a' with binding 'deny-a' denied request: deny-a says no`,
+			`configmaps "z6" is forbidden: exceeded quota: qa, requested: configmaps=1, used: configmaps=1, limited: configmaps=1`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := SameMessage(tc.a, tc.b); got != tc.want {
