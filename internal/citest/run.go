@@ -73,8 +73,9 @@ func Run(ctx context.Context, e Engine, files []*testfile.File, o Options) *Repo
 // Diff lists the cases whose verdict differs between two runs of the
 // same suite (before: the baseline; after: with overlays or changed
 // flags), in after's order. Verdicts are compared on what decides them:
-// status, stage, reason and message (up to the order of an error list,
-// which the apiserver itself does not keep: record.SameMessage).
+// status, stage, reason and message (up to what the apiserver itself
+// does not keep: an error list's order, which of several culprits it
+// names; record.SameMessage).
 func Diff(before, after *Report) []Change {
 	type key struct{ file, name string }
 	was := map[key]Verdict{}

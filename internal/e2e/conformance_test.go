@@ -204,8 +204,8 @@ func repeatable(c corpusCase) bool {
 }
 
 // samePrediction: the same status, stage, reason and message, the
-// message up to the order of its error list, which the apiserver itself
-// varies (record.SameMessage).
+// message up to what the apiserver itself varies: its error list's order,
+// which of several culprits it names (record.SameMessage).
 func samePrediction(got, want record.Prediction) bool {
 	if record.SameMessage(got.Message, want.Message) {
 		got.Message = want.Message

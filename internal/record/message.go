@@ -71,11 +71,25 @@ func fieldStart(s string) bool {
 	return !strings.ContainsAny(s[:end], " ,")
 }
 
+// policyDenial is a ValidatingAdmissionPolicy's denial as the plugin
+// words it, capturing the policy and the binding.
+var policyDenial = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']*)'(?: with binding '([^']*)')? denied request: `)
+
+// DenyingPolicy is the ValidatingAdmissionPolicy (and its binding, if
+// named) whose denial msg is.
+func DenyingPolicy(msg string) (policy, binding string, ok bool) {
+	m := policyDenial.FindStringSubmatch(msg)
+	if m == nil {
+		return "", "", false
+	}
+	return m[1], m[2], true
+}
+
 // drawnCulprits start the part of a refusal that names the culprit the
 // apiserver met first (see SameMessage).
 var drawnCulprits = []*regexp.Regexp{
 	regexp.MustCompile(`exceeded quota: [^,]*, requested: `),
-	regexp.MustCompile(`ValidatingAdmissionPolicy '[^']*'(?: with binding '[^']*')? denied request: `),
+	policyDenial,
 }
 
 // sameCulprit reports two refusals of the same request (the same text

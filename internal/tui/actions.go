@@ -142,7 +142,8 @@ func rerunDiff(then, now *record.Record) string {
 	for _, s := range then.Stages {
 		n, ok := nowByName[s.Name]
 		// An explanation quoting an error list may list it in another
-		// order, as the apiserver does (record.SameMessage).
+		// order, or name another of several culprits, as the apiserver
+		// does (record.SameMessage).
 		if !ok || (n.Outcome == s.Outcome && record.SameMessage(n.Explanation, s.Explanation)) {
 			continue
 		}

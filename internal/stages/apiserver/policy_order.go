@@ -3,7 +3,8 @@ package apiserver
 import (
 	"context"
 	"fmt"
-	"regexp"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // When several ValidatingAdmissionPolicies deny a request, the plugin
@@ -17,30 +18,26 @@ import (
 // answer is known (kproxy explain, the local engine) the replay's own
 // draw stands.
 
-// policyDenial matches a ValidatingAdmissionPolicy's denial as the
-// plugin words it, capturing the policy and the binding.
-var policyDenial = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']*)'(?: with binding '([^']*)')? denied request`)
-
 // policyOrderHere says why the replay's refusal by one admission policy,
 // where the apiserver refused by another, is not a prediction, or "".
 func (r *Run) policyOrderHere(ctx context.Context) string {
 	if r.Status == nil || r.actual == nil {
 		return ""
 	}
-	mine := policyDenial.FindStringSubmatch(r.Status.Message)
-	if mine == nil {
+	policy, binding, ok := record.DenyingPolicy(r.Status.Message)
+	if !ok {
 		return ""
 	}
 	aw, ok := r.actual(ctx)
 	if !ok || aw.Refusal == nil {
 		return ""
 	}
-	theirs := policyDenial.FindStringSubmatch(aw.Refusal.Message)
-	if theirs == nil || (theirs[1] == mine[1] && theirs[2] == mine[2]) {
+	theirPolicy, theirBinding, ok := record.DenyingPolicy(aw.Refusal.Message)
+	if !ok || (theirPolicy == policy && theirBinding == binding) {
 		return ""
 	}
 	return fmt.Sprintf("ValidatingAdmissionPolicy %q (binding %q) refused kproxy's replay (%d) and %q (binding %q) the apiserver's (%d): "+
 		"when several policies deny a request, kube-apiserver reports the first in an order it draws again each time it reloads its policies, "+
 		"so which one it reports, and its status, is not known",
-		mine[1], mine[2], r.Code, theirs[1], theirs[2], aw.Status)
+		policy, binding, r.Code, theirPolicy, theirBinding, aw.Status)
 }

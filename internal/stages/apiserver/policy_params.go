@@ -16,11 +16,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/generic"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/mutating"
+	"k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/predicates/rules"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/informers"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	admissionlisters "k8s.io/client-go/listers/admissionregistration/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -107,20 +109,16 @@ type paramReads struct {
 	typed informers.SharedInformerFactory
 	crds  apiextensionslisters.CustomResourceDefinitionLister
 	lists *listOutcomes
-	// vap and map are the policies and bindings of the enabled policy
-	// plugins (nil: the plugin is off).
-	vap *vapReads
-	mut *mapReads
+	// policies are the enabled policy plugins' (none: both are off).
+	policies []policyKind
 }
 
-type vapReads struct {
-	policies admissionlisters.ValidatingAdmissionPolicyLister
-	bindings admissionlisters.ValidatingAdmissionPolicyBindingLister
-}
-
-type mapReads struct {
-	policies admissionlisters.MutatingAdmissionPolicyLister
-	bindings admissionlisters.MutatingAdmissionPolicyBindingLister
+// policyKind is one policy plugin's policies and bindings, read through
+// the plugins' own accessors.
+type policyKind struct {
+	stage, kind string
+	policies    func() []generic.PolicyAccessor
+	bindings    func() []generic.BindingAccessor
 }
 
 // newParamReads rides on the informers the policy plugins registered.
@@ -128,12 +126,39 @@ func newParamReads(f informers.SharedInformerFactory, crds apiextensionslisters.
 	p := &paramReads{typed: f, crds: crds, lists: lists}
 	adm := f.Admissionregistration().V1()
 	if slices.Contains(plugins, "ValidatingAdmissionPolicy") {
-		p.vap = &vapReads{adm.ValidatingAdmissionPolicies().Lister(), adm.ValidatingAdmissionPolicyBindings().Lister()}
+		pl, bl := adm.ValidatingAdmissionPolicies().Lister(), adm.ValidatingAdmissionPolicyBindings().Lister()
+		p.policies = append(p.policies, policyKind{record.StageValidatingAdmission, "ValidatingAdmissionPolicy",
+			func() []generic.PolicyAccessor {
+				return accessors(pl.List, validating.NewValidatingAdmissionPolicyAccessor)
+			},
+			func() []generic.BindingAccessor {
+				return accessors(bl.List, validating.NewValidatingAdmissionPolicyBindingAccessor)
+			}})
 	}
 	if slices.Contains(plugins, "MutatingAdmissionPolicy") {
-		p.mut = &mapReads{adm.MutatingAdmissionPolicies().Lister(), adm.MutatingAdmissionPolicyBindings().Lister()}
+		pl, bl := adm.MutatingAdmissionPolicies().Lister(), adm.MutatingAdmissionPolicyBindings().Lister()
+		p.policies = append(p.policies, policyKind{record.StageMutatingAdmission, "MutatingAdmissionPolicy",
+			func() []generic.PolicyAccessor {
+				return accessors(pl.List, mutating.NewMutatingAdmissionPolicyAccessor)
+			},
+			func() []generic.BindingAccessor {
+				return accessors(bl.List, mutating.NewMutatingAdmissionPolicyBindingAccessor)
+			}})
 	}
 	return p
+}
+
+// accessors lists objects and wraps each in its accessor.
+func accessors[T, A any](list func(labels.Selector) ([]T, error), wrap func(T) A) []A {
+	objs, err := list(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	out := make([]A, len(objs))
+	for i, o := range objs {
+		out[i] = wrap(o)
+	}
+	return out
 }
 
 // skippedPolicy is an Ignore policy with params whose rules select the
@@ -174,68 +199,45 @@ func (p *paramReads) skipped(ctx context.Context, r *Run, info *apirequest.Reque
 // condition or an exclusion may leave it out, which only makes the
 // check say unknown where it could have said more.
 func (p *paramReads) ignoredWithParams(info *apirequest.RequestInfo) []skippedPolicy {
-	var out []skippedPolicy
 	op, ok := admissionOperation(info.Verb)
 	if !ok {
 		return nil
 	}
+	var out []skippedPolicy
 	var attr admission.Attributes // built for the first policy that may skip
-	selects := func(rs []admissionregistrationv1.NamedRuleWithOperations) bool {
+	selects := func(mc *admissionregistrationv1.MatchResources) bool {
+		if mc == nil {
+			return false
+		}
 		if attr == nil {
 			attr = admission.NewAttributesRecord(nil, nil, schema.GroupVersionKind{}, info.Namespace, info.Name,
 				schema.GroupVersionResource{Group: info.APIGroup, Version: info.APIVersion, Resource: info.Resource}, info.Subresource, op, nil, false, nil)
 		}
-		for _, rule := range rs {
-			m := rules.Matcher{Rule: rule.RuleWithOperations, Attr: attr}
-			if m.Matches() {
-				return true
-			}
-		}
-		return false
+		return slices.ContainsFunc(mc.ResourceRules, func(rule admissionregistrationv1.NamedRuleWithOperations) bool {
+			return (&rules.Matcher{Rule: rule.RuleWithOperations, Attr: attr}).Matches()
+		})
 	}
-	if p.vap != nil {
-		if pols, err := p.vap.policies.List(labels.Everything()); err == nil {
-			for _, pol := range pols {
-				s := pol.Spec
-				if s.ParamKind == nil || s.FailurePolicy == nil || *s.FailurePolicy != admissionregistrationv1.Ignore ||
-					s.MatchConstraints == nil || !selects(s.MatchConstraints.ResourceRules) || !p.vapBound(pol.Name) {
-					continue
-				}
-				if gvk, ok := paramGVK(s.ParamKind); ok {
-					out = append(out, skippedPolicy{record.StageValidatingAdmission, "ValidatingAdmissionPolicy", pol.Name, gvk})
+	for _, k := range p.policies {
+		var withParams map[string]bool // policies bound with a paramRef, listed once
+		for _, pol := range k.policies() {
+			fp := pol.GetFailurePolicy()
+			if pol.GetParamKind() == nil || fp == nil || *fp != admissionregistrationv1.Ignore || !selects(pol.GetMatchConstraints()) {
+				continue
+			}
+			if withParams == nil {
+				withParams = map[string]bool{}
+				for _, b := range k.bindings() {
+					if b.GetParamRef() != nil {
+						withParams[b.GetPolicyName().Name] = true
+					}
 				}
 			}
-		}
-	}
-	if p.mut != nil {
-		if pols, err := p.mut.policies.List(labels.Everything()); err == nil {
-			for _, pol := range pols {
-				s := pol.Spec
-				if s.ParamKind == nil || s.FailurePolicy == nil || *s.FailurePolicy != admissionregistrationv1.Ignore ||
-					s.MatchConstraints == nil || !selects(s.MatchConstraints.ResourceRules) || !p.mapBound(pol.Name) {
-					continue
-				}
-				if gvk, ok := paramGVK(s.ParamKind); ok {
-					out = append(out, skippedPolicy{record.StageMutatingAdmission, "MutatingAdmissionPolicy", pol.Name, gvk})
-				}
+			if gvk, ok := paramGVK(pol.GetParamKind()); ok && withParams[pol.GetName()] {
+				out = append(out, skippedPolicy{k.stage, k.kind, pol.GetName(), gvk})
 			}
 		}
 	}
 	return out
-}
-
-func (p *paramReads) vapBound(policy string) bool {
-	bs, err := p.vap.bindings.List(labels.Everything())
-	return err == nil && slices.ContainsFunc(bs, func(b *admissionregistrationv1.ValidatingAdmissionPolicyBinding) bool {
-		return b.Spec.PolicyName == policy && b.Spec.ParamRef != nil
-	})
-}
-
-func (p *paramReads) mapBound(policy string) bool {
-	bs, err := p.mut.bindings.List(labels.Everything())
-	return err == nil && slices.ContainsFunc(bs, func(b *admissionregistrationv1.MutatingAdmissionPolicyBinding) bool {
-		return b.Spec.PolicyName == policy && b.Spec.ParamRef != nil
-	})
 }
 
 // paramsSynced reports whether the replay's informer of a param kind has
@@ -292,16 +294,23 @@ func (l *listOutcomes) listed(path string) bool {
 
 // wrap observes rt's answers to lists (and watch-lists).
 func (l *listOutcomes) wrap(rt http.RoundTripper) http.RoundTripper {
-	return roundTripperFunc(func(req *http.Request) (*http.Response, error) {
-		resp, err := rt.RoundTrip(req)
-		if req.Method == http.MethodGet && collectionPath(req.URL.Path) {
-			q := req.URL.Query()
-			if q.Get("watch") != "true" || q.Get("sendInitialEvents") == "true" {
-				l.ok.Store(req.URL.Path, err == nil && resp.StatusCode < 300)
-			}
+	return listObserver{rt: rt, l: l}
+}
+
+type listObserver struct {
+	rt http.RoundTripper
+	l  *listOutcomes
+}
+
+func (o listObserver) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := o.rt.RoundTrip(req)
+	if req.Method == http.MethodGet && collectionPath(req.URL.Path) {
+		q := req.URL.Query()
+		if q.Get("watch") != "true" || q.Get("sendInitialEvents") == "true" {
+			o.l.ok.Store(req.URL.Path, err == nil && resp.StatusCode < 300)
 		}
-		return resp, err
-	})
+	}
+	return resp, err
 }
 
 // collectionPath: /api/v1/R or /apis/G/V/R, all namespaces.
@@ -309,7 +318,3 @@ func collectionPath(p string) bool {
 	parts := strings.Split(strings.Trim(p, "/"), "/")
 	return (len(parts) == 3 && parts[0] == "api") || (len(parts) == 4 && parts[0] == "apis")
 }
-
-type roundTripperFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

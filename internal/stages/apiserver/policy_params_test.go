@@ -33,8 +33,8 @@ func TestParamsUnsyncedIn(t *testing.T) {
 func TestListOutcomes(t *testing.T) {
 	code := http.StatusOK
 	l := &listOutcomes{}
-	c := &http.Client{Transport: l.wrap(roundTripperFunc(func(r *http.Request) (*http.Response, error) {
-		return &http.Response{StatusCode: code, Body: http.NoBody, Request: r}, nil
+	c := &http.Client{Transport: l.wrap(answering(func(r *http.Request) *http.Response {
+		return &http.Response{StatusCode: code, Body: http.NoBody, Request: r}
 	}))}
 	get := func(path string) {
 		t.Helper()
@@ -68,3 +68,8 @@ func TestListOutcomes(t *testing.T) {
 		t.Error("a core list answered 200 does not count")
 	}
 }
+
+// answering is a transport that answers every request itself.
+type answering func(*http.Request) *http.Response
+
+func (f answering) RoundTrip(r *http.Request) (*http.Response, error) { return f(r), nil }
