@@ -6,6 +6,7 @@ package decode
 
 import (
 	"bytes"
+	"encoding/json"
 	"mime"
 	"reflect"
 	"strings"
@@ -109,4 +110,30 @@ func ResourceVersion(body []byte) string {
 		return ""
 	}
 	return m.GetResourceVersion()
+}
+
+// BareStatus decodes the one error answer kube-apiserver writes without
+// its type: the timeout filter (k8s.io/apiserver/pkg/server/filters,
+// timeout.go) encodes the Status struct itself with encoding/json, so the
+// body has no kind or apiVersion, and Go's content sniffing labels it
+// "text/plain; charset=utf-8". It is taken for a Status only when it
+// says Failure with the code the response was sent with (code), so a
+// plain-text body that happens to be JSON is not vouched for.
+func BareStatus(contentType string, body []byte, code int) (*metav1.Status, bool) {
+	if mediaType, _, _ := mime.ParseMediaType(contentType); mediaType != "text/plain" {
+		return nil, false
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] != '{' {
+		return nil, false
+	}
+	var s metav1.Status
+	if err := json.Unmarshal(body, &s); err != nil {
+		return nil, false
+	}
+	if s.Kind != "" || s.APIVersion != "" || s.Status != metav1.StatusFailure || int(s.Code) != code || s.Message == "" {
+		return nil, false
+	}
+	validUTF8(reflect.ValueOf(&s))
+	return &s, true
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -28,6 +30,7 @@ func FuzzStatus(f *testing.F) {
 		"kind: Status\napiVersion: v1\ncode: 403\n", "k8s\x00\x0a\x0c\x0a\x02v1\x12\x06Status", `{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"n","resourceVersion":"5"}}`, "\xd9\xd9\xf7\xa0", "not a status"} {
 		f.Add(cts[i%len(cts)], []byte(b))
 	}
+	f.Add("text/plain; charset=utf-8", []byte(`{"metadata":{},"status":"Failure","message":"Timeout: request did not complete within the allotted timeout","reason":"Timeout","details":{},"code":504}`))
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
 		_ = ResourceVersion(body)
 		_ = ObjectResourceVersion(body, "")
@@ -36,6 +39,9 @@ func FuzzStatus(f *testing.F) {
 			if rv := ObjectResourceVersion(body, ""); rv != h.ResourceVersion {
 				t.Fatalf("ReadObjectHead(%q) reads resourceVersion %q, ObjectResourceVersion %q", body, h.ResourceVersion, rv)
 			}
+		}
+		if bare, ok := BareStatus(contentType, body, 504); ok && (bare.Status != metav1.StatusFailure || bare.Code != 504 || bare.Message == "" || !utf8.ValidString(bare.Message)) {
+			t.Fatalf("BareStatus(%q, %q) vouches for %#v", contentType, body, bare)
 		}
 		st, ok := Status(contentType, body)
 		if !ok {

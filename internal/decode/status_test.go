@@ -40,3 +40,34 @@ func TestStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestBareStatus: the timeout filter's 504, as kube-apiserver v1.37.2 sent
+// it to GET /api/v1/namespaces/default/configmaps?timeout=1ms (Content-Type
+// "text/plain; charset=utf-8"), and bodies that only look like it.
+func TestBareStatus(t *testing.T) {
+	const timeout = `{"metadata":{},"status":"Failure","message":"Timeout: request did not complete within the allotted timeout","reason":"Timeout","details":{},"code":504}` + "\n"
+	for _, tc := range []struct {
+		name, ct, body string
+		code           int
+		ok             bool
+	}{
+		{"the timeout filter's answer", "text/plain; charset=utf-8", timeout, 504, true},
+		{"another code than the response's", "text/plain; charset=utf-8", timeout, 500, false},
+		{"typed: Status reads it", "text/plain", `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"m","code":504}`, 504, false},
+		{"JSON content type: Status reads it", "application/json", timeout, 504, false},
+		{"success", "text/plain", `{"status":"Success","message":"m","code":504}`, 504, false},
+		{"no message", "text/plain", `{"status":"Failure","code":504}`, 504, false},
+		{"plain text", "text/plain", "Too many requests, please try again later.\n", 429, false},
+		{"not JSON", "text/plain", "{oops", 504, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := BareStatus(tc.ct, []byte(tc.body), tc.code)
+			if ok != tc.ok {
+				t.Fatalf("ok = %v, want %v (%+v)", ok, tc.ok, got)
+			}
+			if ok && (got.Reason != metav1.StatusReasonTimeout || got.Message != "Timeout: request did not complete within the allotted timeout") {
+				t.Errorf("got %+v", got)
+			}
+		})
+	}
+}

@@ -485,7 +485,11 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 func (ex *exchange) refusal() (*metav1.Status, bool) {
 	ex.statusOnce.Do(func() {
 		if len(ex.errBody) > 0 {
-			ex.errStatus, _ = decode.Status(ex.errCT, ex.errBody)
+			var ok bool
+			if ex.errStatus, ok = decode.Status(ex.errCT, ex.errBody); !ok {
+				// The timeout filter's 504 says its Status as text/plain.
+				ex.errStatus, _ = decode.BareStatus(ex.errCT, ex.errBody, ex.rec.Actual.Status)
+			}
 		}
 	})
 	return ex.errStatus, ex.errStatus != nil

@@ -1,0 +1,58 @@
+package e2e
+
+import (
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestTimeoutAnswer: a request whose ?timeout= runs out in kube-apiserver
+// gets the timeout filter's 504, a Status written without its type and
+// sniffed as text/plain. The record reads it as the Status it is (reason
+// Timeout and its sentence, not the raw JSON as the message), and the
+// prediction stays unknown: the deadline is a matter of the instant.
+func TestTimeoutAnswer(t *testing.T) {
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(16)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	c := reverseRoute(k).client(nil)
+	// A millisecond is less than the apiserver takes to list every
+	// ConfigMap of the shared cluster; the tries are for a quick machine.
+	for try := 1; try <= 20; try++ {
+		req, err := http.NewRequest("GET", "https://"+k.addr+"/api/v1/configmaps?timeout=1ms", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tokenOf("admin"))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var rec *record.Record
+		select {
+		case rec = <-recs:
+		case <-time.After(30 * time.Second):
+			t.Fatal("no record")
+		}
+		if resp.StatusCode != http.StatusGatewayTimeout {
+			t.Logf("try %d: answered %d in time", try, resp.StatusCode)
+			continue
+		}
+		t.Logf("the apiserver's answer: %s %s", resp.Header.Get("Content-Type"), body)
+		a := rec.Actual
+		if a.Status != 504 || a.Reason != "Timeout" || a.Message != "Timeout: request did not complete within the allotted timeout" {
+			t.Errorf("recorded actual %d %q %q, want 504 Timeout and the Status's message", a.Status, a.Reason, a.Message)
+		}
+		if rec.Predicted.Stage != record.StageUnknown {
+			t.Errorf("predicted %+v for a request the apiserver timed out, want unknown", rec.Predicted)
+		}
+		return
+	}
+	t.Fatal("the apiserver answered every ?timeout=1ms list in time: the test's path was not taken")
+}
