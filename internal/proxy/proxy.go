@@ -568,7 +568,11 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	if abort != "" {
 		ex.rec.Actual.Error = abort
 	}
-	ex.rec.Actual.Status = rw.status
+	// A switch of protocols (exec, attach, port-forward) is written on
+	// the hijacked connection, past the recorder: modifyResponse saw it.
+	if rw.status != 0 || ex.rec.Actual.Status != http.StatusSwitchingProtocols {
+		ex.rec.Actual.Status = rw.status
+	}
 	ex.rec.Actual.ResponseBytes = rw.bytes
 	ex.rec.Actual.Headers = record.RedactHeaders(rw.Header())
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")

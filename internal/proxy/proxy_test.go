@@ -166,6 +166,25 @@ func TestUpgrades(t *testing.T) {
 					t.Fatalf("echo differs (%d bytes)", len(msg))
 				}
 			}
+			// The record says the apiserver switched protocols (the 101 is
+			// written on the hijacked connection, past the recorder).
+			conn.Close()
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				sink.mu.Lock()
+				n := len(sink.recs)
+				sink.mu.Unlock()
+				if n > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("no record of the upgraded request")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got := sink.recs[0].Actual.Status; got != http.StatusSwitchingProtocols {
+				t.Errorf("recorded status %d, want 101", got)
+			}
 		})
 	}
 }

@@ -47,6 +47,10 @@ func backendReached(addr string) string {
 	return fmt.Sprintf("the apiserver would now connect to %s (a kubelet, or the backend of a proxy): only it answers from here, and kproxy never connects to kubelets or proxied backends", addr)
 }
 
+// upgradeReached is the unknown verdict of a request the apiserver takes
+// over before it dials anything (a WebSocket exec, attach or port-forward).
+const upgradeReached = "the apiserver would now switch protocols (101, a WebSocket stream) and then connect to the pod's kubelet: only the kubelet answers from here, and kproxy never connects to kubelets"
+
 // refuseDial is the replay server's dialer for kubelets.
 func refuseDial(ctx context.Context, network, addr string) (net.Conn, error) {
 	if run := runFrom(ctx); run != nil {

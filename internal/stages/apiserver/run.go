@@ -1,10 +1,12 @@
 package apiserver
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -497,7 +499,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	resp := recorder{httptest.NewRecorder()}
+	resp := recorder{httptest.NewRecorder(), run}
 	defer w.storage.unencoded.release(run)
 	w.handler.ServeHTTP(resp, r)
 	run.End = now()
@@ -595,9 +597,25 @@ func replayTimedOut(st *metav1.Status) bool {
 
 // recorder records the handler's answer; it can take a watch's stream
 // (the handler wants a Flusher and a CloseNotifier).
-type recorder struct{ *httptest.ResponseRecorder }
+type recorder struct {
+	*httptest.ResponseRecorder
+	run *Run
+}
 
 func (recorder) CloseNotify() <-chan bool { return make(chan bool) }
+
+// Hijack is where the apiserver takes the connection over. A WebSocket
+// exec, attach or port-forward (v5.channel.k8s.io and later, which the
+// apiserver translates to SPDY for the kubelet) switches protocols before
+// the kubelet is dialled: the apiserver's answer is 101, then the
+// kubelet's. The run stops here, unknown; the connection handed back is
+// closed, so the WebSocket handshake ends at once.
+func (r recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	r.run.markUnknown(upgradeReached)
+	c, peer := net.Pipe()
+	peer.Close()
+	return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
+}
 
 // warningRecorder collects the warnings the handler adds.
 type warningRecorder struct {

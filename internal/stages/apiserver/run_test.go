@@ -78,7 +78,7 @@ func TestCreateNamingResourceVersion(t *testing.T) {
 		{"an update", &Run{Verb: "update", BodyRV: "5"}, 200, "{}", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			resp := recorder{httptest.NewRecorder()}
+			resp := recorder{httptest.NewRecorder(), tc.run}
 			resp.Header().Set("Content-Type", "application/json")
 			resp.WriteHeader(tc.code)
 			_, _ = resp.WriteString(tc.body)
