@@ -232,7 +232,39 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 	if !openAPINegotiates(req.HTTP.Header.Get("Accept"), openAPIV3Subtypes) {
 		return notAcceptable(req, "the OpenAPI v3 document of "+gv, openAPIV3Subtypes)
 	}
+	if hash := req.HTTP.URL.Query().Get("hash"); hash != "" {
+		return openAPIV3Hash(req, d.m.writer().Served().SettledBefore(req.Arrival), gv, hash, index.Paths[gv])
+	}
 	return Pass("the apiserver serves the OpenAPI v3 document of " + gv)
+}
+
+// openAPIV3Hash predicts a request of an OpenAPI v3 document that names
+// its hash (?hash=, as the index links it, and as kubectl asks): kube-
+// openapi's handler redirects a hash that is not the document's (301, to
+// the current one) and serves the named one. entry is the document's
+// entry in the index read now, which is the index at the arrival when the
+// groups it lists had settled by then.
+func openAPIV3Hash(req *Request, settled bool, gv, hash string, entry json.RawMessage) Result {
+	var e struct {
+		ServerRelativeURL string `json:"serverRelativeURL"`
+	}
+	current := ""
+	if json.Unmarshal(entry, &e) == nil {
+		if u, err := url.Parse(e.ServerRelativeURL); err == nil {
+			current = u.Query().Get("hash")
+		}
+	}
+	switch {
+	case current == "":
+		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index links the document of %s without a hash (%q): not modelled", gv, e.ServerRelativeURL))
+	case !settled:
+		return Unknown(fmt.Sprintf("the request names the OpenAPI v3 document of %s by its hash, and the apiserver's documents changed around its arrival: which hash was current then is not known", gv))
+	case hash != current:
+		res := Pass(fmt.Sprintf("the request names the OpenAPI v3 document of %s by hash %.12s…, and the document's is %.12s…: the apiserver redirects to the current one, 301 Moved Permanently", gv, hash, current))
+		res.Answer = http.StatusMovedPermanently
+		return res
+	}
+	return Pass("the apiserver serves the OpenAPI v3 document of " + gv + " by its current hash (cacheable: immutable)")
 }
 
 // servedDocument is a document the apiserver serves with net/http's
