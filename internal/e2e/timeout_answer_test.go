@@ -4,7 +4,6 @@ import (
 	"io"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -34,12 +33,7 @@ func TestTimeoutAnswer(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		var rec *record.Record
-		select {
-		case rec = <-recs:
-		case <-time.After(30 * time.Second):
-			t.Fatal("no record")
-		}
+		rec := nextRecord(t, recs)
 		if resp.StatusCode != http.StatusGatewayTimeout {
 			t.Logf("try %d: answered %d in time", try, resp.StatusCode)
 			continue
