@@ -242,8 +242,8 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 // its hash (?hash=, as the index links it, and as kubectl asks): kube-
 // openapi's handler redirects a hash that is not the document's (301, to
 // the current one) and serves the named one. entry is the document's
-// entry in the index read now, which is the index at the arrival when the
-// groups it lists had settled by then.
+// entry in the index read now; settled: the groups it lists had settled
+// by the arrival, so the index was the same then.
 func openAPIV3Hash(req *Request, settled bool, gv, hash string, entry json.RawMessage) Result {
 	var e struct {
 		ServerRelativeURL string `json:"serverRelativeURL"`
@@ -254,11 +254,14 @@ func openAPIV3Hash(req *Request, settled bool, gv, hash string, entry json.RawMe
 			current = u.Query().Get("hash")
 		}
 	}
+	// The current hash was the document's at the arrival too: the client
+	// had it from an index listed before. Another one may have been
+	// current then, if the documents changed since.
 	switch {
 	case current == "":
 		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index links the document of %s without a hash (%q): not modelled", gv, e.ServerRelativeURL))
-	case !settled:
-		return Unknown(fmt.Sprintf("the request names the OpenAPI v3 document of %s by its hash, and the apiserver's documents changed around its arrival: which hash was current then is not known", gv))
+	case hash != current && !settled:
+		return Unknown(fmt.Sprintf("the request names the OpenAPI v3 document of %s by a hash that is not its current one, and the apiserver's documents changed around its arrival: whether that hash was current then is not known", gv))
 	case hash != current:
 		res := Pass(fmt.Sprintf("the request names the OpenAPI v3 document of %s by hash %.12s…, and the document's is %.12s…: the apiserver redirects to the current one, 301 Moved Permanently", gv, hash, current))
 		res.Answer = http.StatusMovedPermanently
