@@ -215,7 +215,9 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 		return Unknown("the apiserver's OpenAPI v3 index: " + err.Error())
 	}
 	var index struct {
-		Paths map[string]json.RawMessage `json:"paths"`
+		Paths map[string]struct {
+			ServerRelativeURL string `json:"serverRelativeURL"`
+		} `json:"paths"`
 	}
 	if doc.Status != http.StatusOK || json.Unmarshal(doc.Body, &index) != nil {
 		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index answered %d", doc.Status))
@@ -233,7 +235,7 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 		return notAcceptable(req, "the OpenAPI v3 document of "+gv, openAPIV3Subtypes)
 	}
 	if hash := req.HTTP.URL.Query().Get("hash"); hash != "" {
-		return openAPIV3Hash(req, d.m.writer().Served().SettledBefore(req.Arrival), gv, hash, index.Paths[gv])
+		return openAPIV3Hash(d.m.writer().Served().SettledBefore(req.Arrival), gv, hash, index.Paths[gv].ServerRelativeURL)
 	}
 	return Pass("the apiserver serves the OpenAPI v3 document of " + gv)
 }
@@ -241,25 +243,20 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 // openAPIV3Hash predicts a request of an OpenAPI v3 document that names
 // its hash (?hash=, as the index links it, and as kubectl asks): kube-
 // openapi's handler redirects a hash that is not the document's (301, to
-// the current one) and serves the named one. entry is the document's
-// entry in the index read now; settled: the groups it lists had settled
+// the current one) and serves the named one. link is the document's
+// link in the index read now; settled: the groups it lists had settled
 // by the arrival, so the index was the same then.
-func openAPIV3Hash(req *Request, settled bool, gv, hash string, entry json.RawMessage) Result {
-	var e struct {
-		ServerRelativeURL string `json:"serverRelativeURL"`
-	}
+func openAPIV3Hash(settled bool, gv, hash, link string) Result {
 	current := ""
-	if json.Unmarshal(entry, &e) == nil {
-		if u, err := url.Parse(e.ServerRelativeURL); err == nil {
-			current = u.Query().Get("hash")
-		}
+	if u, err := url.Parse(link); err == nil {
+		current = u.Query().Get("hash")
 	}
 	// The current hash was the document's at the arrival too: the client
 	// had it from an index listed before. Another one may have been
 	// current then, if the documents changed since.
 	switch {
 	case current == "":
-		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index links the document of %s without a hash (%q): not modelled", gv, e.ServerRelativeURL))
+		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index links the document of %s without a hash (%q): not modelled", gv, link))
 	case hash != current && !settled:
 		return Unknown(fmt.Sprintf("the request names the OpenAPI v3 document of %s by a hash that is not its current one, and the apiserver's documents changed around its arrival: whether that hash was current then is not known", gv))
 	case hash != current:
