@@ -173,6 +173,12 @@ func TestWatchStreamErrors(t *testing.T) {
 	if err := WatchStream(strings.NewReader(`{"type":"ADDED","object":{"a":1}}`+"\n"), "application/json", noop); err == nil || !strings.Contains(err.Error(), "watch event ADDED") {
 		t.Errorf("event without kind: %v", err)
 	}
+	// A protobuf event whose type is not UTF-8 (a fuzzer's find): JSON
+	// would show U+FFFD in its place, a type the stream did not carry.
+	notUTF8 := "\x00\x00\x00J\n\b\xffODIFIED\x12>\n<k8s\x00\n\x14\n\x02v1\x12\x0eServiceAccount\x12\x1c\n\x1a\n\abuilder\x12\x00\x1a\x03adm\"\x00*\x002\x008\x00B\x00\x1a\x00\"\x00\x00"
+	if err := WatchStream(strings.NewReader(notUTF8), WatchProtobuf, noop); err == nil || !strings.Contains(err.Error(), "is not UTF-8") {
+		t.Errorf("event type not UTF-8: %v", err)
+	}
 	var n int
 	stream := `{"type":"ADDED","object":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}}` + "\n" +
 		`{"type":"DELETED","object":{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}}` + "\n"

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -52,6 +53,12 @@ func WatchStream(r io.Reader, contentType string, fn func(Event) error) error {
 		we, ok := obj.(*metav1.WatchEvent)
 		if !ok {
 			return fmt.Errorf("watch frame holds a %T, not a WatchEvent", obj)
+		}
+		// Protobuf strings are bytes: a type that is not UTF-8 would render
+		// as something else than what was sent (JSON replaces the bytes).
+		// The apiserver never sends one; say so rather than show a lookalike.
+		if !utf8.ValidString(we.Type) {
+			return fmt.Errorf("watch event type %q is not UTF-8: not a stream the apiserver writes (its types are ADDED, MODIFIED, DELETED, BOOKMARK and ERROR)", we.Type)
 		}
 		inner, err := Payload(we.Object.Raw)
 		if err != nil {
