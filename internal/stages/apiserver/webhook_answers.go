@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // An admission webhook's answer is its own. kproxy calls the webhooks
@@ -45,9 +47,22 @@ func webhookOf(st *metav1.Status) string {
 const webhookOwnAnswer = "a webhook's answer is its own (kproxy calls it again, in dry run: a webhook that is not deterministic, " +
 	"that answers dry runs otherwise, or that timed out on one call answers the two differently), so the request's outcome is not known"
 
+// kube-apiserver calls a request's validating webhooks all at once and
+// reports the refusal that comes back first (the dispatcher's error
+// channel, in arrival order; the others only go to its log). When two
+// refuse, which one the apiserver reports is a race, run again in the
+// replay: twelve identical creates with two denying webhooks got the
+// first one's name seven times and the second's five, and the replay's
+// draw differed five times. A webhook's refusal in the replay that names
+// another than the apiserver's says nothing of which the apiserver
+// reports, nor of its status.
+const webhooksInParallel = "kube-apiserver calls a request's validating webhooks at once and reports the refusal that comes back first " +
+	"(several may refuse; the rest go to its log), and each call's answer is the webhook's own, " +
+	"so which refusal the apiserver reports, and its status, is not known"
+
 // webhookRefusedOnlyHere says why the replay's refusal by an admission
 // webhook is not the request's, or "": the apiserver admitted the write,
-// or refused it with another status.
+// refused it by another webhook, or refused it with another status.
 func (r *Run) webhookRefusedOnlyHere(ctx context.Context) string {
 	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) {
 		return ""
@@ -57,8 +72,17 @@ func (r *Run) webhookRefusedOnlyHere(ctx context.Context) string {
 		return ""
 	}
 	aw, ok := r.actual(ctx)
-	switch {
+	switch theirs := webhookOf(aw.Refusal); {
 	case !ok:
+	case theirs != "" && theirs != name:
+		// Another webhook refused the apiserver's call: whatever the two
+		// statuses, the replay's refusal is not the one reported.
+		why := webhookOwnAnswer
+		if r.Decided == record.StageValidatingAdmission {
+			why = webhooksInParallel
+		}
+		return fmt.Sprintf("admission webhook %q refused kproxy's call (%d: %s), and admission webhook %q the apiserver's (%d: %s): %s",
+			name, r.Code, r.Status.Message, theirs, aw.Status, aw.Refusal.Message, why)
 	case aw.Status >= 200 && aw.Status < 300:
 		return fmt.Sprintf("admission webhook %q refused kproxy's call (%d: %s), and the apiserver admitted the write (%d): %s",
 			name, r.Code, r.Status.Message, aw.Status, webhookOwnAnswer)

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // TestWebhookAnswers: a verdict that hangs on an admission webhook the
@@ -15,6 +17,8 @@ func TestWebhookAnswers(t *testing.T) {
 	denied := &metav1.Status{Code: 403, Message: `admission webhook "flip.example.com" denied the request: no`}
 	failed := &metav1.Status{Code: 500, Message: `Internal error occurred: failed calling webhook "slow.example.com": context deadline exceeded`}
 	deniedOtherwise := &metav1.Status{Code: 403, Message: `admission webhook "flip.example.com" denied the request: no, again`}
+	otherDenied := &metav1.Status{Code: 403, Message: `admission webhook "other.example.com" denied the request: no`}
+	otherInvalid := &metav1.Status{Code: 422, Message: `admission webhook "other.example.com" denied the request: invalid`}
 	exists := &metav1.Status{Code: 409, Message: `configmaps "x" already exists`}
 	quota := &metav1.Status{Code: 403, Message: `configmaps "x" is forbidden: exceeded quota: q`}
 	for _, tc := range []struct {
@@ -23,20 +27,34 @@ func TestWebhookAnswers(t *testing.T) {
 		answered int
 		refusal  *metav1.Status
 		want     string // contains; "" keeps the verdict
+		decided  string // the stage of the replay's refusal: validating-admission if ""
+		why      string // what want's reason says: "a webhook's answer is its own" if ""
 	}{
-		{"denied in the replay, admitted by the apiserver", denied, 201, nil, `admission webhook "flip.example.com" refused kproxy's call (403`},
-		{"denied in the replay, refused otherwise by the apiserver", denied, 409, exists, "the apiserver refused the write otherwise (409"},
-		{"a failed call in the replay, admitted by the apiserver", failed, 201, nil, `admission webhook "slow.example.com" refused kproxy's call (500`},
-		{"denied by both", denied, 403, denied, ""},
-		{"denied by both, with other messages", denied, 403, deniedOtherwise, ""},
-		{"denied in the replay, shed by the apiserver", denied, 429, &metav1.Status{Code: 429, Message: "Too many requests"}, ""},
-		{"refused by another plugin in the replay, admitted by the apiserver", quota, 201, nil, ""},
-		{"admitted in the replay, denied by the apiserver's call", nil, 403, denied, `the apiserver's call to admission webhook "flip.example.com" refused the write (403`},
-		{"admitted in the replay, the apiserver's call failed", nil, 500, failed, `admission webhook "slow.example.com"`},
-		{"admitted in the replay, refused by another plugin", nil, 403, quota, ""},
+		{"denied in the replay, admitted by the apiserver", denied, 201, nil, `admission webhook "flip.example.com" refused kproxy's call (403`, "", ""},
+		{"denied in the replay, refused otherwise by the apiserver", denied, 409, exists, "the apiserver refused the write otherwise (409", "", ""},
+		{"a failed call in the replay, admitted by the apiserver", failed, 201, nil, `admission webhook "slow.example.com" refused kproxy's call (500`, "", ""},
+		{"denied by both", denied, 403, denied, "", "", ""},
+		{"denied by both, with other messages", denied, 403, deniedOtherwise, "", "", ""},
+		{"denied in the replay, shed by the apiserver", denied, 429, &metav1.Status{Code: 429, Message: "Too many requests"}, "", "", ""},
+		{"refused by another plugin in the replay, admitted by the apiserver", quota, 201, nil, "", "", ""},
+		// Two webhooks refuse: the apiserver reports the first to answer.
+		{"denied in the replay, denied by another validating webhook in the apiserver", denied, 403, otherDenied, `admission webhook "flip.example.com" refused kproxy's call (403: admission webhook "flip.example.com" denied the request: no), and admission webhook "other.example.com" the apiserver's (403`, "", "reports the refusal that comes back first"},
+		{"denied in the replay, another webhook's other status in the apiserver", denied, 422, otherInvalid, `and admission webhook "other.example.com" the apiserver's (422`, "", "reports the refusal that comes back first"},
+		{"denied in the replay, another webhook's failed call in the apiserver", denied, 500, failed, `and admission webhook "slow.example.com" the apiserver's (500`, "", "reports the refusal that comes back first"},
+		{"a failed call in the replay, another webhook's denial in the apiserver", failed, 403, denied, `admission webhook "slow.example.com" refused kproxy's call (500`, "", "reports the refusal that comes back first"},
+		{"denied by a mutating webhook in the replay, by another in the apiserver", denied, 403, otherDenied, `and admission webhook "other.example.com" the apiserver's (403`, "mutating-admission", ""},
+		{"admitted in the replay, denied by the apiserver's call", nil, 403, denied, `the apiserver's call to admission webhook "flip.example.com" refused the write (403`, "", ""},
+		{"admitted in the replay, the apiserver's call failed", nil, 500, failed, `admission webhook "slow.example.com"`, "", ""},
+		{"admitted in the replay, refused by another plugin", nil, 403, quota, "", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Run{Verb: "create", Resource: "configmaps", Status: tc.replay, actual: func(context.Context) (Answer, bool) {
+			if tc.decided == "" {
+				tc.decided = record.StageValidatingAdmission
+			}
+			if tc.why == "" {
+				tc.why = "a webhook's answer is its own"
+			}
+			r := &Run{Verb: "create", Resource: "configmaps", Status: tc.replay, Decided: tc.decided, actual: func(context.Context) (Answer, bool) {
 				return Answer{Status: tc.answered, Refusal: tc.refusal}, true
 			}}
 			if tc.replay != nil {
@@ -48,7 +66,7 @@ func TestWebhookAnswers(t *testing.T) {
 			} else {
 				got = r.webhookRefusedOnlyThere(Answer{Status: tc.answered, Refusal: tc.refusal})
 			}
-			checkOwnAnswer(t, got, tc.want, "a webhook's answer is its own")
+			checkOwnAnswer(t, got, tc.want, tc.why)
 		})
 	}
 }
