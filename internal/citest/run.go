@@ -75,7 +75,7 @@ func Run(ctx context.Context, e Engine, files []*testfile.File, o Options) *Repo
 // flags), in after's order. Verdicts are compared on what decides them:
 // status, stage, reason and message (up to what the apiserver itself
 // does not keep: an error list's order, which of several culprits it
-// names; record.SameMessage).
+// names; record.SameMessageAt).
 func Diff(before, after *Report) []Change {
 	type key struct{ file, name string }
 	was := map[key]Verdict{}
@@ -97,7 +97,7 @@ func Diff(before, after *Report) []Change {
 
 func sameVerdict(a, b Verdict) bool {
 	return a.Status == b.Status && a.Stage == b.Stage && a.Reason == b.Reason &&
-		record.SameMessage(a.Message, b.Message) && a.Unknown == b.Unknown && reflect.DeepEqual(a.Warnings, b.Warnings)
+		record.SameMessageAt(a.Stage, a.Message, b.Message) && a.Unknown == b.Unknown && reflect.DeepEqual(a.Warnings, b.Warnings)
 }
 
 // String is a change in one line: before → after.

@@ -20,9 +20,14 @@ import (
 // three quotas got two names), one of several denying
 // ValidatingAdmissionPolicies (in an order drawn again on each reload of
 // the policies). Two such refusals of the same request say the same
-// thing, whichever culprit they name.
+// thing, whichever culprit they name (and see SameMessageAt). And a
+// webhook's answer to another AdmissionReview than it was sent is
+// reported with the review's uid, drawn afresh for each call.
 func SameMessage(a, b string) bool {
 	if a == b || sameCulprit(a, b) {
+		return true
+	}
+	if ua, ub := reviewUID.ReplaceAllLiteralString(a, reviewUIDSame), reviewUID.ReplaceAllLiteralString(b, reviewUIDSame); ua != a && ua == ub {
 		return true
 	}
 	if len(a) != len(b) {
@@ -91,6 +96,29 @@ var drawnCulprits = []*regexp.Regexp{
 	regexp.MustCompile(`exceeded quota: [^,]*, requested: `),
 	policyDenial,
 }
+
+// webhookDenial is an admission webhook's denial as the dispatchers word
+// it.
+var webhookDenial = regexp.MustCompile(`^admission webhook "[^"]*" denied the request`)
+
+// SameMessageAt is SameMessage for two refusals by the same stage. At
+// validating-admission it also forgives another webhook's denial:
+// kube-apiserver calls a request's validating webhooks at once and
+// reports the first refusal back, so two runs of the same request may
+// name either. Mutating webhooks are called one after another, in a
+// fixed order: there another webhook is another verdict.
+func SameMessageAt(stage, a, b string) bool {
+	if SameMessage(a, b) {
+		return true
+	}
+	return stage == StageValidatingAdmission && webhookDenial.MatchString(a) && webhookDenial.MatchString(b)
+}
+
+// reviewUID is the uid of the AdmissionReview a webhook's answer did not
+// match, as the webhook dispatcher words it; reviewUIDSame replaces it.
+var reviewUID = regexp.MustCompile(`expected response\.uid="[^"]*"`)
+
+const reviewUIDSame = `expected response.uid="…"`
 
 // sameCulprit reports two refusals of the same request (the same text
 // before it) that each name a culprit of the same kind.

@@ -32,12 +32,43 @@ func TestSameMessage(t *testing.T) {
 		// Two answers of kube-apiserver v1.37.2 to the same create, before and after a reload of its policies.
 		{"another denying policy", `configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-a' with binding 'deny-a' denied request: deny-a says no`,
 			`configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-b' with binding 'deny-b' denied request: deny-b says no`, true},
+		// kube-apiserver v1.37.2's answer and the replay's to one create whose webhook answers with another uid.
+		{"another AdmissionReview uid", `Internal error occurred: failed calling webhook "uid.wh.kproxy.test": received invalid webhook response: expected response.uid="f3a519cf-62a7-4104-a04d-e767d0339397", got "wrong"`,
+			`Internal error occurred: failed calling webhook "uid.wh.kproxy.test": received invalid webhook response: expected response.uid="7ae5668c-28fc-4920-888d-8fb2dedb9b7c", got "wrong"`, true},
+		{"another AdmissionReview uid, another webhook", `Internal error occurred: failed calling webhook "uid.wh.kproxy.test": received invalid webhook response: expected response.uid="f3a519cf-62a7-4104-a04d-e767d0339397", got "wrong"`,
+			`Internal error occurred: failed calling webhook "other.wh.kproxy.test": received invalid webhook response: expected response.uid="7ae5668c-28fc-4920-888d-8fb2dedb9b7c", got "wrong"`, false},
 		{"a policy's denial and another refusal", `configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-a' with binding 'deny-a' denied request: deny-a says no`,
 			`configmaps "z6" is forbidden: exceeded quota: qa, requested: configmaps=1, used: configmaps=1, limited: configmaps=1`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := SameMessage(tc.a, tc.b); got != tc.want {
 				t.Errorf("SameMessage = %v, want %v\n a: %s\n b: %s", got, tc.want, tc.a, tc.b)
+			}
+		})
+	}
+}
+
+// TestSameMessageAt: another validating webhook's denial is the same
+// verdict at validating-admission (the webhooks race), another at any
+// other stage (mutating webhooks run in a fixed order).
+func TestSameMessageAt(t *testing.T) {
+	// Two answers of kube-apiserver v1.37.2 to the same create, two
+	// validating webhooks denying it.
+	a, b := `admission webhook "a.two.test" denied the request: A`, `admission webhook "b.two.test" denied the request: B`
+	failed := `Internal error occurred: failed calling webhook "b.two.test": failed to call webhook: Post "https://127.0.0.1:9444/allow?timeout=5s": dial tcp 127.0.0.1:9444: connect: connection refused`
+	for _, tc := range []struct {
+		name, stage, a, b string
+		want              bool
+	}{
+		{"another denying validating webhook", StageValidatingAdmission, a, b, true},
+		{"another denying mutating webhook", StageMutatingAdmission, a, b, false},
+		{"a denial and a failed call", StageValidatingAdmission, a, failed, false},
+		{"a denial and a policy's", StageValidatingAdmission, a, `configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-a' with binding 'deny-a' denied request: deny-a says no`, false},
+		{"what SameMessage forgives", StageStorage, `ConfigMap "a" is invalid: [data.x: Invalid value: "x", data.y: Invalid value: "y"]`, `ConfigMap "a" is invalid: [data.y: Invalid value: "y", data.x: Invalid value: "x"]`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := SameMessageAt(tc.stage, tc.a, tc.b); got != tc.want {
+				t.Errorf("SameMessageAt(%s) = %v, want %v\n a: %s\n b: %s", tc.stage, got, tc.want, tc.a, tc.b)
 			}
 		})
 	}

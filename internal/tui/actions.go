@@ -143,13 +143,13 @@ func rerunDiff(then, now *record.Record) string {
 		n, ok := nowByName[s.Name]
 		// An explanation quoting an error list may list it in another
 		// order, or name another of several culprits, as the apiserver
-		// does (record.SameMessage).
-		if !ok || (n.Outcome == s.Outcome && record.SameMessage(n.Explanation, s.Explanation)) {
+		// does (record.SameMessageAt).
+		if !ok || (n.Outcome == s.Outcome && record.SameMessageAt(s.Name, n.Explanation, s.Explanation)) {
 			continue
 		}
 		changed++
 		fmt.Fprintf(&b, "  %s: %s -> %s\n", s.Name, s.Outcome, n.Outcome)
-		if !record.SameMessage(n.Explanation, s.Explanation) {
+		if !record.SameMessageAt(s.Name, n.Explanation, s.Explanation) {
 			fmt.Fprintf(&b, "    now: %s\n", firstLine(n.Explanation, 100))
 		}
 	}
