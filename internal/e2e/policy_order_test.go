@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,62 +11,120 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
 
-// TestPolicyOrder: two ValidatingAdmissionPolicies deny every ConfigMap
-// created in a namespace, one with reason Forbidden (403), one Invalid
-// (422). kube-apiserver reports the first denying policy in an order it
-// draws again each time it reloads its policies, and so does the
+// TestPolicyOrder: two admission policies refuse every ConfigMap
+// created in a namespace: two ValidatingAdmissionPolicies that deny, one
+// with reason Forbidden (403), one Invalid (422); two
+// MutatingAdmissionPolicies whose mutations fail (both 403, each naming
+// itself). kube-apiserver reports the first refusing policy in an order
+// it draws again each time it reloads its policies, and so does the
 // replay, independently: after each reload (a policy annotated), the two
 // agree on the policy by chance. Where they do not, the record says
 // unknown; where they do, the prediction is the apiserver's answer. Each
 // try is a coin flip for the path under test: sixteen tries miss it once
 // in 65,536 runs.
 func TestPolicyOrder(t *testing.T) {
-	ctx := context.Background()
-	cs := adminClient()
-	ns := lateNamespace(t, "policy-order")
-	fail := admissionregistrationv1.Fail
-	for _, p := range []struct {
-		name   string
-		reason metav1.StatusReason
-	}{{"forbids", metav1.StatusReasonForbidden}, {"invalidates", metav1.StatusReasonInvalid}} {
-		name := ns + "-" + p.name
-		reason := p.reason
-		pol := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
-				FailurePolicy: &fail,
-				MatchConstraints: &admissionregistrationv1.MatchResources{
-					NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
-					ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
-						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
-						Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
-					}}},
-				},
-				Validations: []admissionregistrationv1.Validation{{Expression: "false", Message: name + " says no", Reason: &reason}},
-			}}
-		if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, pol, createOpts); err != nil {
-			t.Fatal(err)
+	t.Run("validating", func(t *testing.T) {
+		ns := lateNamespace(t, "policy-order")
+		for _, p := range []struct {
+			name   string
+			reason metav1.StatusReason
+		}{{"forbids", metav1.StatusReasonForbidden}, {"invalidates", metav1.StatusReasonInvalid}} {
+			reason := p.reason
+			createPolicy(t, &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + p.name},
+				Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+					FailurePolicy:    ptr.To(admissionregistrationv1.Fail),
+					MatchConstraints: configMapCreatesIn(ns),
+					Validations:      []admissionregistrationv1.Validation{{Expression: "false", Message: ns + "-" + p.name + " says no", Reason: &reason}},
+				}})
 		}
-		b := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: name,
-				ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}}}
-		if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, b, createOpts); err != nil {
-			t.Fatal(err)
+		policyCoinFlips(t, ns, "validatingadmissionpolicies", []int{403, 422})
+	})
+	t.Run("mutating", func(t *testing.T) {
+		ns := lateNamespace(t, "map-order")
+		for _, name := range []string{"forbids", "invalidates"} {
+			// An expression in error: no ConfigMap created here has the label.
+			createPolicy(t, &admissionregistrationv1.MutatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: ns + "-" + name},
+				Spec: admissionregistrationv1.MutatingAdmissionPolicySpec{
+					FailurePolicy:      ptr.To(admissionregistrationv1.Fail),
+					ReinvocationPolicy: admissionregistrationv1.NeverReinvocationPolicy,
+					MatchConstraints:   configMapCreatesIn(ns),
+					Mutations: []admissionregistrationv1.Mutation{{PatchType: admissionregistrationv1.PatchTypeJSONPatch,
+						JSONPatch: &admissionregistrationv1.JSONPatch{Expression: fmt.Sprintf(`[JSONPatch{op: "add", path: "/metadata/annotations", value: {"x": object.metadata.labels["%s"]}}]`, name)}}},
+				}})
+		}
+		policyCoinFlips(t, ns, "mutatingadmissionpolicies", []int{403})
+	})
+}
+
+// configMapCreatesIn matches the creates of ConfigMaps in ns.
+func configMapCreatesIn(ns string) *admissionregistrationv1.MatchResources {
+	return &admissionregistrationv1.MatchResources{
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
+		ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+		}}},
+	}
+}
+
+// createPolicy creates a ValidatingAdmissionPolicy or a
+// MutatingAdmissionPolicy and its binding of the same name (no params),
+// removed when the test ends.
+func createPolicy(t *testing.T, policy any) {
+	t.Helper()
+	ctx := context.Background()
+	ar := adminClient().AdmissionregistrationV1()
+	var err error
+	switch p := policy.(type) {
+	case *admissionregistrationv1.ValidatingAdmissionPolicy:
+		name := p.Name
+		if _, err = ar.ValidatingAdmissionPolicies().Create(ctx, p, createOpts); err == nil {
+			_, err = ar.ValidatingAdmissionPolicyBindings().Create(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: name,
+					ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}}}, createOpts)
 		}
 		t.Cleanup(func() {
-			_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{})
-			_ = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{})
+			_ = ar.ValidatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{})
+			_ = ar.ValidatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{})
 		})
+	case *admissionregistrationv1.MutatingAdmissionPolicy:
+		name := p.Name
+		if _, err = ar.MutatingAdmissionPolicies().Create(ctx, p, createOpts); err == nil {
+			_, err = ar.MutatingAdmissionPolicyBindings().Create(ctx, &admissionregistrationv1.MutatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: admissionregistrationv1.MutatingAdmissionPolicyBindingSpec{PolicyName: name}}, createOpts)
+		}
+		t.Cleanup(func() {
+			_ = ar.MutatingAdmissionPolicyBindings().Delete(ctx, name, metav1.DeleteOptions{})
+			_ = ar.MutatingAdmissionPolicies().Delete(ctx, name, metav1.DeleteOptions{})
+		})
+	default:
+		t.Fatalf("createPolicy: %T is not an admission policy", policy)
 	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// policyCoinFlips creates ConfigMaps in ns through a kproxy, each after a
+// reload of the policies (the first, ns-forbids, of resource annotated),
+// until a record says the replay and the apiserver reported different
+// policies; every other record must predict the apiserver's answer, one
+// of statuses.
+func policyCoinFlips(t *testing.T, ns, resource string, statuses []int) {
+	t.Helper()
+	ctx := context.Background()
 	recs, r, c := oneReplayWorker(t)
 	mismatched, agreed := 0, 0
 	for try := 1; try <= 16 && mismatched == 0; try++ {
 		// A reload: both draw their order again.
 		patch := fmt.Sprintf(`{"metadata":{"annotations":{"kproxy.test/try":"%d"}}}`, try)
-		if _, err := cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Patch(ctx, ns+"-forbids", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if err := adminClient().AdmissionregistrationV1().RESTClient().Patch(types.MergePatchType).Resource(resource).Name(ns + "-forbids").
+			Body([]byte(patch)).Do(ctx).Error(); err != nil {
 			t.Fatal(err)
 		}
 		// Past the 2 s in which a policy change makes an admission
@@ -73,8 +132,8 @@ func TestPolicyOrder(t *testing.T) {
 		time.Sleep(3 * time.Second)
 		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps", user: "admin",
 			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"try-%d"}}`, try)})
-		if got.status != 403 && got.status != 422 {
-			t.Fatalf("try %d: the apiserver answered %d, want 403 or 422: %s", try, got.status, got.body)
+		if !slices.Contains(statuses, got.status) {
+			t.Fatalf("try %d: the apiserver answered %d, want one of %v: %s", try, got.status, statuses, got.body)
 		}
 		var rec *record.Record
 		for rec = nextRecord(t, recs); rec.Request.Namespace != ns || rec.Request.Method != "POST"; rec = nextRecord(t, recs) {

@@ -18,8 +18,8 @@ import (
 // apiserver met in an order it does not keep: one of several exceeded
 // ResourceQuotas (in its informer's order: six identical creates past
 // three quotas got two names), one of several denying
-// ValidatingAdmissionPolicies (in an order drawn again on each reload of
-// the policies). Two such refusals of the same request say the same
+// ValidatingAdmissionPolicies or failing MutatingAdmissionPolicies (in an
+// order drawn again on each reload of the policies). Two such refusals of the same request say the same
 // thing, whichever culprit they name (and see SameMessageAt). And a
 // webhook's answer to another AdmissionReview than it was sent is
 // reported with the review's uid, drawn afresh for each call.
@@ -80,14 +80,22 @@ func fieldStart(s string) bool {
 // words it, capturing the policy and the binding.
 var policyDenial = regexp.MustCompile(`ValidatingAdmissionPolicy '([^']*)'(?: with binding '([^']*)')? denied request: `)
 
-// DenyingPolicy is the ValidatingAdmissionPolicy (and its binding, if
-// named) whose denial msg is.
+// policyFailure is how the policy plugins' shared dispatcher words the
+// first error of an admission policy's run (generic.PolicyError): a
+// MutatingAdmissionPolicy's failed mutation, either kind's params not
+// found; the policy and the binding, or the policy alone.
+var policyFailure = regexp.MustCompile(`^policy (?:'([^']*)' with binding '([^']*)'|"([^"]*)") denied request: `)
+
+// DenyingPolicy is the admission policy (and its binding, if named) whose
+// denial or failure msg is.
 func DenyingPolicy(msg string) (policy, binding string, ok bool) {
-	m := policyDenial.FindStringSubmatch(msg)
-	if m == nil {
-		return "", "", false
+	if m := policyDenial.FindStringSubmatch(msg); m != nil {
+		return m[1], m[2], true
 	}
-	return m[1], m[2], true
+	if m := policyFailure.FindStringSubmatch(msg); m != nil {
+		return m[1] + m[3], m[2], true
+	}
+	return "", "", false
 }
 
 // drawnCulprits start the part of a refusal that names the culprit the
@@ -95,6 +103,7 @@ func DenyingPolicy(msg string) (policy, binding string, ok bool) {
 var drawnCulprits = []*regexp.Regexp{
 	regexp.MustCompile(`exceeded quota: [^,]*, requested: `),
 	policyDenial,
+	policyFailure,
 }
 
 // webhookDenial is an admission webhook's denial as the dispatchers word

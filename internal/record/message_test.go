@@ -37,6 +37,11 @@ func TestSameMessage(t *testing.T) {
 			`Internal error occurred: failed calling webhook "uid.wh.kproxy.test": received invalid webhook response: expected response.uid="7ae5668c-28fc-4920-888d-8fb2dedb9b7c", got "wrong"`, true},
 		{"another AdmissionReview uid, another webhook", `Internal error occurred: failed calling webhook "uid.wh.kproxy.test": received invalid webhook response: expected response.uid="f3a519cf-62a7-4104-a04d-e767d0339397", got "wrong"`,
 			`Internal error occurred: failed calling webhook "other.wh.kproxy.test": received invalid webhook response: expected response.uid="7ae5668c-28fc-4920-888d-8fb2dedb9b7c", got "wrong"`, false},
+		// Two answers of kube-apiserver v1.37.2 to the same create, before and after a reload of its policies.
+		{"another failing mutating policy", `policy 'mp-b' with binding 'mp-b' denied request: expression 'x' resulted in error: no such key: labels`,
+			`policy 'mp-c' with binding 'mp-c' denied request: expression 'y' resulted in error: no such key: labels`, true},
+		{"a failing mutating policy and a webhook's denial", `policy 'mp-b' with binding 'mp-b' denied request: expression 'x' resulted in error: no such key: labels`,
+			`admission webhook "a.two.test" denied the request: A`, false},
 		{"a policy's denial and another refusal", `configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-a' with binding 'deny-a' denied request: deny-a says no`,
 			`configmaps "z6" is forbidden: exceeded quota: qa, requested: configmaps=1, used: configmaps=1, limited: configmaps=1`, false},
 	} {
@@ -71,5 +76,26 @@ func TestSameMessageAt(t *testing.T) {
 				t.Errorf("SameMessageAt(%s) = %v, want %v\n a: %s\n b: %s", tc.stage, got, tc.want, tc.a, tc.b)
 			}
 		})
+	}
+}
+
+// TestDenyingPolicy: the policy (and binding) a policy plugin's refusal
+// names, in each of its wordings.
+func TestDenyingPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		msg, policy, binding string
+		ok                   bool
+	}{
+		{`configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-a' with binding 'deny-a-2' denied request: no`, "deny-a", "deny-a-2", true},
+		{`configmaps "z6" is forbidden: ValidatingAdmissionPolicy 'deny-a' denied request: no`, "deny-a", "", true},
+		{`policy 'mp-b' with binding 'mp-b' denied request: failed to configure binding: no params found for policy binding with ` + "`Deny`" + ` parameterNotFoundAction`, "mp-b", "mp-b", true},
+		{`policy "mp-b" denied request: no`, "mp-b", "", true},
+		{`configmaps "z6" is forbidden: the policy 'x' with binding 'y' denied request: no`, "", "", false},
+		{`admission webhook "a.two.test" denied the request: A`, "", "", false},
+	} {
+		p, b, ok := DenyingPolicy(tc.msg)
+		if p != tc.policy || b != tc.binding || ok != tc.ok {
+			t.Errorf("DenyingPolicy(%q) = %q, %q, %v; want %q, %q, %v", tc.msg, p, b, ok, tc.policy, tc.binding, tc.ok)
+		}
 	}
 }

