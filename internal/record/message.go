@@ -19,10 +19,11 @@ import (
 // ResourceQuotas (in its informer's order: six identical creates past
 // three quotas got two names), one of several denying
 // ValidatingAdmissionPolicies or failing MutatingAdmissionPolicies (in an
-// order drawn again on each reload of the policies). Two such refusals of the same request say the same
-// thing, whichever culprit they name (and see SameMessageAt). And a
-// webhook's answer to another AdmissionReview than it was sent is
-// reported with the review's uid, drawn afresh for each call.
+// order drawn again on each reload of the policies). Two such refusals of
+// the same request say the same thing, whichever culprit they name (and
+// see SameMessageAt). And a webhook's answer to another AdmissionReview
+// than it was sent is reported with the review's uid, drawn afresh for
+// each call.
 func SameMessage(a, b string) bool {
 	if a == b || sameCulprit(a, b) {
 		return true
