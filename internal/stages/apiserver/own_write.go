@@ -361,6 +361,9 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	if why := r.mutatedEarly(aw); why != "" {
 		return "", why
 	}
+	if why := r.limitRangeOrderThere(aw); why != "" {
+		return record.StageValidatingAdmission, why // where LimitRanger checks its bounds
+	}
 	return "", r.webhookRefusedOnlyThere(aw)
 }
 

@@ -86,8 +86,10 @@ type Run struct {
 	arrival   time.Time
 	namespace string
 	changes   *admissionChanges
-	BodyRV    string
-	Verb      string
+	// limitRanges counts the LimitRanges of a namespace (limit_ranges.go).
+	limitRanges limitRangesIn
+	BodyRV      string
+	Verb        string
 	// apply: a server-side apply (a patch of the apply type), whose
 	// patch is decoded, strictly, as the handler applies it.
 	apply       bool
@@ -448,7 +450,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
+	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
 		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	if namesPod(run, req.Info.Name) {
@@ -527,7 +529,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			// The replay's refusal is what cannot be trusted: the
 			// stage it came from says so. The first check that
 			// explains it wins; the later ones do not run.
-			for _, late := range []func(context.Context) string{run.refusedLate, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.paramsUnsyncedHere, run.policyOrderHere} {
+			for _, late := range []func(context.Context) string{run.refusedLate, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.paramsUnsyncedHere, run.policyOrderHere, run.limitRangeOrderHere} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
 					break

@@ -89,6 +89,8 @@ type Server struct {
 	deletedPods *deletedPods
 	// params reads the admission policies' params (policy_params.go).
 	params *paramReads
+	// limitRanges counts a namespace's LimitRanges (limit_ranges.go).
+	limitRanges limitRangesIn
 	// crds lists the cluster's CustomResourceDefinitions.
 	crds apiextensionslisters.CustomResourceDefinitionLister
 	// storage is every registry's storage (etcd keys, codecs); etcd the
@@ -447,9 +449,10 @@ func New(ctx context.Context, c Config) (*Server, error) {
 		return nil, err
 	}
 	return &Server{handler: srv.Handler.Director, plugins: plugins, admissionChanges: watchAdmissionState(clk, s.Informers, plugins), deletedPods: deleted,
-		crds:    ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
-		params:  newParamReads(s.Informers, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(), lists, plugins),
-		storage: snapshots, etcd: access, noEtcd: noEtcd, served: served, opts: o}, nil
+		crds:        ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
+		params:      newParamReads(s.Informers, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(), lists, plugins),
+		limitRanges: newLimitRangesIn(s.Informers, plugins),
+		storage:     snapshots, etcd: access, noEtcd: noEtcd, served: served, opts: o}, nil
 }
 
 // runtimeConfig is --runtime-config as kube-apiserver completes it: the

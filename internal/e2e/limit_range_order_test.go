@@ -1,0 +1,78 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestLimitRangeOrder: two LimitRanges in a namespace, one giving a
+// container a default CPU limit of 2, the other capping CPU at 1 with a
+// default of 500m. LimitRanger applies them in an order it draws for
+// each request: the first to default the limit sets it, so a pod without
+// resources is admitted (500m) or refused (2 over the cap of 1) as the
+// draw goes, in the apiserver and, independently, in the replay. Where
+// the two draws differ the record says unknown; where they agree the
+// prediction is the apiserver's answer. Each create is a coin flip for
+// the path under test: sixteen miss it once in 65,536 runs.
+func TestLimitRangeOrder(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	ns := lateNamespace(t, "limit-order")
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	cpu := func(q string) corev1.ResourceList {
+		return corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(q)}
+	}
+	for _, lr := range []*corev1.LimitRange{
+		{ObjectMeta: metav1.ObjectMeta{Name: "defaults-high"}, Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{
+			{Type: corev1.LimitTypeContainer, Default: cpu("2"), DefaultRequest: cpu("100m")}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "caps"}, Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{
+			{Type: corev1.LimitTypeContainer, Max: cpu("1"), Default: cpu("500m"), DefaultRequest: cpu("100m")}}}},
+	} {
+		if _, err := cs.CoreV1().LimitRanges(ns).Create(ctx, lr, createOpts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Past the seconds in which a change of LimitRanges makes an admission
+	// verdict unknown (admission_late.go).
+	time.Sleep(3 * time.Second)
+
+	recs, r, c := oneReplayWorker(t)
+	mismatched, agreed := 0, 0
+	for try := 1; try <= 16 && mismatched == 0; try++ {
+		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/pods", user: "admin",
+			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"try-%d"},"spec":{"containers":[{"name":"c","image":"busybox"}]}}`, try)})
+		if got.status != 201 && got.status != 403 {
+			t.Fatalf("try %d: the apiserver answered %d, want 201 or 403: %s", try, got.status, got.body)
+		}
+		var rec *record.Record
+		for rec = nextRecord(t, recs); rec.Request.Namespace != ns || rec.Request.Method != "POST"; rec = nextRecord(t, recs) {
+		}
+		p := rec.Predicted
+		switch {
+		case p.Stage == record.StageUnknown && strings.Contains(p.Message, "LimitRanger applies a namespace's LimitRanges in an order it draws again for each request"):
+			mismatched++
+			t.Logf("try %d: the apiserver answered %d; %s", try, rec.Actual.Status, p.Message)
+		case p.Stage == record.StageUnknown:
+			t.Errorf("try %d: unknown for another reason: %s", try, p.Message)
+		case p.Status != rec.Actual.Status || (p.Status >= 400 && p.Message != rec.Actual.Message):
+			t.Errorf("try %d: predicted %d %q, the apiserver answered %d %q: confidently wrong", try, p.Status, p.Message, rec.Actual.Status, rec.Actual.Message)
+		default:
+			agreed++
+		}
+	}
+	if mismatched == 0 {
+		t.Errorf("in 16 creates, kproxy's replay and the apiserver always drew the LimitRanges alike: the path under test was not taken")
+	}
+	t.Logf("%d creates agreed, then one did not", agreed)
+}
