@@ -352,6 +352,11 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	case serviceAccountLookup(aw.Refusal):
 		return "", serviceAccountArrivedEarlyWhy
 	}
+	// LimitRanger's refusal in a namespace where its draw decides
+	// (limit_ranges.go): a cause more certain than a state change.
+	if why := r.limitRangeOrderThere(aw); why != "" {
+		return record.StageValidatingAdmission, why // where LimitRanger checks its bounds
+	}
 	// Any other admission refusal, where kproxy saw the state the
 	// plugins read change since the request arrived; any other refusal,
 	// where it saw a mutating plugin's (admission_late.go).
@@ -360,9 +365,6 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	}
 	if why := r.mutatedEarly(aw); why != "" {
 		return "", why
-	}
-	if why := r.limitRangeOrderThere(aw); why != "" {
-		return record.StageValidatingAdmission, why // where LimitRanger checks its bounds
 	}
 	return "", r.webhookRefusedOnlyThere(aw)
 }

@@ -529,7 +529,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			// The replay's refusal is what cannot be trusted: the
 			// stage it came from says so. The first check that
 			// explains it wins; the later ones do not run.
-			for _, late := range []func(context.Context) string{run.refusedLate, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.paramsUnsyncedHere, run.policyOrderHere, run.limitRangeOrderHere} {
+			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.paramsUnsyncedHere, run.policyOrderHere} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
 					break
