@@ -119,7 +119,7 @@ func policyCoinFlips(t *testing.T, ns, resource string, statuses []int) {
 	t.Helper()
 	ctx := context.Background()
 	recs, r, c := oneReplayWorker(t)
-	coinFlips(t, "in an order it draws again each time it reloads its policies", func(try int) *record.Record {
+	coinFlips(t, 16, "in an order it draws again each time it reloads its policies", func(try int) *record.Record {
 		// A reload: both draw their order again.
 		patch := fmt.Sprintf(`{"metadata":{"annotations":{"kproxy.test/try":"%d"}}}`, try)
 		if err := adminClient().AdmissionregistrationV1().RESTClient().Patch(types.MergePatchType).Resource(resource).Name(ns + "-forbids").
@@ -134,17 +134,17 @@ func policyCoinFlips(t *testing.T, ns, resource string, statuses []int) {
 	})
 }
 
-// coinFlips runs up to sixteen tries of a request whose answer hangs on
-// a draw the apiserver and kproxy's replay each make (try sends the n-th
+// coinFlips runs up to tries tries of a request whose answer hangs on a
+// draw the apiserver and kproxy's replay each make (try sends the n-th
 // and returns its record), until one record says unknown for that draw
 // (its message containing drawn). Every other record must be the
 // apiserver's answer, status and message, or an honest unknown for
-// another reason (logged). A try that draws alike half the time misses
-// the path under test once in 65,536 runs.
-func coinFlips(t *testing.T, drawn string, try func(n int) *record.Record) {
+// another reason (logged). Where the two draw alike half the time,
+// sixteen tries miss the path under test once in 65,536 runs.
+func coinFlips(t *testing.T, tries int, drawn string, try func(n int) *record.Record) {
 	t.Helper()
 	mismatched, agreed := 0, 0
-	for n := 1; n <= 16 && mismatched == 0; n++ {
+	for n := 1; n <= tries && mismatched == 0; n++ {
 		rec := try(n)
 		p := rec.Predicted
 		switch {
@@ -162,7 +162,7 @@ func coinFlips(t *testing.T, drawn string, try func(n int) *record.Record) {
 		}
 	}
 	if mismatched == 0 {
-		t.Errorf("in 16 tries, kproxy's replay and the apiserver always drew alike: the path under test was not taken")
+		t.Errorf("in %d tries, kproxy's replay and the apiserver always drew alike: the path under test was not taken", tries)
 	}
 	t.Logf("%d tries agreed, then one did not", agreed)
 }
