@@ -66,6 +66,9 @@ func TestDiff(t *testing.T) {
 		{File: "f", Name: "c", Got: Verdict{Status: 403, Stage: "authorization", Reason: "Forbidden"}},
 		{File: "f", Name: "d", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `W "w" is invalid: [spec.a: Invalid value: 1, spec.b: Required value]`}},
 		{File: "f", Name: "e", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `W "w" is invalid: [spec.a: Invalid value: 1, spec.b: Required value]`}},
+		{File: "f", Name: "g", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `ConfigMap "g-82qrt" is invalid: data[bad key]: Invalid value: "bad key"`}},
+		{File: "f", Name: "h", Got: Verdict{Status: 201, Stage: "none", Warnings: []string{"w1 says", "w2 says"}}},
+		{File: "f", Name: "i", Got: Verdict{Status: 201, Stage: "none", Warnings: []string{"w1 says", "w2 says"}}},
 	}}
 	after := &Report{Results: []Result{
 		{File: "f", Name: "a", Got: Verdict{Status: 200, Stage: "none", Explanation: "changed wording only"}},
@@ -75,9 +78,15 @@ func TestDiff(t *testing.T) {
 		// apiserver's own order varies): no change.
 		{File: "f", Name: "d", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `W "w" is invalid: [spec.b: Required value, spec.a: Invalid value: 1]`}},
 		{File: "f", Name: "e", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `W "w" is invalid: [spec.a: Invalid value: 2, spec.b: Required value]`}},
+		// A name generateName drew again for the same case: no change.
+		{File: "f", Name: "g", Got: Verdict{Status: 422, Stage: "validation", Reason: "Invalid", Message: `ConfigMap "g-zmkst" is invalid: data[bad key]: Invalid value: "bad key"`}},
+		// Two validating webhooks' warnings, in the order their answers
+		// came back: no change; a warning gone is one.
+		{File: "f", Name: "h", Got: Verdict{Status: 201, Stage: "none", Warnings: []string{"w2 says", "w1 says"}}},
+		{File: "f", Name: "i", Got: Verdict{Status: 201, Stage: "none", Warnings: []string{"w2 says"}}},
 	}}
 	ch := Diff(before, after)
-	if len(ch) != 2 || ch[0].Name != "b" || ch[0].String() != "b: 201 → 422 Invalid at validating-admission" || ch[1].Name != "e" {
+	if len(ch) != 3 || ch[0].Name != "b" || ch[0].String() != "b: 201 → 422 Invalid at validating-admission" || ch[1].Name != "e" || ch[2].Name != "i" {
 		t.Errorf("changes: %v", ch)
 	}
 }

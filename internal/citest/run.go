@@ -3,7 +3,7 @@ package citest
 import (
 	"context"
 	"fmt"
-	"reflect"
+	"slices"
 	"time"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -75,7 +75,7 @@ func Run(ctx context.Context, e Engine, files []*testfile.File, o Options) *Repo
 // flags), in after's order. Verdicts are compared on what decides them:
 // status, stage, reason and message (up to what the apiserver itself
 // does not keep: an error list's order, which of several culprits it
-// names; record.SameMessageAt).
+// names; record.SameMessageAt), and warnings in any order.
 func Diff(before, after *Report) []Change {
 	type key struct{ file, name string }
 	was := map[key]Verdict{}
@@ -97,7 +97,20 @@ func Diff(before, after *Report) []Change {
 
 func sameVerdict(a, b Verdict) bool {
 	return a.Status == b.Status && a.Stage == b.Stage && a.Reason == b.Reason &&
-		record.SameMessageAt(a.Stage, a.Message, b.Message) && a.Unknown == b.Unknown && reflect.DeepEqual(a.Warnings, b.Warnings)
+		record.SameMessageAt(a.Stage, a.Message, b.Message) && a.Unknown == b.Unknown && sameWarnings(a.Warnings, b.Warnings)
+}
+
+// sameWarnings compares two answers' warnings in any order: the
+// apiserver adds a validating webhook's as its answer comes back (they
+// are called at once) and a policy's in the order it drew.
+func sameWarnings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }
 
 // String is a change in one line: before → after.

@@ -169,7 +169,7 @@ func coinFlips(t *testing.T, tries int, drawn string, try func(n int) *record.Re
 
 // sendForRecord sends req through a kproxy (route r, client c), checks
 // the apiserver answered one of statuses, and returns the request's
-// record: the next POST in ns.
+// record: the next of req's method in ns.
 func sendForRecord(t *testing.T, recs <-chan *record.Record, r route, c *http.Client, ns string, statuses []int, req request) *record.Record {
 	t.Helper()
 	got := do(t, c, r.base, req)
@@ -177,7 +177,7 @@ func sendForRecord(t *testing.T, recs <-chan *record.Record, r route, c *http.Cl
 		t.Fatalf("%s %s: the apiserver answered %d, want one of %v: %s", req.method, req.path, got.status, statuses, got.body)
 	}
 	rec := nextRecord(t, recs)
-	for rec.Request.Namespace != ns || rec.Request.Method != "POST" {
+	for rec.Request.Namespace != ns || rec.Request.Method != req.method {
 		rec = nextRecord(t, recs)
 	}
 	return rec
