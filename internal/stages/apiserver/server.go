@@ -179,7 +179,10 @@ func (w *Server) ServesDiscovery(method string, info *apirequest.RequestInfo) bo
 		// kube-aggregator's own group handler, not a web service.
 		return false
 	}
-	return BuiltIn(group) && group != apiextensionsv1.GroupName
+	// The apiextensions group's own versions are its server's web
+	// services, in the apiserver as in the replay; the group itself is
+	// the aggregator's (stages/group_discovery.go).
+	return BuiltIn(group) && (group != apiextensionsv1.GroupName || version != "")
 }
 
 // DiscoveryRoot reports /api and /apis: in the apiserver the aggregator
