@@ -36,7 +36,7 @@ func TestFlags(t *testing.T) {
 		{"capture rotation: days", []string{"serve", "--capture-maxage", "1.5"}, "want a whole number of days, e.g. 7 (0: keep)"},
 		{"explain takes METHOD PATH", []string{"explain", "GET"}, "want METHOD PATH"},
 		{"explain -o", []string{"explain", "GET", "/api", "-o", "csv"}, `-o "csv": use table, json, yaml, jsonpath=..., go-template=...`},
-		{"explain -o jsonpath is kubectl's", []string{"explain", "GET", "/api", "-o", "jsonpath={.predicted.status}", "--upstream-kubeconfig", "/nonexistent"}, "the mirrored kube-apiserver flags are not valid"}, // past -o
+		{"explain -o jsonpath is kubectl's", []string{"explain", "GET", "/api", "-o", "jsonpath={.predicted.status}", "--upstream-kubeconfig", "/nonexistent"}, "no upstream apiserver: give --upstream-kubeconfig"}, // past -o
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

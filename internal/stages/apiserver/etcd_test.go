@@ -70,8 +70,7 @@ func TestEtcdMaxRequestBytesFlag(t *testing.T) {
 		{[]string{"--etcd-max-request-bytes=lots"}, 0, "lots"},
 	}
 	for _, c := range cases {
-		// Complete also validates the (absent) authentication flags: only
-		// what it says of this flag matters here.
+		// Only what Complete says of this flag matters here.
 		o, _, err := OptionsFromArgs(c.args)
 		if err == nil {
 			err = o.Complete()

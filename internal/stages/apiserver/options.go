@@ -166,11 +166,17 @@ func (o *Options) GivenFeatureGates() map[string]bool {
 
 // Complete applies kube-apiserver's own completion (the default
 // authorization mode, anonymous auth adjusted to it) and validates.
+// Authentication is validated only where some of its flags were given:
+// without any, the replay's authentication says it was not given them
+// (NotGiven), as every stage does, instead of kproxy refusing to start
+// on kube-apiserver's own required --service-account-issuer.
 func (o *Options) Complete() error {
 	var errs []error
 	o.Authorization.Complete()
 	o.Authentication.ApplyAuthorization(o.Authorization)
-	errs = append(errs, o.Authentication.Validate()...)
+	if o.AuthenticationGiven() {
+		errs = append(errs, o.Authentication.Validate()...)
+	}
 	errs = append(errs, o.Authorization.Validate()...)
 	errs = append(errs, o.Admission.Validate()...)
 	if o.ReplayEtcdQPS <= 0 {
@@ -183,7 +189,7 @@ func (o *Options) Complete() error {
 		errs = append(errs, fmt.Errorf("--etcd-max-request-bytes=%d: etcd's limit is a positive number of bytes (etcd's default is %d)", o.EtcdMaxRequestBytes, DefaultEtcdMaxRequestBytes))
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("the mirrored kube-apiserver flags are not valid: %w", utilerrors.NewAggregate(errs))
+		return fmt.Errorf("the mirrored kube-apiserver flags are not valid (kube-apiserver's own validation: give kproxy the flags as the apiserver runs with them, or --apiserver-manifest with its static-pod manifest): %w", utilerrors.NewAggregate(errs))
 	}
 	return nil
 }
