@@ -135,6 +135,9 @@ func runExplain(cmd *cobra.Command, o *explainOptions, method, path string) erro
 	if err != nil {
 		return fmt.Errorf("resolve %s %s: %w", method, shown, err)
 	}
+	if err := serve.Reachable(cmd.Context(), cfg); err != nil {
+		return err
+	}
 	pipeline, err := serve.NewReplay(cmd.Context(), cfg, credential.InConfig(cfg), o.serve.APIServer, noop.NewTracerProvider(), o.serve.SyncTimeout, log)
 	if err != nil {
 		return err

@@ -109,6 +109,9 @@ func runSnapshot(cmd *cobra.Command, o *snapshotOptions) error {
 	recorded.Wrap(rec.Wrap)
 	ctx, cancel := context.WithCancel(cmd.Context())
 	defer cancel()
+	if err := serve.Reachable(ctx, cfg); err != nil {
+		return err
+	}
 	progress("building the replay against %s to learn what it reads", cfg.Host)
 	if _, err := serve.NewReplay(ctx, recorded, credential.InConfig(cfg), o.serve.APIServer, noop.NewTracerProvider(), o.serve.SyncTimeout, log); err != nil {
 		return err

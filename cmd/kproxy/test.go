@@ -316,6 +316,9 @@ func (o *testRunOptions) clusterEngine(ctx context.Context, cmd *cobra.Command) 
 	if err != nil {
 		return nil, err
 	}
+	if err := serve.Reachable(ctx, cfg); err != nil {
+		return nil, err
+	}
 	replay, err := serve.NewReplay(ctx, cfg, credential.InConfig(cfg), o.serve.APIServer, noop.NewTracerProvider(), o.serve.SyncTimeout, log)
 	if err != nil {
 		return nil, err

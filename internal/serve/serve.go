@@ -498,6 +498,12 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		log.Info("the replay is off (--replay=false): requests are forwarded and recorded, their predictions unknown")
 	} else {
 		if up.Impersonating != nil {
+			if err := Reachable(ctx, cfg); err != nil {
+				// A proxy in front of an apiserver that is down still
+				// starts: it answers 502 until the apiserver is back, and
+				// its informers sync when they can.
+				log.Error("the replay's cluster state cannot sync until the apiserver answers; kproxy starts anyway", "error", err)
+			}
 			s.startingWith("asking the apiserver what it runs (version, feature gates)")
 			d := Discover(ctx, cfg, log)
 			ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
