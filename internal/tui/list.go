@@ -55,9 +55,14 @@ func fit(s string, w int, right bool) string {
 	return s + strings.Repeat(" ", pad)
 }
 
-// listLayout gives each column its width for the terminal's width: the
-// latency columns go first when it is narrow.
+// listLayout gives each column its width for the terminal's width:
+// RESOURCE, the column that tells flows apart, gets what is left, at
+// least minResource cells. When it is narrow the latency columns go
+// first (REPLAY, UPSTRM, then TOTAL), then PREDICTED and CALLER narrow
+// (to minPredicted and minCaller: the status and reason, the user). No
+// row is wider than the terminal, down to the 80 columns the UI needs.
 func listLayout(width int) []column {
+	const minResource, minPredicted, minCaller = 16, 14, 10
 	cols := append([]column(nil), listColumns...)
 	used := func() int {
 		n := 2 // the cursor and mark
@@ -66,12 +71,22 @@ func listLayout(width int) []column {
 		}
 		return n
 	}
-	for used() > width-12 && len(cols) > 8 {
+	for used()+minResource > width && len(cols) > 7 {
 		cols = cols[:len(cols)-1]
+	}
+	for _, shrink := range []struct {
+		title string
+		min   int
+	}{{"PREDICTED", minPredicted}, {"CALLER", minCaller}} {
+		for i := range cols {
+			if over := used() + minResource - width; over > 0 && cols[i].title == shrink.title {
+				cols[i].width = max(shrink.min, cols[i].width-over)
+			}
+		}
 	}
 	for i := range cols {
 		if cols[i].title == "RESOURCE" {
-			cols[i].width = max(width-used(), 8)
+			cols[i].width = max(width-used(), 1)
 		}
 	}
 	return cols

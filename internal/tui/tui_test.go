@@ -174,6 +174,11 @@ func TestScreens(t *testing.T) {
 		{"detail-unknown-rerun", func(m *Model) { openFlow(m, "/api/v1/namespaces/default/configmaps/nope"); keys(m, "e") }},
 		{"copy", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "c") }},
 		{"too-small", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 60, Height: 10}) }},
+		// The smallest terminal it works in: no row wider than it,
+		// RESOURCE readable, every key in the help.
+		{"list-80", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 80, Height: 15}) }},
+		{"list-100", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 100, Height: 15}) }},
+		{"help-80", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 80, Height: 15}); keys(m, "?") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newTestModel(t, Options{})

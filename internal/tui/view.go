@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/charmbracelet/bubbles/key"
 	"github.com/charmbracelet/lipgloss"
 
 	"github.com/kproxy/kproxy/internal/filter"
@@ -113,13 +114,35 @@ func (m *Model) bottomLines() []string {
 }
 
 func (m *Model) renderHelp() string {
-	m.help.ShowAll = true
-	keys := m.help.View(m.keys)
-	m.help.ShowAll = false
 	return strings.Join([]string{
-		m.st.title.Render("Keys"), keys, "",
+		m.st.title.Render("Keys"), m.keysHelp(), "",
 		m.st.title.Render("Commands"), commandHelp, "",
 		m.st.title.Render("Filter language"), filter.Help, "",
 		m.st.hint.Render("(any key closes)"),
 	}, "\n")
+}
+
+// keysHelp lays the key groups side by side as far as the terminal is
+// wide, the rest below (help.Model would cut them off: at 80 columns the
+// filter, command, re-run and quit keys were not shown).
+func (m *Model) keysHelp() string {
+	h := m.help
+	h.Width = 0
+	var rows, row []string
+	width := 0
+	for _, g := range m.keys.FullHelp() {
+		block := h.FullHelpView([][]key.Binding{g})
+		w := lipgloss.Width(block)
+		if len(row) > 0 && width+len(h.FullSeparator)+w > m.width {
+			rows = append(rows, lipgloss.JoinHorizontal(lipgloss.Top, row...))
+			row, width = nil, 0
+		}
+		if len(row) > 0 {
+			row = append(row, h.FullSeparator)
+			width += len(h.FullSeparator)
+		}
+		row = append(row, block)
+		width += w
+	}
+	return strings.Join(append(rows, lipgloss.JoinHorizontal(lipgloss.Top, row...)), "\n")
 }
