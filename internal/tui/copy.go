@@ -88,16 +88,32 @@ func kubectlCommand(r *record.Record) string {
 	default:
 		return ""
 	}
-	args := []string{"kubectl", "--server", `"$APISERVER"`}
+	args := []string{"kubectl", "--server", `"$APISERVER"`, "--certificate-authority", `"$CA"`}
 	args = append(args, credentialArgs(r, false)...)
 	if r.Request.ActingAs != "" {
 		args = append(args, "--as", shellQuote(r.Request.ActingAs))
+	}
+	extra := false
+	for _, h := range nvs(r.Request.Headers) {
+		switch {
+		case h.Name == "Impersonate-Group":
+			args = append(args, "--as-group", shellQuote(h.Value))
+		case h.Name == "Impersonate-Uid":
+			args = append(args, "--as-uid", shellQuote(h.Value))
+		case strings.HasPrefix(h.Name, "Impersonate-Extra-"):
+			extra = true
+		}
 	}
 	args = append(args, verb, "--raw", shellQuote(requestURI(r)))
 	if verb == "create" || verb == "replace" {
 		args = append(args, "-f", "body.json")
 	}
-	return strings.Join(args, " ")
+	cmd := strings.Join(args, " ")
+	if extra {
+		// kubectl has no flag for them: only the curl line sends them.
+		cmd += "\n# kubectl cannot send Impersonate-Extra-* headers: the curl line above does"
+	}
+	return cmd
 }
 
 // copyText is what `c` shows and puts on the clipboard.
