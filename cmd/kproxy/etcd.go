@@ -74,11 +74,7 @@ func (o *etcdOptions) client() (*clientv3.Client, error) {
 	if err := o.config.load(newLogger(o.logLevel), false); err != nil {
 		return nil, err
 	}
-	c, err := apiserver.NewEtcdClient(o.apiserver)
-	if err != nil {
-		return nil, fmt.Errorf("%w, or --apiserver-manifest", err)
-	}
-	return c, nil
+	return apiserver.NewEtcdClient(o.apiserver)
 }
 
 // key is the etcd key of args: a key as given, or RESOURCE[.GROUP] NAME

@@ -15,6 +15,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/kubernetes"
+	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
@@ -61,7 +62,7 @@ func (a *etcdAccess) admit() error {
 // NewEtcdClient is a plain etcd client from the apiserver's etcd flags.
 func NewEtcdClient(o *Options) (*clientv3.Client, error) {
 	if len(o.EtcdServers) == 0 {
-		return nil, errors.New("no etcd to read: give --etcd-servers (and --etcd-cafile, --etcd-certfile, --etcd-keyfile) as the apiserver has them")
+		return nil, errors.New("no etcd to read: give --etcd-servers (and --etcd-cafile, --etcd-certfile, --etcd-keyfile) as the apiserver has them, or --apiserver-manifest")
 	}
 	var tlsCfg *tls.Config
 	if o.EtcdCAFile != "" || o.EtcdCertFile != "" {
@@ -71,7 +72,14 @@ func NewEtcdClient(o *Options) (*clientv3.Client, error) {
 			return nil, fmt.Errorf("etcd TLS (--etcd-cafile, --etcd-certfile, --etcd-keyfile): %w", err)
 		}
 	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: o.EtcdServers, TLS: tlsCfg, DialTimeout: 10 * time.Second})
+	// An etcd kproxy cannot reach would leave a read to its deadline,
+	// unexplained: say so now.
+	if err := dialAny(o.EtcdServers); err != nil {
+		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v): check --etcd-servers (or the manifest's), and that kproxy runs where etcd can be reached", o.EtcdServers, err)
+	}
+	// The client's own log (retries, a read cancelled as kproxy exits) is
+	// not for kproxy's users: kproxy says what a failed read means.
+	c, err := clientv3.New(clientv3.Config{Endpoints: o.EtcdServers, TLS: tlsCfg, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %v: %w", o.EtcdServers, err)
 	}
@@ -96,9 +104,6 @@ func loadTransformers(ctx context.Context, o *Options) (map[schema.GroupResource
 func newEtcdAccess(ctx context.Context, o *Options, transformers map[schema.GroupResource]value.Transformer, clk clock.PassiveClock) (*etcdAccess, error) {
 	if len(o.EtcdServers) == 0 {
 		return nil, nil
-	}
-	if err := dialAny(o.EtcdServers); err != nil {
-		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v)", o.EtcdServers, err)
 	}
 	raw, err := NewEtcdClient(o)
 	if err != nil {

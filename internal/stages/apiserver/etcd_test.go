@@ -122,3 +122,37 @@ func TestDialAny(t *testing.T) {
 		})
 	}
 }
+
+// TestNewEtcdClientUnreachable: an etcd kproxy cannot reach is named at
+// once (kproxy etcd get had waited out its 30 s deadline and said
+// "context deadline exceeded").
+func TestNewEtcdClientUnreachable(t *testing.T) {
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "http://" + closed.Addr().String()
+	closed.Close()
+	for _, tc := range []struct {
+		name      string
+		endpoints []string
+		want      []string
+	}{
+		{"none", nil, []string{"no etcd to read", "--apiserver-manifest"}},
+		{"refused", []string{refused}, []string{"etcd [" + refused + "] is not reachable from kproxy", "connection refused", "check --etcd-servers"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := NewOptions()
+			o.EtcdServers = tc.endpoints
+			c, err := NewEtcdClient(o)
+			if c != nil {
+				c.Close()
+			}
+			for _, w := range tc.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("NewEtcdClient: %v, want an error containing %q", err, w)
+				}
+			}
+		})
+	}
+}
