@@ -60,7 +60,7 @@ one document per event (type and object, as kubectl get -w
   curl -H 'Accept: application/json;as=Table;v=v1;g=meta.k8s.io' .../api/v1/pods | kproxy decode -o table -`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := out.validate("wide"); err != nil {
+			if err := out.validate("wide", "name"); err != nil {
 				return err
 			}
 			p := &decodedPrinter{out: out}

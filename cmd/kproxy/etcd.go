@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -60,10 +61,15 @@ Give the apiserver's etcd flags, or its manifest:
 	get.Flags().StringVarP(&o.namespace, "namespace", "n", "", "the object's namespace (with RESOURCE NAME)")
 	ls := &cobra.Command{
 		Use:   "ls PREFIX",
-		Short: "List the keys under a prefix with their revisions, size, encoding and encryption",
+		Short: "List the keys under a prefix with their revisions, size, encoding and encryption (-o table, name, json, yaml, ...)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return o.ls(cmd.Context(), cmd.OutOrStdout(), args[0])
+			// -o is get's (default yaml); ls prints a table unless asked.
+			format := "table"
+			if f := cmd.Flags().Lookup("output"); f != nil && f.Changed {
+				format = f.Value.String()
+			}
+			return o.ls(cmd.Context(), cmd.OutOrStdout(), args[0], format)
 		},
 	}
 	cmd.AddCommand(get, ls)
@@ -172,7 +178,16 @@ func (o *etcdOptions) describe(ctx context.Context, e *entry, v []byte) {
 	e.Object = j
 }
 
-func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string) error {
+func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string, format string) error {
+	switch format {
+	case "table", "wide", "name":
+	case "raw":
+		return errors.New("-o raw is for etcd get (one key's stored bytes); etcd ls prints " + etcdLsFormats)
+	default:
+		if err := o.output.validate(); err != nil {
+			return fmt.Errorf("-o %q: etcd ls prints %s", format, etcdLsFormats)
+		}
+	}
 	c, err := o.client()
 	if err != nil {
 		return err
@@ -180,22 +195,45 @@ func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string) erro
 	defer func() { _ = c.Close() }()
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	resp, err := c.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithLimit(10000))
+	resp, err := c.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithLimit(etcdListLimit))
 	if err != nil {
 		return fmt.Errorf("etcd get --prefix %s: %w", prefix, err)
 	}
-	var rows [][]any
+	keys := []etcdKey{}
 	for _, kv := range resp.Kvs {
-		enc, encryption := "unknown", "-"
+		k := etcdKey{Key: string(kv.Key), CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: kv.Version,
+			Lease: kv.Lease, Size: len(kv.Value), Encoding: "unknown"}
 		if f, err := decode.Detect(kv.Value); err == nil {
-			enc = string(f)
+			k.Encoding = string(f)
 			if f == decode.Encrypted {
 				if d, err := decode.Payload(kv.Value); err == nil {
-					encryption = d.Encryption.Provider + "/" + d.Encryption.KeyName
+					k.Encryption = d.Encryption.Provider + "/" + d.Encryption.KeyName
 				}
 			}
 		}
-		rows = append(rows, []any{string(kv.Key), kv.CreateRevision, kv.ModRevision, kv.Version, kv.Lease, len(kv.Value), enc, encryption})
+		keys = append(keys, k)
+	}
+	switch format {
+	case "table", "wide":
+	case "name":
+		for _, k := range keys {
+			fmt.Fprintln(out, k.Key)
+		}
+		return nil
+	default:
+		return o.output.printDocument(out, "EtcdKeyList", map[string]any{"prefix": prefix, "revision": resp.Header.GetRevision(), "more": resp.More, "items": keys})
+	}
+	if len(keys) == 0 {
+		fmt.Fprintf(out, "No keys under %s (at revision %d).\n", prefix, resp.Header.GetRevision())
+		return nil
+	}
+	var rows [][]any
+	for _, k := range keys {
+		enc := k.Encryption
+		if enc == "" {
+			enc = "-"
+		}
+		rows = append(rows, []any{k.Key, k.CreateRevision, k.ModRevision, k.Version, k.Lease, k.Size, k.Encoding, enc})
 	}
 	if err := printTable(out, []string{"Key", "Create", "Mod", "Version", "Lease", "Size", "Encoding", "Encryption"}, rows); err != nil {
 		return err
@@ -204,4 +242,22 @@ func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string) erro
 		fmt.Fprintf(out, "... more keys under %s (first %d shown)\n", prefix, len(resp.Kvs))
 	}
 	return nil
+}
+
+// etcdLsFormats are etcd ls's -o formats.
+const etcdLsFormats = "table, name, json, yaml, jsonpath or go-template"
+
+// etcdListLimit bounds the keys etcd ls reads.
+const etcdListLimit = 10000
+
+// etcdKey is one key etcd ls lists.
+type etcdKey struct {
+	Key            string `json:"key"`
+	CreateRevision int64  `json:"createRevision"`
+	ModRevision    int64  `json:"modRevision"`
+	Version        int64  `json:"version"`
+	Lease          int64  `json:"lease,omitempty"`
+	Size           int    `json:"size"`
+	Encoding       string `json:"encoding"`
+	Encryption     string `json:"encryption,omitempty"`
 }

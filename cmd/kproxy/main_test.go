@@ -74,7 +74,7 @@ func TestDecodeInProcess(t *testing.T) {
 			[]string{`{"type":"ADDED","object":{"apiVersion":"v1"`, `{"type":"DELETED"`}, ""},
 		{"a watch stream in yaml", watch, nil, []string{"type: ADDED", "---\nobject:", "type: DELETED"}, ""},
 		{"a table of something that is not a Table", cm, []string{"-o", "wide"}, nil, "-o wide renders a meta.k8s.io Table"},
-		{"an unknown format", cm, []string{"-o", "xml"}, nil, `-o "xml": use table, wide, json, yaml`},
+		{"an unknown format", cm, []string{"-o", "xml"}, nil, `-o "xml": use table, wide, name, json, yaml`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := run(t, tc.input, append(append([]string{"decode"}, tc.args...), "-")...)

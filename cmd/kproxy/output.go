@@ -56,12 +56,14 @@ func (o *outputFlags) isHuman(also ...string) bool {
 	return false
 }
 
-// validate says, before any work, whether -o names a format.
+// validate says, before any work, whether -o names a format. "name"
+// (kubectl's KIND/NAME) is one only where the command lists it: kproxy's
+// own documents have no name.
 func (o *outputFlags) validate(also ...string) error {
 	if o.isHuman(also...) {
 		return nil
 	}
-	if _, err := o.print.ToPrinter(); err != nil {
+	if _, err := o.print.ToPrinter(); err != nil || *o.print.OutputFormat == "name" {
 		return fmt.Errorf("-o %q: use %s", *o.print.OutputFormat, strings.Join(append([]string{o.human}, append(also, "json", "yaml", "jsonpath=...", "go-template=...")...), ", "))
 	}
 	return nil

@@ -155,6 +155,12 @@ func TestEtcdCommand(t *testing.T) {
 	if got := run("ls", "/registry/secrets/"+testNS); !strings.Contains(got, "/registry/secrets/"+testNS+"/etcd-cmd") || !strings.Contains(got, "aescbc/cbc-key-1") {
 		t.Errorf("kproxy etcd ls: %s", got)
 	}
+	if got := run("ls", "/registry/secrets/"+testNS, "-o", "json"); !strings.Contains(got, `"kind": "EtcdKeyList"`) || !strings.Contains(got, `"key": "/registry/secrets/`+testNS+`/etcd-cmd"`) {
+		t.Errorf("kproxy etcd ls -o json: %s", got)
+	}
+	if got := run("ls", "/registry/secrets/"+testNS, "-o", "name"); !strings.Contains(got, "/registry/secrets/"+testNS+"/etcd-cmd\n") || strings.Contains(got, "protobuf") {
+		t.Errorf("kproxy etcd ls -o name: %s", got)
+	}
 	// The raw value, decrypted by kproxy decode.
 	key := "/registry/secrets/" + testNS + "/etcd-cmd"
 	rawValue := run("get", key, "-o", "raw")
