@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -91,6 +92,27 @@ func TestDecodeInProcess(t *testing.T) {
 				if !strings.Contains(out, w) {
 					t.Errorf("output lacks %q:\n%s", w, out)
 				}
+			}
+		})
+	}
+}
+
+// TestTestRunBadInput: kproxy test run's bad input ends with exit status 2,
+// as its help says (cobra's own errors end with 1).
+func TestTestRunBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"no tests", []string{"test", "run"}},
+		{"a mistyped flag", []string{"test", "run", "--engin", "cluster", "tests/"}},
+		{"a missing file", []string{"test", "run", "/nonexistent/tests.yaml"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := run(t, "", tc.args...)
+			var code exitCode
+			if !errors.As(err, &code) || code != 2 {
+				t.Errorf("%v: %v, want exit status 2", tc.args, err)
 			}
 		})
 	}

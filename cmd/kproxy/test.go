@@ -93,7 +93,12 @@ goes to $GITHUB_STEP_SUMMARY); --junit FILE writes JUnit XML as well.
 
 Exit status: 0 every expectation held, 1 an expectation failed, 2 bad input
 or an engine failure.`,
-		Args: cobra.MinimumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return testInputError(cmd, errors.New("no tests: give test files or directories (kproxy test run tests/)"))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error { return runTests(cmd, o, args) },
 	}
 	f := pflag.NewFlagSet("kproxy", pflag.ContinueOnError)
@@ -108,6 +113,8 @@ or an engine failure.`,
 	f.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	addKubeconfigFlags(f, &o.serve)
 	a.addFlags(cmd, f, "kube-apiserver static-pod manifest to read the apiserver's flags from (cluster engine)", true)
+	// A mistyped flag is bad input too: exit status 2, as the help says.
+	cmd.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return testInputError(c, flagError(c, err)) })
 	return cmd
 }
 

@@ -229,7 +229,7 @@ func Parse(name string, b []byte) (*File, error) {
 	dec.KnownFields(true)
 	var f File
 	if err := dec.Decode(&f); err != nil {
-		return nil, yamlError(name, err)
+		return nil, yamlErrorIn(name, err, &root)
 	}
 	f.Path = name
 	dir := filepath.Dir(name)
@@ -494,21 +494,28 @@ func lineOf(n *yaml.Node, key string) int {
 
 // yamlError turns the decoder's errors ("line 7: field foo not found in
 // type testfile.Case") into errors naming the file and the fix.
-func yamlError(name string, err error) error {
+func yamlError(name string, err error) error { return yamlErrorIn(name, err, nil) }
+
+// yamlErrorIn is yamlError for a file whose YAML tree is root: a value of
+// the wrong type is named by its field (yaml.v3 says only the line).
+func yamlErrorIn(name string, err error, root *yaml.Node) error {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
 		var errs []error
 		for _, m := range te.Errors {
-			errs = append(errs, decodeError(name, m))
+			errs = append(errs, decodeError(name, m, root))
 		}
 		return errors.Join(errs...)
 	}
-	return decodeError(name, err.Error())
+	return decodeError(name, err.Error(), root)
 }
 
-var lineRe = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+var (
+	lineRe      = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
+	wrongTypeRe = regexp.MustCompile("^cannot unmarshal !!(\\w+) (?:(`.*`) )?into (.+)$")
+)
 
-func decodeError(name, msg string) error {
+func decodeError(name, msg string, root *yaml.Node) error {
 	m := lineRe.FindStringSubmatch(msg)
 	if m == nil {
 		return &Error{File: name, Msg: msg}
@@ -520,7 +527,99 @@ func decodeError(name, msg string) error {
 			text = fmt.Sprintf("unknown field %q in %s; known fields: %s", fieldName, typeName(typ), strings.Join(knownFields(typ), ", "))
 		}
 	}
-	return &Error{File: name, Line: line, Msg: text}
+	e := &Error{File: name, Line: line, Msg: text}
+	if w := wrongTypeRe.FindStringSubmatch(text); w != nil {
+		got := yamlKind(w[1])
+		if w[2] != "" {
+			got += " " + w[2]
+		}
+		e.Msg = fmt.Sprintf("want %s, got %s", goKind(w[3]), got)
+		if root != nil {
+			kind := yaml.ScalarNode
+			switch w[1] {
+			case "map":
+				kind = yaml.MappingNode
+			case "seq":
+				kind = yaml.SequenceNode
+			}
+			e.Field = fieldAt(root, line, kind, "")
+		}
+	}
+	return e
+}
+
+// yamlKind names a YAML tag as people say it.
+func yamlKind(tag string) string {
+	switch tag {
+	case "str":
+		return "a string"
+	case "int", "float":
+		return "a number"
+	case "bool":
+		return "a boolean"
+	case "seq":
+		return "a list"
+	case "map":
+		return "a mapping"
+	case "null":
+		return "null"
+	}
+	return "!!" + tag
+}
+
+// goKind names the Go type a value decodes into as people say it.
+func goKind(t string) string {
+	switch {
+	case t == "string":
+		return "a string"
+	case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"), strings.HasPrefix(t, "float"):
+		return "a number"
+	case t == "bool":
+		return "true or false"
+	case t == "[]string":
+		return "a list of strings"
+	case strings.HasPrefix(t, "[]"):
+		return "a list"
+	case strings.HasPrefix(t, "map["):
+		return "a mapping"
+	}
+	return "a " + typeName(t)
+}
+
+// fieldAt is the path (cases[0].expect.status) of the value of kind on
+// line in the YAML tree n, "" if none.
+func fieldAt(n *yaml.Node, line int, kind yaml.Kind, path string) string {
+	var keys []string
+	var values []*yaml.Node
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			keys, values = append(keys, path), append(values, c)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			p := n.Content[i].Value
+			if path != "" {
+				p = path + "." + p
+			}
+			keys, values = append(keys, p), append(values, n.Content[i+1])
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			keys, values = append(keys, fmt.Sprintf("%s[%d]", path, i)), append(values, c)
+		}
+	}
+	// The deepest value on the line: a block mapping starts on the line
+	// of its first key.
+	for i, v := range values {
+		if p := fieldAt(v, line, kind, keys[i]); p != "" {
+			return p
+		}
+		if v.Line == line && v.Kind == kind && n.Kind != yaml.DocumentNode {
+			return keys[i]
+		}
+	}
+	return ""
 }
 
 func typeName(t string) string {
