@@ -626,3 +626,30 @@ func BenchmarkParse(b *testing.B) {
 		}
 	}
 }
+
+// TestNamespaceOfANamespace: a Namespace is cluster-scoped, as kubectl
+// has it, though the apiserver's RequestInfo gives /api/v1/namespaces/x
+// the namespace x: ~n "" matches it, ~n x does not.
+func TestNamespaceOfANamespace(t *testing.T) {
+	ns := &record.Record{Request: record.Request{Method: "GET", Path: "/api/v1/namespaces/team-a", Verb: "get", Resource: "namespaces", Namespace: "team-a", Name: "team-a"}}
+	pods := &record.Record{Request: record.Request{Method: "GET", Path: "/api/v1/namespaces/team-a/pods", Verb: "list", Resource: "pods", Namespace: "team-a"}}
+	for _, tc := range []struct {
+		expr       string
+		ns, inTeam bool
+	}{
+		{`~n ""`, true, false},
+		{"~n team-a", false, true},
+		{"~r namespaces", true, false},
+	} {
+		e, err := Parse(tc.expr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.Match(ns); got != tc.ns {
+			t.Errorf("%s on the Namespace team-a: %v, want %v", tc.expr, got, tc.ns)
+		}
+		if got := e.Match(pods); got != tc.inTeam {
+			t.Errorf("%s on the pods in team-a: %v, want %v", tc.expr, got, tc.inTeam)
+		}
+	}
+}

@@ -114,7 +114,7 @@ func (n *verbNode) match(r *record.Record) bool { return n.pat.match(r.Request.V
 // ~n
 type namespaceNode struct{ pat pattern }
 
-func (n *namespaceNode) match(r *record.Record) bool { return n.pat.match(r.Request.Namespace) }
+func (n *namespaceNode) match(r *record.Record) bool { return n.pat.match(r.Request.ScopeNamespace()) }
 
 // ~r RESOURCE[.GROUP][/SUBRESOURCE]: pods matches every pods request,
 // subresources included; pods/log only the log subresource, pods/* any

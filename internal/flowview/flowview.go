@@ -70,13 +70,14 @@ func Resource(r *record.Record) string {
 	if q.Subresource != "" {
 		b.WriteString("/" + q.Subresource)
 	}
+	ns := q.ScopeNamespace()
 	switch {
-	case q.Namespace != "" && q.Name != "":
-		b.WriteString(" " + q.Namespace + "/" + q.Name)
+	case ns != "" && q.Name != "":
+		b.WriteString(" " + ns + "/" + q.Name)
 	case q.Name != "":
 		b.WriteString(" " + q.Name)
-	case q.Namespace != "":
-		b.WriteString(" -n " + q.Namespace)
+	case ns != "":
+		b.WriteString(" -n " + ns)
 	}
 	return b.String()
 }

@@ -55,6 +55,9 @@ func TestResource(t *testing.T) {
 		{"a non-core group", record.Request{Resource: "deployments", APIGroup: "apps", Namespace: "prod"}, "deployments.apps -n prod"},
 		{"named, cluster-scoped", record.Request{Resource: "nodes", Name: "node-1"}, "nodes node-1"},
 		{"the cluster's collection", record.Request{Resource: "namespaces"}, "namespaces"},
+		// RequestInfo gives a Namespace its own name as its namespace.
+		{"a Namespace", record.Request{Resource: "namespaces", Namespace: "team-a", Name: "team-a"}, "namespaces team-a"},
+		{"a Namespace's subresource", record.Request{Resource: "namespaces", Subresource: "finalize", Namespace: "team-a", Name: "team-a"}, "namespaces/finalize team-a"},
 		{"a non-resource request", record.Request{Path: "/healthz"}, "/healthz"},
 		{"nothing", record.Request{}, None},
 	} {

@@ -120,6 +120,17 @@ type Request struct {
 	Impersonate *Impersonation `json:"impersonate,omitempty"`
 }
 
+// ScopeNamespace is the namespace the request is in, as kubectl has it:
+// "" for a Namespace itself and its subresources, which are
+// cluster-scoped (the apiserver's RequestInfo, and so Namespace, gives
+// /api/v1/namespaces/x the namespace x).
+func (q *Request) ScopeNamespace() string {
+	if q.Resource == "namespaces" && q.APIGroup == "" && q.Namespace == q.Name {
+		return ""
+	}
+	return q.Namespace
+}
+
 // Impersonation is a request's Impersonate-* headers.
 type Impersonation struct {
 	User   string              `json:"user,omitempty"`
