@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -61,12 +62,23 @@ why, and exports one OpenTelemetry span per stage.`,
 }
 
 func newVersionCommand() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "version",
 		Short: "Print kproxy's version and the Kubernetes version its replay models",
 		Args:  cobra.NoArgs,
-		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(cmd.OutOrStdout(), "kproxy %s (replays Kubernetes %s)\n", version, kubeVersion)
-		},
 	}
+	out := newOutputFlags("text", "text")
+	out.addFlags(cmd.Flags())
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		if out.isHuman() {
+			fmt.Fprintf(cmd.OutOrStdout(), "kproxy %s (replays Kubernetes %s)\n", version, kubeVersion)
+			return nil
+		}
+		if err := out.validate(); err != nil {
+			return err
+		}
+		// As kubectl version -o json names its parts.
+		return out.printDocument(cmd.OutOrStdout(), "Version", map[string]string{"kproxyVersion": version, "kubernetesVersion": kubeVersion, "goVersion": runtime.Version()})
+	}
+	return cmd
 }

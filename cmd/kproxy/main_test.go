@@ -117,3 +117,28 @@ func TestTestRunBadInput(t *testing.T) {
 		})
 	}
 }
+
+// TestVersion: kproxy version prints a line, or a document with -o as
+// kubectl version -o json does.
+func TestVersion(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		want    string
+		wantErr string
+	}{
+		{[]string{"version"}, "replays Kubernetes v1.37.2", ""},
+		{[]string{"version", "-o", "json"}, `"kubernetesVersion": "v1.37.2"`, ""},
+		{[]string{"version", "-o", "jsonpath={.kind}"}, "Version", ""},
+		{[]string{"version", "-o", "xml"}, "", `-o "xml": use text, json, yaml`},
+	} {
+		out, err := run(t, "", tc.args...)
+		switch {
+		case tc.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%v: error %v, want %q", tc.args, err, tc.wantErr)
+			}
+		case err != nil || !strings.Contains(out, tc.want):
+			t.Errorf("%v: %v\n%s", tc.args, err, out)
+		}
+	}
+}
