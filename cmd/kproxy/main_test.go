@@ -52,13 +52,6 @@ func TestFlags(t *testing.T) {
 	}
 }
 
-func TestVersion(t *testing.T) {
-	out, err := run(t, "", "version")
-	if err != nil || !strings.Contains(out, "replays Kubernetes "+kubeVersion) {
-		t.Errorf("kproxy version: %q, %v", out, err)
-	}
-}
-
 func TestDecodeInProcess(t *testing.T) {
 	cm := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"default"},"data":{"a":"b"}}`
 	watch := `{"type":"ADDED","object":` + cm + "}\n" + `{"type":"DELETED","object":` + cm + "}\n"
@@ -126,8 +119,8 @@ func TestVersion(t *testing.T) {
 		want    string
 		wantErr string
 	}{
-		{[]string{"version"}, "replays Kubernetes v1.37.2", ""},
-		{[]string{"version", "-o", "json"}, `"kubernetesVersion": "v1.37.2"`, ""},
+		{[]string{"version"}, "replays Kubernetes " + kubeVersion, ""},
+		{[]string{"version", "-o", "json"}, `"kubernetesVersion": "` + kubeVersion + `"`, ""},
 		{[]string{"version", "-o", "jsonpath={.kind}"}, "Version", ""},
 		{[]string{"version", "-o", "xml"}, "", `-o "xml": use text, json, yaml`},
 	} {
