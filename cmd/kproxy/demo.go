@@ -452,6 +452,10 @@ func predictedString(p record.Prediction) string {
 	if p.Stage == "" {
 		return fmt.Sprint(p.Status)
 	}
+	if p.Reason == "" {
+		// A refusal with no Status reason ("404 page not found").
+		return fmt.Sprintf("%d at %s", p.Status, p.Stage)
+	}
 	return fmt.Sprintf("%d %s at %s", p.Status, p.Reason, p.Stage)
 }
 
