@@ -15,6 +15,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/decode"
 
+	"github.com/kproxy/kproxy/internal/serve"
 	"github.com/kproxy/kproxy/internal/stages/apiserver"
 )
 
@@ -77,7 +78,10 @@ Give the apiserver's etcd flags, or its manifest:
 }
 
 func (o *etcdOptions) client() (*clientv3.Client, error) {
-	if err := o.config.load(newLogger(o.logLevel), false); err != nil {
+	log := newLogger(o.logLevel)
+	// The gRPC connection logs through klog: kproxy's log, at debug.
+	serve.RouteKlog(log)
+	if err := o.config.load(log, false); err != nil {
 		return nil, err
 	}
 	return apiserver.NewEtcdClient(o.apiserver)

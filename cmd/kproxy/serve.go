@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel"
-	"k8s.io/klog/v2"
 
 	"github.com/kproxy/kproxy/internal/logging"
 	"github.com/kproxy/kproxy/internal/serve"
@@ -199,10 +198,5 @@ func newLoggerTo(w io.Writer, level string) *slog.Logger {
 		fmt.Fprintf(w, "kproxy: --log-level=%q is not a level (debug, info, warn, error); using info\n", level)
 		l = slog.LevelInfo
 	}
-	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
-	// The Kubernetes code the replay runs logs through klog (the etcd
-	// store's gRPC connection, informers): into kproxy's log, at its
-	// level, not raw on stderr past --log-level.
-	klog.SetSlogLogger(log)
-	return log
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
 }
