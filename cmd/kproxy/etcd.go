@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kproxy/kproxy/internal/decode"
@@ -99,8 +100,9 @@ func (o *etcdOptions) key(args []string) (string, error) {
 	return apiserver.EtcdKey(o.apiserver, args[0], o.namespace, args[1])
 }
 
-// entry is what kproxy etcd shows of one key.
-type entry struct {
+// keyMeta is what etcd says of a key, and what its value's first bytes
+// say of it (encoding, encryption), undecoded: a line of kproxy etcd ls.
+type keyMeta struct {
 	Key            string                 `json:"key"`
 	CreateRevision int64                  `json:"createRevision"`
 	ModRevision    int64                  `json:"modRevision"`
@@ -108,11 +110,31 @@ type entry struct {
 	Lease          int64                  `json:"lease,omitempty"`
 	Size           int                    `json:"size"`
 	Encoding       string                 `json:"encoding"`
-	StorageVersion string                 `json:"storageVersion,omitempty"` // the stored object's apiVersion and kind
 	Encryption     *decode.EncryptionInfo `json:"encryption,omitempty"`
-	Decrypted      bool                   `json:"decrypted,omitempty"`
-	Object         json.RawMessage        `json:"object,omitempty"`
-	Error          string                 `json:"error,omitempty"`
+}
+
+func newKeyMeta(kv *mvccpb.KeyValue) keyMeta {
+	k := keyMeta{Key: string(kv.Key), CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: kv.Version,
+		Lease: kv.Lease, Size: len(kv.Value), Encoding: "unknown"}
+	if f, err := decode.Detect(kv.Value); err == nil {
+		k.Encoding = string(f)
+		if f == decode.Encrypted {
+			if d, err := decode.Payload(kv.Value); err == nil {
+				enc := d.Encryption
+				k.Encryption = &enc
+			}
+		}
+	}
+	return k
+}
+
+// entry is what kproxy etcd get shows of one key.
+type entry struct {
+	keyMeta
+	StorageVersion string          `json:"storageVersion,omitempty"` // the stored object's apiVersion and kind
+	Decrypted      bool            `json:"decrypted,omitempty"`
+	Object         json.RawMessage `json:"object,omitempty"`
+	Error          string          `json:"error,omitempty"`
 }
 
 func (o *etcdOptions) get(ctx context.Context, out io.Writer, args []string) error {
@@ -142,8 +164,7 @@ func (o *etcdOptions) get(ctx context.Context, out io.Writer, args []string) err
 		_, err := out.Write(kv.Value)
 		return err
 	}
-	e := entry{Key: string(kv.Key), CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision,
-		Version: kv.Version, Lease: kv.Lease, Size: len(kv.Value)}
+	e := entry{keyMeta: newKeyMeta(kv)}
 	o.describe(ctx, &e, kv.Value)
 	return o.output.printDocument(out, "EtcdEntry", e)
 }
@@ -203,19 +224,9 @@ func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string, form
 	if err != nil {
 		return fmt.Errorf("etcd get --prefix %s: %w", prefix, err)
 	}
-	keys := []etcdKey{}
+	keys := []keyMeta{}
 	for _, kv := range resp.Kvs {
-		k := etcdKey{Key: string(kv.Key), CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision, Version: kv.Version,
-			Lease: kv.Lease, Size: len(kv.Value), Encoding: "unknown"}
-		if f, err := decode.Detect(kv.Value); err == nil {
-			k.Encoding = string(f)
-			if f == decode.Encrypted {
-				if d, err := decode.Payload(kv.Value); err == nil {
-					k.Encryption = d.Encryption.Provider + "/" + d.Encryption.KeyName
-				}
-			}
-		}
-		keys = append(keys, k)
+		keys = append(keys, newKeyMeta(kv))
 	}
 	switch format {
 	case "table", "wide":
@@ -233,9 +244,9 @@ func (o *etcdOptions) ls(ctx context.Context, out io.Writer, prefix string, form
 	}
 	var rows [][]any
 	for _, k := range keys {
-		enc := k.Encryption
-		if enc == "" {
-			enc = "-"
+		enc := "-"
+		if k.Encryption != nil {
+			enc = k.Encryption.Provider + "/" + k.Encryption.KeyName
 		}
 		rows = append(rows, []any{k.Key, k.CreateRevision, k.ModRevision, k.Version, k.Lease, k.Size, k.Encoding, enc})
 	}
@@ -253,15 +264,3 @@ const etcdLsFormats = "table, name, json, yaml, jsonpath or go-template"
 
 // etcdListLimit bounds the keys etcd ls reads.
 const etcdListLimit = 10000
-
-// etcdKey is one key etcd ls lists.
-type etcdKey struct {
-	Key            string `json:"key"`
-	CreateRevision int64  `json:"createRevision"`
-	ModRevision    int64  `json:"modRevision"`
-	Version        int64  `json:"version"`
-	Lease          int64  `json:"lease,omitempty"`
-	Size           int    `json:"size"`
-	Encoding       string `json:"encoding"`
-	Encryption     string `json:"encryption,omitempty"`
-}
