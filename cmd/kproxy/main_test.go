@@ -100,6 +100,7 @@ func TestTestRunBadInput(t *testing.T) {
 		{"no tests", []string{"test", "run"}},
 		{"a mistyped flag", []string{"test", "run", "--engin", "cluster", "tests/"}},
 		{"a missing file", []string{"test", "run", "/nonexistent/tests.yaml"}},
+		{"a JUnit report where no directory is", []string{"test", "run", "--junit", "/nonexistent/dir/junit.xml", "tests/"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := run(t, "", tc.args...)

@@ -130,6 +130,12 @@ func runTests(cmd *cobra.Command, o *testRunOptions, args []string) error {
 	default:
 		return testInputError(cmd, fmt.Errorf("-o %q: want table, wide, json or github", o.output))
 	}
+	if o.junit != "" {
+		// Before the suite runs, not after it.
+		if st, err := os.Stat(filepath.Dir(o.junit)); err != nil || !st.IsDir() {
+			return testInputError(cmd, fmt.Errorf("--junit %s: the directory %s does not exist: create it, or give another path", o.junit, filepath.Dir(o.junit)))
+		}
+	}
 	files, err := testfile.Load(args...)
 	if err != nil {
 		return testInputError(cmd, err)

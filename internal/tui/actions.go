@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -35,8 +37,9 @@ func (m *Model) runCommand(line string) tea.Cmd {
 	case "q", "quit":
 		return tea.Quit
 	case "export":
-		if len(f) != 3 || (f[1] != "har" && f[1] != "jsonl") {
-			m.setMessage(":export wants a format and a file: :export har flows.har, or :export jsonl flows.jsonl", true)
+		format, path, err := exportArgs(line)
+		if err != nil {
+			m.setMessage(err.Error(), true)
 			return nil
 		}
 		recs := m.flows.selection()
@@ -44,7 +47,7 @@ func (m *Model) runCommand(line string) tea.Cmd {
 			m.setMessage("nothing to export: no flow is marked or matches the filter", true)
 			return nil
 		}
-		format, path, version := f[1], f[2], m.opts.Version
+		version := m.opts.Version
 		what := "filtered"
 		if len(m.flows.marks) > 0 {
 			what = "marked"
@@ -174,4 +177,29 @@ func (m *Model) copyFlow() tea.Cmd {
 		return func() tea.Msg { clip(text); return nil }
 	}
 	return nil
+}
+
+// exportArgs reads ":export FORMAT FILE": the file is the rest of the
+// line (spaces kept), quoted or not, a leading ~/ the home directory.
+func exportArgs(line string) (format, path string, err error) {
+	rest := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(line), "export"))
+	format, path, _ = strings.Cut(rest, " ")
+	path = strings.TrimSpace(path)
+	if len(path) >= 2 && (path[0] == '"' || path[0] == '\'') && path[len(path)-1] == path[0] {
+		path = path[1 : len(path)-1]
+	}
+	switch {
+	case format == "" || path == "":
+		return "", "", errors.New(":export wants a format and a file: :export har flows.har, or :export jsonl flows.jsonl")
+	case format != "har" && format != "jsonl":
+		return "", "", fmt.Errorf(":export %s: not a format; har (HAR 1.2) or jsonl (a capture kproxy tui can open)", format)
+	}
+	if p, ok := strings.CutPrefix(path, "~/"); ok {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", "", fmt.Errorf(":export %s: ~ is not known here (%v); give the whole path", path, err)
+		}
+		path = filepath.Join(home, p)
+	}
+	return format, path, nil
 }

@@ -1,6 +1,7 @@
 package tui
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -33,5 +34,31 @@ func TestKubectlCommand(t *testing.T) {
 				t.Errorf("kubectlCommand:\n got %s\nwant %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestExportArgs: :export's file is the rest of the line, quoted or not,
+// spaces kept, ~/ the home directory; a format it does not write is named.
+func TestExportArgs(t *testing.T) {
+	t.Setenv("HOME", "/home/sre")
+	for _, tc := range []struct {
+		line, format, path, err string
+	}{
+		{"export har flows.har", "har", "flows.har", ""},
+		{`export jsonl "/tmp/marked ünï.jsonl"`, "jsonl", "/tmp/marked ünï.jsonl", ""},
+		{"export jsonl /tmp/marked flows.jsonl", "jsonl", "/tmp/marked flows.jsonl", ""},
+		{"export har ~/incident.har", "har", "/home/sre/incident.har", ""},
+		{"export csv x.csv", "", "", ":export csv: not a format"},
+		{"export har", "", "", ":export wants a format and a file"},
+	} {
+		format, path, err := exportArgs(tc.line)
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: %v, want an error containing %q", tc.line, err, tc.err)
+			}
+		case err != nil || format != tc.format || path != tc.path:
+			t.Errorf("%q: %q %q %v, want %q %q", tc.line, format, path, err, tc.format, tc.path)
+		}
 	}
 }

@@ -293,7 +293,7 @@ func TestExport(t *testing.T) {
 	keys(m, ":")
 	typeText(m, "export xml x")
 	keys(m, "enter")
-	if !m.messageErr || !strings.Contains(m.message, ":export har flows.har") {
+	if !m.messageErr || !strings.Contains(m.message, ":export xml: not a format; har (HAR 1.2) or jsonl") {
 		t.Fatalf("message %q", m.message)
 	}
 }
