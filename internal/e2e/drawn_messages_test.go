@@ -30,10 +30,7 @@ import (
 func TestDrawnMessages(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
-	ns := lateNamespace(t, "drawn")
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
+	ns := podNamespace(t, "drawn")
 	if _, err := cs.CoreV1().LimitRanges(ns).Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "caps"}, Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{
 		{Type: corev1.LimitTypeContainer, Max: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("128Mi")}}}}}, createOpts); err != nil {
 		t.Fatal(err)

@@ -27,10 +27,7 @@ import (
 func TestLimitRangeOrder(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
-	ns := lateNamespace(t, "limit-order")
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
+	ns := podNamespace(t, "limit-order")
 	cpu := func(q string) corev1.ResourceList {
 		return corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(q)}
 	}

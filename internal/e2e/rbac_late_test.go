@@ -161,6 +161,17 @@ func lateNamespace(t *testing.T, prefix string) string {
 	return ns
 }
 
+// podNamespace is lateNamespace with the default ServiceAccount a pod
+// create needs (no controller manager makes it here).
+func podNamespace(t *testing.T, prefix string) string {
+	t.Helper()
+	ns := lateNamespace(t, prefix)
+	if _, err := adminClient().CoreV1().ServiceAccounts(ns).Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
 // queueWrites sends n dry-run creates at once: their replays queue ahead
 // of the next requests' (writes' replays go first).
 func queueWrites(t *testing.T, r route, c *http.Client, n int) {
@@ -203,11 +214,7 @@ func TestNodeGraphChangedAfterRequest(t *testing.T) {
 	f := setupFixtures(t)
 	ctx := context.Background()
 	cs := adminClient()
-	ns := lateNamespace(t, "node-late")
-	// No controller makes the default service account here.
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
+	ns := podNamespace(t, "node-late")
 	recs, r, c := oneReplayWorker(t)
 	kubelet := r.client(f.certs["cert:node1"])
 	// attempt binds a new pod with a secret of its own to node1, reads the

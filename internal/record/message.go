@@ -87,7 +87,17 @@ func errorList(s string) (prefix string, errs []string, ok bool) {
 // ("clusterrole.rbac.authorization.k8s.io "r" not found"). Their own
 // text holds ", " (", but limit is 1"), so a list of them is split only
 // where the next one starts.
-var listElement = regexp.MustCompile(`^(?:(?:minimum|maximum) [^ ,]+ usage per |[^ ,]+ max limit to request ratio per |(?:cluster)?roles?\.rbac\.authorization\.k8s\.io ")`)
+var listElement = regexp.MustCompile(`^(?:` + limitRangerError + `|(?:cluster)?roles?\.rbac\.authorization\.k8s\.io ")`)
+
+// limitRangerError starts one of LimitRanger's refusals of a container's,
+// a pod's or a claim's resources, as kube-apiserver v1.37.2 words them.
+const limitRangerError = `(?:minimum|maximum) [^ ,]+ usage per [^ ,]+ is |[^ ,]+ max limit to request ratio per `
+
+var limitRangerRefusal = regexp.MustCompile(limitRangerError)
+
+// LimitRangerRefusal reports a message holding one of LimitRanger's
+// refusals.
+func LimitRangerRefusal(msg string) bool { return limitRangerRefusal.MatchString(msg) }
 
 // elementStart reports whether s begins an error of a list.
 func elementStart(s string) bool {

@@ -501,12 +501,14 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 			if err := Reachable(ctx, cfg); err != nil {
 				// A proxy in front of an apiserver that is down still
 				// starts: it answers 502 until the apiserver is back, and
-				// its informers sync when they can.
+				// its informers sync when they can. There is nothing to
+				// ask it meanwhile.
 				log.Error("the replay's cluster state cannot sync until the apiserver answers; kproxy starts anyway", "error", err)
+			} else {
+				s.startingWith("asking the apiserver what it runs (version, feature gates)")
+				d := Discover(ctx, cfg, log)
+				ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
 			}
-			s.startingWith("asking the apiserver what it runs (version, feature gates)")
-			d := Discover(ctx, cfg, log)
-			ApplyFeatures(d, o.APIServer.GivenFeatureGates(), log)
 		}
 		s.startingWith(fmt.Sprintf("syncing the replay's cluster state (for up to %s)", syncTimeoutOrDefault(o.SyncTimeout)))
 		replayCtx, stopReplay := context.WithCancel(context.WithoutCancel(ctx))

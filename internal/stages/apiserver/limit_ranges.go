@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"regexp"
 	"slices"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // LimitRanger applies the LimitRanges of a request's namespace in the
@@ -40,10 +41,6 @@ func newLimitRangesIn(f informers.SharedInformerFactory, plugins []string) limit
 		return len(items)
 	}
 }
-
-// limitRangerRefusal finds LimitRanger's refusals of a container's, a
-// pod's or a claim's resources.
-var limitRangerRefusal = regexp.MustCompile(`(?:minimum|maximum) \S+ usage per \S+ is |max limit to request ratio per `)
 
 // limitRangeOrder says why, for a namespace with n LimitRanges.
 func limitRangeOrder(n int) string {
@@ -80,7 +77,7 @@ func (r *Run) limitRangeOrderHere(ctx context.Context) string {
 // limitRangeOrderThere says why the replay's admission of a write the
 // apiserver's LimitRanger refused (aw) is not a prediction, or "".
 func (r *Run) limitRangeOrderThere(aw Answer) string {
-	if r.limitRanges == nil || aw.Refusal == nil || aw.Status != http.StatusForbidden || !limitRangerRefusal.MatchString(aw.Refusal.Message) {
+	if r.limitRanges == nil || aw.Refusal == nil || aw.Status != http.StatusForbidden || !record.LimitRangerRefusal(aw.Refusal.Message) {
 		return ""
 	}
 	n := r.limitRanges(r.namespace)
