@@ -81,7 +81,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.TLSKeyFile, "tls-private-key-file", "", "serving certificate's key")
 	f.StringVar(&o.PKIDir, "pki-dir", serve.DefaultPKIDir(), "directory of kproxy's CA (ca.crt, ca.key), created on first use")
 	f.StringVar(&o.DebugAddr, "debug-addr", "", "serve Go's pprof and expvar on this address (e.g. 127.0.0.1:6060); off by default")
-	f.StringVar(&o.Capture, "capture", "", "append one JSON record per request to this file (JSON Lines)")
+	f.StringVar(&o.Capture, "capture", "", "append one JSON record per request to this file (JSON Lines), or - for standard output (kproxy logs to standard error)")
 	f.DurationVar(&o.BodyIdleTimeout, "request-body-idle-timeout", time.Minute, "end a request whose body stops arriving for this long (a client that never finishes its body holds a connection otherwise); 0 for no limit")
 	f.IntVar(&o.MaxConnections, "max-connections", 0, "client connections kproxy holds at once; past it, new ones wait to be accepted (0: no limit)")
 	f.Var(mebibytes{bytes: &o.CaptureRotation.MaxSize, zero: true}, "capture-maxsize", "rotate the --capture file when it would pass this size in MiB, as kube-apiserver's --audit-log-maxsize: it is renamed FILE-TIME.EXT (TIME in UTC, 2006-01-02T15-04-05.000) and a new one started (default 0: never)")

@@ -115,7 +115,16 @@ func OpenFile(path string, log *slog.Logger, rot Rotation) (*FileSink, error) {
 	return s, nil
 }
 
+// Stdout is the --capture path that writes the records to kproxy's
+// standard output (its log goes to standard error), as kubectl reads "-":
+// in a pod, `kubectl logs` then carries them, and every reader skips the
+// lines that are not records.
+const Stdout = "-"
+
 func openCapture(path string) (*os.File, error) {
+	if path == Stdout {
+		return os.Stdout, nil
+	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open capture file %s: %w (check the directory exists and is writable)", path, err)

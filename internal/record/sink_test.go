@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -51,6 +52,33 @@ func TestFileSinkConcurrent(t *testing.T) {
 	}
 	if n != 50 {
 		t.Fatalf("%d records, want 50", n)
+	}
+}
+
+// TestOpenStdout: --capture - writes each record as a line of kproxy's
+// standard output (here a pipe standing in for it).
+func TestOpenStdout(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	t.Cleanup(func() { os.Stdout = stdout })
+	s, err := OpenFile(Stdout, slog.New(slog.DiscardHandler), Rotation{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Write(&Record{ID: "one"})
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(got), `{"id":"one",`) || strings.Count(string(got), "\n") != 1 || !strings.HasSuffix(string(got), "\n") {
+		t.Fatalf("standard output got %q, want one record's line", got)
 	}
 }
 

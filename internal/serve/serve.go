@@ -788,6 +788,8 @@ func (o *Options) checkCaptureRotation() error {
 		return fmt.Errorf("--capture-maxbackup=%d: want 0 (keep every rotated file) or more", r.MaxBackups)
 	case (r.MaxSize > 0 || len(given) > 0) && o.Capture == "":
 		return fmt.Errorf("--capture-maxsize, --capture-maxbackup, --capture-maxage and --capture-compress rotate the capture file: give --capture FILE too")
+	case r.MaxSize > 0 && o.Capture == record.Stdout:
+		return fmt.Errorf("--capture-maxsize rotates a capture file, and --capture - writes to standard output: give --capture FILE, or leave rotation to what reads the output (the container runtime rotates a pod's log)")
 	case r.MaxSize == 0 && len(given) > 0:
 		return fmt.Errorf("%s: capture files rotate only past a size: give --capture-maxsize MiB too", strings.Join(given, ", "))
 	}

@@ -126,6 +126,9 @@ func TestValidate(t *testing.T) {
 		{"capture: negative backups", func(o *Options) {
 			o.Capture, o.CaptureRotation = "c.jsonl", record.Rotation{MaxSize: 1 << 20, MaxBackups: -1}
 		}, "--capture-maxbackup=-1"},
+		{"capture: standard output", func(o *Options) { o.Capture = "-" }, ""},
+		{"capture: standard output, rotated", func(o *Options) { o.Capture, o.CaptureRotation.MaxSize = "-", 64<<20 },
+			"--capture-maxsize rotates a capture file, and --capture - writes to standard output"},
 		{"replay: off", func(o *Options) { o.NoReplay = true }, ""},
 		{"replay: off, with a pool sized by hand", func(o *Options) { o.NoReplay, o.ReplayWorkers, o.ReplayQueue = true, 4, 8 }, ""},
 	} {
