@@ -101,6 +101,8 @@ func TestTestRunBadInput(t *testing.T) {
 		{"a mistyped flag", []string{"test", "run", "--engin", "cluster", "tests/"}},
 		{"a missing file", []string{"test", "run", "/nonexistent/tests.yaml"}},
 		{"a JUnit report where no directory is", []string{"test", "run", "--junit", "/nonexistent/dir/junit.xml", "tests/"}},
+		{"an output format it does not write", []string{"test", "run", "-o", "xml", "tests/"}},
+		{"-o name (a report has no name)", []string{"test", "run", "-o", "name", "tests/"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := run(t, "", tc.args...)

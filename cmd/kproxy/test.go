@@ -54,7 +54,7 @@ type testRunOptions struct {
 	overlays       []string
 	setFlags       []string
 	compareStorage bool
-	output         string
+	output         *outputFlags
 	junit          string
 	logLevel       string
 	timeout        time.Duration
@@ -63,7 +63,7 @@ type testRunOptions struct {
 
 func newTestRunCommand() *cobra.Command {
 	a := newAPIServerConfig()
-	o := &testRunOptions{serve: serve.Options{APIServer: a.opts}, apiserver: a}
+	o := &testRunOptions{serve: serve.Options{APIServer: a.opts}, apiserver: a, output: newOutputFlags("table", "table")}
 	cmd := &cobra.Command{
 		Use:   "run FILE|DIR...",
 		Short: "Run test files and compare each case's answer with what it expects",
@@ -88,8 +88,10 @@ verdict changes, before and after, and the expectations are checked after.
 The storage stage's outcomes (404, 409) depend on the state when the snapshot
 was taken: they are not compared unless --compare-storage.
 
-Output: -o table (default), wide, json, github (annotations; the step summary
-goes to $GITHUB_STEP_SUMMARY); --junit FILE writes JUnit XML as well.
+Output: -o table (default), wide, github (annotations; the step summary goes
+to $GITHUB_STEP_SUMMARY), or as kubectl prints: json, yaml, jsonpath=...,
+go-template=... (a kproxy.dev/v1alpha1 TestReport); --junit FILE writes JUnit
+XML as well.
 
 Exit status: 0 every expectation held, 1 an expectation failed, 2 bad input
 or an engine failure.`,
@@ -107,7 +109,7 @@ or an engine failure.`,
 	f.StringSliceVar(&o.overlays, "overlay", nil, "what-if: a directory (or file) of objects to add, replace or remove in the snapshot (repeatable)")
 	f.StringArrayVar(&o.setFlags, "set-flag", nil, "what-if: change a mirrored kube-apiserver flag, NAME=VALUE (repeatable), e.g. --set-flag enable-admission-plugins=PodSecurity")
 	f.BoolVar(&o.compareStorage, "compare-storage", false, "also compare the storage stage's outcomes (404, 409), which depend on the state at snapshot time")
-	f.StringVarP(&o.output, "output", "o", "table", "report format: table, wide, json, github")
+	o.output.addFlags(f, "wide", "github")
 	f.StringVar(&o.junit, "junit", "", "also write a JUnit XML report to this file")
 	f.DurationVar(&o.timeout, "timeout", 30*time.Second, "the longest one case may take (cluster engine)")
 	f.StringVar(&o.logLevel, "log-level", "warn", "log level: debug, info, warn, error")
@@ -125,10 +127,8 @@ func testInputError(cmd *cobra.Command, err error) error {
 }
 
 func runTests(cmd *cobra.Command, o *testRunOptions, args []string) error {
-	switch o.output {
-	case "table", "wide", "json", "github":
-	default:
-		return testInputError(cmd, fmt.Errorf("-o %q: want table, wide, json or github", o.output))
+	if err := o.output.validate("wide", "github"); err != nil {
+		return testInputError(cmd, err)
 	}
 	if o.junit != "" {
 		// Before the suite runs, not after it.
@@ -343,13 +343,15 @@ func (o *testRunOptions) clusterEngine(ctx context.Context, cmd *cobra.Command) 
 func (o *testRunOptions) writeReports(cmd *cobra.Command, rep *citest.Report) error {
 	out := cmd.OutOrStdout()
 	var err error
-	switch o.output {
+	switch *o.output.print.OutputFormat {
 	case "table":
 		err = citest.WriteTable(out, rep, false)
 	case "wide":
 		err = citest.WriteTable(out, rep, true)
 	case "json":
 		err = citest.WriteJSON(out, rep)
+	default:
+		err = o.output.printDocument(out, citest.ReportKind, rep)
 	case "github":
 		summary := io.Discard
 		if p := os.Getenv("GITHUB_STEP_SUMMARY"); p != "" {

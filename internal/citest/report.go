@@ -204,12 +204,14 @@ func disagreementsLine(n int) string {
 	return "kproxy's prediction disagreed with the apiserver on " + countNoun(n, "case", "cases")
 }
 
-// WriteJSON writes r as indented JSON.
+// WriteJSON writes r as indented JSON, a kproxy.dev/v1alpha1 TestReport.
 func WriteJSON(w io.Writer, r *Report) error {
+	doc := *r
+	doc.APIVersion, doc.Kind = testfile.APIVersion, ReportKind
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
-	return enc.Encode(r)
+	return enc.Encode(&doc)
 }
 
 // JUnit XML, as Jenkins, GitLab and the GitHub reporters

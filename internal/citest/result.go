@@ -86,6 +86,11 @@ type Change struct {
 
 // Report is one run of a suite.
 type Report struct {
+	// APIVersion and Kind name the document in -o json and yaml
+	// (kproxy.dev/v1alpha1, ReportKind); the report reads without them.
+	APIVersion string `json:"apiVersion,omitempty"`
+	Kind       string `json:"kind,omitempty"`
+
 	Engine   string        `json:"engine"`
 	Snapshot string        `json:"snapshot,omitempty"`
 	Started  time.Time     `json:"started"`
@@ -99,6 +104,10 @@ type Report struct {
 	// apiserver disagree (cluster engine).
 	Disagreements int `json:"disagreements"`
 }
+
+// ReportKind is the kind of the report as kproxy test run -o json and yaml
+// print it.
+const ReportKind = "TestReport"
 
 // Counts are the report's totals.
 func (r *Report) Counts() (passed, failed, errored int) {
