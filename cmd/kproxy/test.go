@@ -179,6 +179,10 @@ func runTests(cmd *cobra.Command, o *testRunOptions, args []string) error {
 		if err != nil {
 			return testInputError(cmd, err)
 		}
+		if ovs := fileOverlays(files); len(ovs) > 0 {
+			// Not an error: the cluster may hold them already.
+			fmt.Fprintf(cmd.ErrOrStderr(), "kproxy test: the cluster engine tests the cluster as it is: the overlays the test files name are for the local engine's snapshot and are not applied (kubectl apply -f %s, if the cluster lacks them)\n", strings.Join(ovs, " -f "))
+		}
 		rep = citest.Run(ctx, e, files, copts)
 	default:
 		return testInputError(cmd, fmt.Errorf("--engine %q: want local or cluster", o.engine))

@@ -34,6 +34,15 @@ func TestCompare(t *testing.T) {
 		{"warnings match", testfile.Expect{Warnings: []string{"deprecated"}}, Verdict{Status: 200, Stage: "none", Warnings: []string{"v1 Foo is deprecated"}}, CompareOptions{}, nil, nil},
 		{"warnings missing", testfile.Expect{Warnings: []string{"deprecated"}}, Verdict{Status: 200, Stage: "none"}, CompareOptions{}, []string{"warnings: want one matching"}, nil},
 		{"warnings not predicted locally", testfile.Expect{Status: 200, Warnings: []string{"deprecated"}}, Verdict{Status: 200, Stage: "none", WarningsUnknown: true}, CompareOptions{}, nil, []string{"warnings: the local engine does not predict"}},
+		// The cluster engine: the apiserver's answer is the verdict even
+		// where kproxy cannot tell the stage; the reports print the
+		// disagreement beside the failures, so a failure does not repeat it.
+		{"cluster: kproxy could not predict", testfile.Expect{Status: 200, Stage: "none"},
+			Verdict{Status: 403, Reason: "Forbidden", Stage: record.StageUnknown, Predicted: &record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: authentication: ..."}, Disagreement: "kproxy could not predict it: cannot predict: authentication: ..."},
+			CompareOptions{}, []string{"status: want 200, got 403 Forbidden, stage unknown", "stage: want none; the deciding stage is unknown (kproxy could not predict it)"}, nil},
+		{"cluster: kproxy disagrees", testfile.Expect{Stage: "authorization"},
+			Verdict{Status: 403, Reason: "Forbidden", Stage: record.StageUnknown, Predicted: &record.Prediction{Status: 201}, Disagreement: "kproxy predicted 201, the apiserver answered 403 Forbidden"},
+			CompareOptions{}, []string{"stage: want authorization; the deciding stage is unknown (kproxy's prediction disagrees with the apiserver)"}, nil},
 		{"stage unknown on disagreement", testfile.Expect{Status: 403, Stage: "authorization"}, Verdict{Status: 403, Stage: record.StageUnknown, Disagreement: "kproxy predicted 200"}, CompareOptions{}, []string{"the deciding stage is unknown (kproxy predicted 200)"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

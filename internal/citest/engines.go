@@ -228,7 +228,7 @@ func (e *Cluster) Run(ctx context.Context, c *testfile.Case) (Verdict, error) {
 		v.Explanation = decidingExplanation(out.Stages, p.Stage)
 	} else {
 		pv := predictionVerdict(out)
-		v.Disagreement = fmt.Sprintf("kproxy predicted %s, the apiserver answered %s", pv.Summary(), v.Summary())
+		v.Disagreement = fmt.Sprintf("kproxy predicted %s, the apiserver answered %s", pv.Summary(), v.answer())
 		if p.Stage == record.StageUnknown {
 			v.Disagreement = "kproxy could not predict it: " + p.Message
 		}

@@ -39,17 +39,30 @@ type Verdict struct {
 	Stages []record.StageResult `json:"stages,omitempty"`
 }
 
-// Summary is the verdict in a few words: "403 Forbidden at authorization".
+// Summary is the verdict in a few words: "403 Forbidden at authorization";
+// the cluster engine's answer whose deciding stage kproxy cannot tell is
+// still the apiserver's ("403 Forbidden, stage unknown"); "unknown" when
+// there is no answer at all.
 func (v Verdict) Summary() string {
-	if v.Unknown != "" || v.Stage == record.StageUnknown {
+	if v.Unknown != "" || (v.Stage == record.StageUnknown && v.Status == 0) {
 		return "unknown"
 	}
+	s := v.answer()
+	switch v.Stage {
+	case "", testfile.StageNone:
+	case record.StageUnknown:
+		s += ", stage unknown"
+	default:
+		s += " at " + v.Stage
+	}
+	return s
+}
+
+// answer is the status and reason alone: "403 Forbidden".
+func (v Verdict) answer() string {
 	s := fmt.Sprint(v.Status)
 	if v.Reason != "" {
 		s += " " + v.Reason
-	}
-	if v.Stage != "" && v.Stage != testfile.StageNone {
-		s += " at " + v.Stage
 	}
 	return s
 }
@@ -176,7 +189,7 @@ func Compare(e testfile.Expect, v Verdict, o CompareOptions) (failures, notCompa
 	}
 	if e.Stage != "" && e.Stage != gotStage {
 		if gotStage == record.StageUnknown {
-			failures = append(failures, fmt.Sprintf("stage: want %s; the deciding stage is unknown (%s)", e.Stage, v.Disagreement))
+			failures = append(failures, fmt.Sprintf("stage: want %s; the deciding stage is unknown (%s)", e.Stage, unknownStageWhy(v)))
 		} else {
 			failures = append(failures, fmt.Sprintf("stage: want %s, got %s", e.Stage, gotStage))
 		}
@@ -205,6 +218,18 @@ func Compare(e testfile.Expect, v Verdict, o CompareOptions) (failures, notCompa
 		}
 	}
 	return failures, notCompared
+}
+
+// unknownStageWhy says briefly why the deciding stage is unknown: the
+// reports print the disagreement itself beside the failures.
+func unknownStageWhy(v Verdict) string {
+	if v.Predicted != nil && v.Predicted.Stage == record.StageUnknown {
+		return "kproxy could not predict it"
+	}
+	if v.Predicted != nil {
+		return "kproxy's prediction disagrees with the apiserver"
+	}
+	return v.Disagreement
 }
 
 // storageDecides reports whether the expectation or the verdict is the
