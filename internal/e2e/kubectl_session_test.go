@@ -186,6 +186,12 @@ func TestKubectlSession(t *testing.T) {
 	// Records arrive when their replay is done; wait for quiet.
 	all := quietRecords(t, recs, dropped, 5*time.Second, 3*time.Second)
 	res := judgeSession(all)
+	for _, r := range all {
+		// kubectl speaks HTTP/2 (but for upgrades: exec, attach, port-forward).
+		if r.Request.Protocol != "HTTP/2.0" && r.Request.Subresource == "" {
+			t.Errorf("%s %s: record's protocol %q, want kubectl's HTTP/2.0", r.Request.Method, r.Request.Path, r.Request.Protocol)
+		}
+	}
 	t.Logf("kubectl session: %d commands, %d records: %d agree, %d unknown, %d confidently wrong (agreement %.0f%%)",
 		sent, len(all), res.match, res.unknown, res.wrong, 100*float64(res.match)/float64(max(1, len(all))))
 	var reasons []string

@@ -1126,7 +1126,7 @@ func appendString(attrs []attribute.KeyValue, key, value string) []attribute.Key
 // resolve; the user is filled in later when kproxy knows it.
 func requestFields(r *http.Request, info *apirequest.RequestInfo) record.Request {
 	q := record.Request{
-		Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery,
+		Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Protocol: r.Proto,
 		UserAgent: r.UserAgent(), ContentType: r.Header.Get("Content-Type"),
 	}
 	if info != nil {

@@ -162,6 +162,9 @@ func TestDetachedWatch(t *testing.T) {
 		}
 		resp.Body.Close()
 		rec := recordOf(t, sink)
+		if rec.Request.Protocol != "HTTP/1.1" {
+			t.Errorf("record: protocol %q, want the client's HTTP/1.1", rec.Request.Protocol)
+		}
 		if rec.Request.Verb != "watch" || rec.Actual.Status != 200 || rec.Actual.ResponseBytes != size || rec.Actual.Error != "" {
 			t.Errorf("record: %s, status %d, %d bytes, error %q; want the watch's 200, %d bytes, no error",
 				rec.Request.Verb, rec.Actual.Status, rec.Actual.ResponseBytes, rec.Actual.Error, size)

@@ -100,6 +100,9 @@ type Request struct {
 	// ActingAs is the user the request runs as after impersonation, when
 	// it impersonates; User and Groups are the authenticated caller.
 	ActingAs string `json:"actingAs,omitempty"`
+	// Protocol is the client's HTTP version (HTTP/1.1, HTTP/2.0), as
+	// Go's Request.Proto has it; kubectl and client-go speak HTTP/2.
+	Protocol string `json:"protocol,omitempty"`
 	// UserAgent and ContentType help tell clients and encodings apart.
 	UserAgent   string `json:"userAgent,omitempty"`
 	ContentType string `json:"contentType,omitempty"`

@@ -142,16 +142,20 @@ func harOf(recs []*record.Record, version string) har {
 		if vals, err := url.ParseQuery(r.Request.Query); err == nil {
 			query = nvs(vals)
 		}
+		proto := r.Request.Protocol // the client's, both ways
+		if proto == "" {
+			proto = "HTTP/1.1" // a record from before kproxy kept it
+		}
 		e := harEntry{
 			StartedDateTime: r.Start.UTC().Format(time.RFC3339Nano),
 			Time:            ms(r.Latency.TotalNs),
 			Request: harRequest{
-				Method: r.Request.Method, URL: u, HTTPVersion: "HTTP/1.1",
+				Method: r.Request.Method, URL: u, HTTPVersion: proto,
 				Cookies: []harNV{}, Headers: nvs(r.Request.Headers), QueryString: query,
 				HeadersSize: -1, BodySize: r.Request.BodyBytes,
 			},
 			Response: harResponse{
-				Status: r.Actual.Status, StatusText: http.StatusText(r.Actual.Status), HTTPVersion: "HTTP/1.1",
+				Status: r.Actual.Status, StatusText: http.StatusText(r.Actual.Status), HTTPVersion: proto,
 				Cookies: []harNV{}, Headers: nvs(r.Actual.Headers), HeadersSize: -1, BodySize: r.Actual.ResponseBytes,
 				Content: harContent{Size: r.Actual.ResponseBytes, MimeType: firstHeader(r.Actual.Headers, "Content-Type")},
 			},

@@ -235,6 +235,9 @@ func TestRerun(t *testing.T) {
 
 func TestExport(t *testing.T) {
 	recs := demoRecords(t)
+	for _, r := range recs {
+		r.Request.Protocol = "HTTP/2.0" // kubectl's; HAR's httpVersion is the client's
+	}
 	dir := t.TempDir()
 	m := newTestModel(t, Options{Version: "test"})
 	send(m, eventsMsg{{Records: recs}})
@@ -260,6 +263,9 @@ func TestExport(t *testing.T) {
 	for _, e := range h.Log.Entries {
 		if e.Response.Status != 403 || e.Kproxy == nil || !strings.HasPrefix(e.Request.URL, harHost+"/") {
 			t.Errorf("entry %+v", e.Request)
+		}
+		if e.Request.HTTPVersion != "HTTP/2.0" || e.Response.HTTPVersion != "HTTP/2.0" {
+			t.Errorf("httpVersion %q and %q, want the client's HTTP/2.0", e.Request.HTTPVersion, e.Response.HTTPVersion)
 		}
 		if strings.Contains(string(b), "Bearer ") && !strings.Contains(string(b), "Bearer REDACTED") {
 			t.Errorf("a bearer token reached the HAR")
