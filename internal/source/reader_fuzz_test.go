@@ -32,7 +32,7 @@ func expected(t *testing.T, data []byte) delivered {
 			continue
 		}
 		var r record.Record
-		if json.Unmarshal(l, &r) != nil || r.ID == "" {
+		if json.Unmarshal(l, &r) != nil || r.ID == "" || r.Start.IsZero() || r.Request.Method == "" {
 			d.skipped++
 			continue
 		}
@@ -142,7 +142,8 @@ func captureSeeds(f *testing.F) [][]byte {
 	seeds = append(seeds, bytes.Join([][]byte{lines[1], lines[2], lines[3]}, nil))
 	for _, s := range []string{"", "\n", "\n\n \r\n", `{"id":"a"}`, `{"id":"a"}` + "\n" + `{"id":""}` + "\n" + `{"id":"b"`, "null\n[]\n{}\n\"x\"\n",
 		`{"id":"a"} ` + "\r\n" + `{"id":"b"}{"id":"c"}` + "\n", `{"id":"a","start":"not a time"}` + "\n", `{"id":"\ud800"}` + "\n\xff\n",
-		`{"id":"a","request":{"groups":[1]}}` + "\n" + `{"ID":"case"}`} {
+		`{"id":"a","request":{"groups":[1]}}` + "\n" + `{"ID":"case"}`,
+		`{"id":"a","start":"2026-12-06T08:00:00Z","request":{"method":"GET"}}` + "\n" + `{"id":"log line","level":"info"}` + "\n"} {
 		seeds = append(seeds, []byte(s))
 	}
 	return seeds
@@ -150,7 +151,8 @@ func captureSeeds(f *testing.F) [][]byte {
 
 // FuzzCaptureReader reads arbitrary bytes as a capture stream (kproxy
 // flows -, a capture file). It checks that a line is delivered as a
-// record exactly when it unmarshals into one with an id, that any other
+// record exactly when it unmarshals into one with an id, a start and a
+// method (what every record has), that any other
 // non-blank line is counted as skipped, and that this does not depend on
 // how the bytes arrive (reads of any size, a pipe or a file); and that a
 // torn last line (a record line cut before its end, as a writer killed

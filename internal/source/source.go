@@ -62,7 +62,9 @@ func parseLine(line []byte) (r *record.Record, ok, blank bool) {
 		return nil, false, true
 	}
 	r = &record.Record{}
-	if err := json.Unmarshal(line, r); err != nil || r.ID == "" {
+	// Every record has an id, a start and a method: a JSON line without
+	// them (another program's log in the same stream) is not one.
+	if err := json.Unmarshal(line, r); err != nil || r.ID == "" || r.Start.IsZero() || r.Request.Method == "" {
 		return nil, false, false
 	}
 	return r, true, false
