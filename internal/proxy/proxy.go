@@ -991,7 +991,7 @@ func (p *Proxy) replay(ctx context.Context, req *stages.Request) (o stages.Outco
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			p.log.Error("replay panicked (a kproxy bug)", "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			p.log.Error("replay panicked ("+stages.PanicBlame(v)+")", "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			o = stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: " + stages.PanicExplanation(v, req.ID)}}
 		}
 	}()

@@ -460,7 +460,7 @@ func notReachedResult(name, decidedBy, stopped string) record.StageResult {
 func (p *Pipeline) protect(stage string, req *Request, f func() Result) (res Result) {
 	defer func() {
 		if v := recover(); v != nil {
-			p.log.Error("replay stage panicked (a kproxy bug)", "stage", stage, "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			p.log.Error("replay stage panicked ("+PanicBlame(v)+")", "stage", stage, "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			res = Failed(PanicExplanation(v, req.ID))
 		}
 	}()
@@ -468,13 +468,82 @@ func (p *Pipeline) protect(stage string, req *Request, f func() Result) (res Res
 }
 
 // PanicExplanation says a replay failed on a panic, for a record: what
-// kind of failure, never the stack or the values involved.
+// kind of failure, and where, never the stack or the values involved. A
+// panic in Kubernetes' own code (the replay runs the apiserver's) is
+// kube-apiserver's too: a request that makes its handler panic has it
+// abort the request (a probe found one: a protobuf body for a custom
+// resource, answered by a dropped connection), which is worth saying
+// rather than blaming kproxy. Called from the recovering function.
 func PanicExplanation(v any, id string) string {
 	what := "a panic"
 	if err, ok := v.(runtime.Error); ok {
 		what = "a panic (" + err.Error() + ")"
 	}
+	if site := panicSite(v); upstreamCode(site) {
+		return "the replay failed on " + what + " in the apiserver's own code (" + site + "), which kube-apiserver runs for this request too: " +
+			"it likely fails the request alike (a Kubernetes bug: its handler panics and the request is aborted, with no answer to predict); " +
+			"the stack is in kproxy's log under record " + id
+	}
 	return "the replay failed on " + what + ", a kproxy bug: the stack is in kproxy's log under record " + id
+}
+
+// PanicBlame says, for the log, whose code panicked (v, recovered).
+// Called from the recovering function.
+func PanicBlame(v any) string {
+	if upstreamCode(panicSite(v)) {
+		return "in Kubernetes' code, which the apiserver runs too"
+	}
+	return "a kproxy bug"
+}
+
+// panicSite is the function that panicked: the first frame past the
+// runtime's panic machinery, as seen from a deferred recover. A panic
+// carried over from another goroutine (the apiserver's timeout filter
+// panics again with the first one's stack in its value) is read from
+// that stack.
+func panicSite(v any) string {
+	if s, ok := v.(string); ok && strings.Contains(s, "\ngoroutine ") {
+		return stackSite(s)
+	}
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	inPanic := false
+	for {
+		f, more := frames.Next()
+		switch {
+		case f.Function == "runtime.gopanic":
+			inPanic = true
+		case inPanic && !strings.HasPrefix(f.Function, "runtime."):
+			return f.Function
+		}
+		if !more {
+			return ""
+		}
+	}
+}
+
+// stackSite is the function that panicked in a stack as Go prints it:
+// the first function past panic( and the runtime's frames.
+func stackSite(stack string) string {
+	inPanic := false
+	for _, line := range strings.Split(stack, "\n") {
+		switch {
+		case strings.HasPrefix(line, "panic("):
+			inPanic = true
+		case !inPanic || line == "" || strings.HasPrefix(line, "\t") || strings.HasPrefix(line, "runtime."):
+		default:
+			if i := strings.LastIndex(line, "("); i > 0 {
+				return line[:i]
+			}
+			return line
+		}
+	}
+	return ""
+}
+
+// upstreamCode reports a function of Kubernetes' own modules.
+func upstreamCode(fn string) bool {
+	return strings.HasPrefix(fn, "k8s.io/")
 }
 
 // endStageSpan records a stage's verdict on its span. A stage that

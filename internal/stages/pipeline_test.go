@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/user"
 
@@ -281,5 +282,52 @@ func TestRecordedChildren(t *testing.T) {
 	}
 	if names(chain) != "x509,node,rbac,webhook" {
 		t.Errorf("recordedChildren changed the stage's own children: %s", names(chain))
+	}
+}
+
+// TestPanicExplanation: a replay that panics in Kubernetes' own code (the
+// apiserver's handler, run by the replay) says so: kube-apiserver panics
+// on the request too. A panic in kproxy's code is kproxy's bug. A panic
+// carried over from another goroutine, its stack in its value (the
+// apiserver's timeout filter), is read from that stack.
+func TestPanicExplanation(t *testing.T) {
+	explain := func(f func()) (msg, blame string) {
+		defer func() {
+			v := recover()
+			msg, blame = PanicExplanation(v, "r1"), PanicBlame(v)
+		}()
+		f()
+		return "", ""
+	}
+	carried := func(culprit string) func() {
+		return func() {
+			panic("runtime error: invalid memory address or nil pointer dereference\ngoroutine 7 [running]:\nruntime/debug.Stack()\n\t/usr/local/go/src/runtime/debug/stack.go:26 +0x5e\n" +
+				"panic({0x603de80?, 0x9bf3210?})\n\t/usr/local/go/src/runtime/panic.go:860 +0x13a\n" +
+				culprit + "({{0x0, 0x0}, {0x0, 0x0, 0x2dda3e9d32f0}}, ...)\n\t/root/go/pkg/mod/x.go:1319 +0x42\n" +
+				"k8s.io/apiserver/pkg/endpoints/handlers.createHandler.func1(0x1)\n\t/root/go/pkg/mod/create.go:127\n")
+		}
+	}
+	var meta *metav1.ObjectMeta
+	for _, tc := range []struct {
+		name        string
+		f           func()
+		want, blame string
+	}{
+		{"Kubernetes' code", func() { _ = meta.GetName() },
+			"the replay failed on a panic (runtime error: invalid memory address or nil pointer dereference) in the apiserver's own code (k8s.io/apimachinery/pkg/apis/meta/v1.(*ObjectMeta).GetName), which kube-apiserver runs for this request too",
+			"in Kubernetes' code"},
+		{"kproxy's code", func() { var s []int; _ = s[len(s)] },
+			"the replay failed on a panic (runtime error: index out of range [0] with length 0), a kproxy bug: the stack is in kproxy's log under record r1", "a kproxy bug"},
+		{"carried over, Kubernetes' code", carried("k8s.io/apiextensions-apiserver/pkg/apiserver.schemaCoercingDecoder.Decode"),
+			"in the apiserver's own code (k8s.io/apiextensions-apiserver/pkg/apiserver.schemaCoercingDecoder.Decode)", "in Kubernetes' code"},
+		{"carried over, kproxy's code", carried("github.com/kproxy/kproxy/internal/stages/apiserver.(*observedPlugin).Admit"),
+			"a kproxy bug", "a kproxy bug"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg, blame := explain(tc.f)
+			if !strings.Contains(msg, tc.want) || !strings.HasPrefix(blame, tc.blame) {
+				t.Errorf("explanation %q, blame %q; want %q, %q", msg, blame, tc.want, tc.blame)
+			}
+		})
 	}
 }
