@@ -354,8 +354,6 @@ func (o *testRunOptions) writeReports(cmd *cobra.Command, rep *citest.Report) er
 		err = citest.WriteTable(out, rep, true)
 	case "json":
 		err = citest.WriteJSON(out, rep)
-	default:
-		err = o.output.printDocument(out, citest.ReportKind, rep)
 	case "github":
 		summary := io.Discard
 		if p := os.Getenv("GITHUB_STEP_SUMMARY"); p != "" {
@@ -367,6 +365,8 @@ func (o *testRunOptions) writeReports(cmd *cobra.Command, rep *citest.Report) er
 			summary = f
 		}
 		err = citest.WriteGitHub(out, summary, rep)
+	default:
+		err = o.output.printDocument(out, citest.ReportKind, rep)
 	}
 	if err != nil {
 		return err

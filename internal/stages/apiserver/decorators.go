@@ -3,11 +3,16 @@ package apiserver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"reflect"
 	"regexp"
+	"strings"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/mutating"
+	auditinternal "k8s.io/apiserver/pkg/apis/audit"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -24,6 +29,7 @@ var (
 	_ admission.ValidationInterface = (*phaseMarker)(nil)
 	_ admission.MutationInterface   = (*observedPlugin)(nil)
 	_ admission.ValidationInterface = (*observedPlugin)(nil)
+	_ admission.Attributes          = (*webhookCalls)(nil)
 )
 
 // phaseMarker wraps the admission chain to mark where the handler is:
@@ -96,9 +102,17 @@ func (p *observedPlugin) Admit(ctx context.Context, a admission.Attributes, o ad
 	if obj := a.GetObject(); obj != nil {
 		before = obj.DeepCopyObject()
 	}
+	var calls *webhookCalls
+	if p.webhook != nil {
+		calls = &webhookCalls{Attributes: a}
+		a = calls
+	}
 	c := PluginCall{Name: p.name, Start: r.now()}
 	c.Err = m.Admit(ctx, a, o)
 	c.End = r.now()
+	if calls != nil {
+		c.Webhooks = calls.list()
+	}
 	p.noticeSideEffects(r, record.StageMutatingAdmission, c.Err)
 	c.Detail = p.explain.Explain(p.name, a, c.Err)
 	if after := a.GetObject(); before != nil && after != nil && !reflect.DeepEqual(before, after) {
@@ -167,4 +181,47 @@ func objectJSON(obj runtime.Object) []byte {
 		return nil
 	}
 	return b
+}
+
+// webhookCalls notes the mutating webhooks the dispatcher calls, from the
+// audit annotation it adds for each call (mutation.webhook.admission.k8s.io/
+// round_R_index_I: the configuration, the webhook, whether it mutated),
+// and passes every annotation on.
+type webhookCalls struct {
+	admission.Attributes
+	mu    sync.Mutex
+	calls []CalledWebhook
+}
+
+func (w *webhookCalls) AddAnnotation(key, value string) error {
+	w.note(key, value)
+	return w.Attributes.AddAnnotation(key, value)
+}
+
+func (w *webhookCalls) AddAnnotationWithLevel(key, value string, level auditinternal.Level) error {
+	w.note(key, value)
+	return w.Attributes.AddAnnotationWithLevel(key, value, level)
+}
+
+func (w *webhookCalls) note(key, value string) {
+	if !strings.HasPrefix(key, mutating.MutationAuditAnnotationPrefix) {
+		return
+	}
+	var v struct {
+		Configuration string `json:"configuration"`
+		Webhook       string `json:"webhook"`
+		Mutated       bool   `json:"mutated"`
+	}
+	if json.Unmarshal([]byte(value), &v) != nil || v.Webhook == "" {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls = append(w.calls, CalledWebhook{Name: v.Webhook, Configuration: v.Configuration, Mutated: v.Mutated})
+}
+
+func (w *webhookCalls) list() []CalledWebhook {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.calls
 }

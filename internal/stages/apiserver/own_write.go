@@ -322,7 +322,9 @@ func (r *Run) markedAround() (time.Time, bool) {
 //     after the pod, as kubectl apply -f sends a directory's pod.yaml
 //     before its serviceaccount.yaml;
 //   - an admission webhook refused the apiserver's call, which kproxy's
-//     own call to it did not meet (webhook_answers.go);
+//     own call to it did not meet, or a mutating webhook that kproxy's
+//     replay called may have changed the apiserver's object otherwise
+//     (webhook_answers.go);
 //   - the store refused an update or patch as a conflict (the object has
 //     been modified): another write landed while the request was in
 //     flight (modifiedInFlight).
@@ -366,7 +368,20 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	if why := r.mutatedEarly(aw); why != "" {
 		return "", why
 	}
-	return "", r.webhookRefusedOnlyThere(aw)
+	// A webhook's answer to the apiserver's call that kproxy's call did
+	// not get: its refusal (a mutating webhook refused kproxy's call too
+	// if it had been called: matching is the request's and the
+	// configuration's), or a patch that a later stage refused.
+	if why := r.webhookRefusedOnlyThere(aw); why != "" {
+		if name := webhookOf(aw.Refusal); r.calledMutatingWebhook(name) {
+			return record.StageMutatingAdmission, why
+		}
+		return record.StageValidatingAdmission, why
+	}
+	if why := r.mutatedByWebhookThere(aw); why != "" {
+		return record.StageMutatingAdmission, why
+	}
+	return "", ""
 }
 
 // modifiedInFlight reports the apiserver's optimistic-concurrency

@@ -266,6 +266,16 @@ type PluginCall struct {
 	Err        error
 	Patch      string // what a mutating plugin changed, as a JSON patch
 	Detail     string // what the refusal's message leaves out
+	// Webhooks are the mutating webhooks the plugin called
+	// (MutatingAdmissionWebhook), as its dispatcher annotates each call.
+	Webhooks []CalledWebhook
+}
+
+// CalledWebhook is a mutating webhook kproxy's replay called, and whether
+// its answer changed the object.
+type CalledWebhook struct {
+	Name, Configuration string
+	Mutated             bool
 }
 
 type StorageRead struct {
@@ -529,10 +539,19 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			// The replay's refusal is what cannot be trusted: the
 			// stage it came from says so. The first check that
 			// explains it wins; the later ones do not run.
+			explained := false
 			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.paramsUnsyncedHere, run.policyOrderHere} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
+					explained = true
 					break
+				}
+			}
+			// Last, a mutating webhook's patch to kproxy's call: what
+			// is unknown is mutating admission's outcome.
+			if !explained {
+				if why := run.mutatedByWebhookHere(ctx); why != "" {
+					run.markUnknownAt(record.StageMutatingAdmission, why)
 				}
 			}
 		}

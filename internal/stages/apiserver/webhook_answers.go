@@ -157,3 +157,108 @@ func (r *Run) conversionFailedOnlyHere(ctx context.Context) string {
 	}
 	return ""
 }
+
+// A mutating webhook's answer is its own too, and what it changes moves
+// every stage after it: a label it sets that validation refuses, a
+// field a ValidatingAdmissionPolicy checks. A webhook that patches a dry
+// run otherwise (dryRun: true in its AdmissionReview) had kproxy predict
+// 422 for a create the apiserver admitted, and 201 for one it refused,
+// every time. So where the replay called a mutating webhook and its
+// verdict after mutating admission contradicts the apiserver's answer,
+// the replay says nothing about the request: the run is unknown, naming
+// the webhooks and what they did to kproxy's call.
+
+const mutatingWebhookOwnAnswer = "a mutating webhook's answer is its own (kproxy calls it again, in dry run: a webhook that " +
+	"patches a dry run otherwise, or that is not deterministic, changes the two objects differently), so what the stages " +
+	"after it saw, and the request's outcome, is not known"
+
+// mutatingWebhooksCalled names the mutating webhooks the replay called,
+// each once, saying which changed kproxy's object; "" when it called none.
+func (r *Run) mutatingWebhooksCalled() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var names []string
+	mutated := map[string]bool{}
+	for _, p := range r.Plugins {
+		for _, w := range p.Webhooks {
+			if _, seen := mutated[w.Name]; !seen {
+				names = append(names, w.Name)
+			}
+			mutated[w.Name] = mutated[w.Name] || w.Mutated
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	for i, n := range names {
+		did := "left it unchanged"
+		if mutated[n] {
+			did = "patched it"
+		}
+		names[i] = fmt.Sprintf("%q (%s)", n, did)
+	}
+	return "mutating " + plural(len(names), "webhook ", "webhooks ") + strings.Join(names, ", ")
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// calledMutatingWebhook reports whether the replay called the mutating
+// webhook named name.
+func (r *Run) calledMutatingWebhook(name string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range r.Plugins {
+		for _, w := range p.Webhooks {
+			if w.Name == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// mutatedByWebhookHere says why the replay's refusal of a write after
+// mutating admission (by validation or validating admission), where the
+// replay called a mutating webhook and the apiserver admitted the write
+// or refused it otherwise, is not the request's, or "".
+func (r *Run) mutatedByWebhookHere(ctx context.Context) string {
+	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) ||
+		(r.Decided != record.StageValidation && r.Decided != record.StageValidatingAdmission) {
+		return ""
+	}
+	called := r.mutatingWebhooksCalled()
+	if called == "" {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	switch {
+	case !ok || momentary(aw.Status) || momentary(r.Code):
+	case aw.Status >= 200 && aw.Status < 300:
+		return fmt.Sprintf("the apiserver admitted the write (%d), and the replay refuses it at %s (%d: %s) after %s in kproxy's call: %s",
+			aw.Status, r.Decided, r.Code, r.Status.Message, called, mutatingWebhookOwnAnswer)
+	case aw.Refusal != nil && (aw.Status != r.Code || !record.SameMessage(aw.Refusal.Message, r.Status.Message)):
+		return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay refuses it otherwise at %s (%d: %s) after %s in kproxy's call: %s",
+			aw.Status, aw.Refusal.Message, r.Decided, r.Code, r.Status.Message, called, mutatingWebhookOwnAnswer)
+	}
+	return ""
+}
+
+// mutatedByWebhookThere says why the replay's admission of a write the
+// apiserver refused (aw), where the replay called a mutating webhook, is
+// not the request's, or "".
+func (r *Run) mutatedByWebhookThere(aw Answer) string {
+	if aw.Refusal == nil || momentary(aw.Status) {
+		return ""
+	}
+	called := r.mutatingWebhooksCalled()
+	if called == "" {
+		return ""
+	}
+	return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay admits it after %s in kproxy's call: %s",
+		aw.Status, aw.Refusal.Message, called, mutatingWebhookOwnAnswer)
+}

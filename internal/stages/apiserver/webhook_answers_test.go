@@ -6,6 +6,9 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/admission"
+	auditinternal "k8s.io/apiserver/pkg/apis/audit"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -121,5 +124,80 @@ func checkOwnAnswer(t *testing.T, got, want, why string) {
 		t.Errorf("got %q, want it to say %q", got, want)
 	case want != "" && !strings.Contains(got, why):
 		t.Errorf("%q does not say why", got)
+	}
+}
+
+// TestMutatingWebhookAnswers: a verdict after mutating admission, where
+// the replay called a mutating webhook and the apiserver's answer
+// contradicts it, is unknown, in either direction, naming the webhooks;
+// one the answer does not contradict, or with no webhook called, stands.
+func TestMutatingWebhookAnswers(t *testing.T) {
+	invalid := &metav1.Status{Code: 422, Message: `ConfigMap "x" is invalid: metadata.labels: Invalid value: "-bad-": a valid label must be ...`}
+	invalidOtherwise := &metav1.Status{Code: 422, Message: `ConfigMap "x" is invalid: metadata.labels: Invalid value: "-worse-": a valid label must be ...`}
+	patched := []PluginCall{{Name: "MutatingAdmissionWebhook", Webhooks: []CalledWebhook{{Name: "label.example.com", Configuration: "c", Mutated: true}}}}
+	unchanged := []PluginCall{{Name: "MutatingAdmissionWebhook", Webhooks: []CalledWebhook{{Name: "noop.example.com", Configuration: "c"}}}}
+	twice := []PluginCall{{Name: "MutatingAdmissionWebhook", Webhooks: []CalledWebhook{
+		{Name: "noop.example.com"}, {Name: "label.example.com", Mutated: true}, {Name: "noop.example.com", Mutated: true}}}}
+	for _, tc := range []struct {
+		name     string
+		plugins  []PluginCall
+		replay   *metav1.Status // nil: the replay admitted the write
+		decided  string
+		answered int
+		refusal  *metav1.Status
+		want     string // contains; "" keeps the verdict
+	}{
+		{"refused at validation after a patch, admitted by the apiserver", patched, invalid, record.StageValidation, 201, nil,
+			`the apiserver admitted the write (201), and the replay refuses it at validation (422: ConfigMap "x" is invalid: metadata.labels: Invalid value: "-bad-": a valid label must be ...) after mutating webhook "label.example.com" (patched it) in kproxy's call`},
+		{"refused otherwise by the apiserver", patched, invalid, record.StageValidation, 422, invalidOtherwise, "the apiserver refused the write (422"},
+		{"refused alike by both", patched, invalid, record.StageValidation, 422, invalid, ""},
+		{"shed by the apiserver", patched, invalid, record.StageValidation, 429, &metav1.Status{Code: 429, Message: "Too many requests"}, ""},
+		{"no webhook called", nil, invalid, record.StageValidation, 201, nil, ""},
+		{"refused at mutating admission", patched, invalid, record.StageMutatingAdmission, 201, nil, ""},
+		{"refused at validating admission, a webhook left it unchanged", unchanged, invalid, record.StageValidatingAdmission, 201, nil,
+			`after mutating webhook "noop.example.com" (left it unchanged)`},
+		{"webhooks called again (reinvocation)", twice, invalid, record.StageValidation, 201, nil,
+			`after mutating webhooks "noop.example.com" (patched it), "label.example.com" (patched it)`},
+		{"admitted after a patch, refused by the apiserver", patched, nil, "", 422, invalid,
+			`the apiserver refused the write (422: ConfigMap "x" is invalid: metadata.labels: Invalid value: "-bad-": a valid label must be ...), and the replay admits it after mutating webhook "label.example.com" (patched it) in kproxy's call`},
+		{"admitted, no webhook called", nil, nil, "", 422, invalid, ""},
+		{"admitted, the apiserver's call failed", patched, nil, "", 500, &metav1.Status{Code: 500, Message: "etcdserver: leader changed"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: "create", Resource: "configmaps", Plugins: tc.plugins, Status: tc.replay, Decided: tc.decided, actual: func(context.Context) (Answer, bool) {
+				return Answer{Status: tc.answered, Refusal: tc.refusal}, true
+			}}
+			var got string
+			if tc.replay != nil {
+				r.Code = int(tc.replay.Code)
+				got = r.mutatedByWebhookHere(context.Background())
+			} else {
+				got = r.mutatedByWebhookThere(Answer{Status: tc.answered, Refusal: tc.refusal})
+			}
+			checkOwnAnswer(t, got, tc.want, "a mutating webhook's answer is its own")
+		})
+	}
+}
+
+// TestWebhookCalls: the mutating dispatcher's audit annotation of each
+// call is read, and every annotation passes on to the request's own.
+func TestWebhookCalls(t *testing.T) {
+	inner := admission.NewAttributesRecord(nil, nil, schema.GroupVersionKind{}, "ns", "x", schema.GroupVersionResource{}, "", admission.Create, nil, true, nil)
+	w := &webhookCalls{Attributes: inner}
+	for k, v := range map[string]string{
+		"mutation.webhook.admission.k8s.io/round_0_index_0":             `{"configuration":"c","webhook":"a.example.com","mutated":true}`,
+		"failed-open.mutation.webhook.admission.k8s.io/round_0_index_1": "b.example.com",
+		"patch.webhook.admission.k8s.io/round_0_index_0":                `{"configuration":"c","webhook":"a.example.com","patch":[],"patchType":"JSONPatch"}`,
+	} {
+		if err := w.AddAnnotation(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.AddAnnotationWithLevel("mutation.webhook.admission.k8s.io/round_1_index_0", `{"configuration":"c","webhook":"a.example.com","mutated":false}`, auditinternal.LevelMetadata); err != nil {
+		t.Fatal(err)
+	}
+	want := []CalledWebhook{{Name: "a.example.com", Configuration: "c", Mutated: true}, {Name: "a.example.com", Configuration: "c"}}
+	if got := w.list(); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("calls %+v, want %+v", got, want)
 	}
 }

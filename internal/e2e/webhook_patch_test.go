@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
+)
+
+// TestMutatingWebhookPatchesDryRunOtherwise: a mutating webhook whose
+// patch depends on dryRun in its AdmissionReview (found by a probe:
+// kproxy's replay calls webhooks again, in dry run). It labels a
+// ConfigMap m=-bad- (a value validation refuses) on the calls its name
+// says, m=good on the others. A real create it spoils only in dry run is
+// admitted by the apiserver (201) and had been predicted 422 at
+// validation; one it spoils only for real is refused (422) and had been
+// predicted 201: both confidently wrong, every time. Each now says
+// unknown, naming the webhook and what it did to kproxy's call. A dry-run
+// create is a dry run for both calls: predicted as answered; so is a
+// create the webhook labels alike both ways.
+func TestMutatingWebhookPatchesDryRunOtherwise(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	ns := lateNamespace(t, "webhook-patch")
+	mux := http.NewServeMux()
+	mux.HandleFunc("/label", func(w http.ResponseWriter, r *http.Request) {
+		reviewAdmission(w, r, func(req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
+			dry := req.DryRun != nil && *req.DryRun
+			value := "good"
+			if (strings.HasPrefix(req.Name, "spoiled-in-dry-run") && dry) || (strings.HasPrefix(req.Name, "spoiled-for-real") && !dry) {
+				value = "-bad-"
+			}
+			patch := admissionv1.PatchTypeJSONPatch
+			resp.Patch = []byte(fmt.Sprintf(`[{"op":"add","path":"/metadata/labels","value":{"m":%q}}]`, value))
+			resp.PatchType = &patch
+		})
+	})
+	base, caPEM := serveWebhooks(t, "webhook-patch", mux)
+	url := base + "/label"
+	none, fail, ten := admissionregistrationv1.SideEffectClassNone, admissionregistrationv1.Fail, int32(10)
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ns}, Webhooks: []admissionregistrationv1.MutatingWebhook{{
+		Name: "label.patch.kproxy.test", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
+		Rules: []admissionregistrationv1.RuleWithOperations{{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps"}},
+		}},
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
+		FailurePolicy:     &fail, SideEffects: &none, TimeoutSeconds: &ten, AdmissionReviewVersions: []string{"v1"},
+	}}}
+	ar := cs.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	if _, err := ar.Create(ctx, mwc, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ar.Delete(context.Background(), mwc.Name, metav1.DeleteOptions{}) })
+	// Until the apiserver calls it; then past the seconds in which a
+	// change of webhooks makes an admission verdict unknown
+	// (admission_late.go).
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/"+ns+"/configmaps").Param("dryRun", "All").
+			SetHeader("Content-Type", "application/json").Body([]byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"spoiled-in-dry-run-probe"}}`)).Do(ctx).Error()
+		if err != nil && strings.Contains(err.Error(), "-bad-") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the webhook is not called after 30s (last answer: %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second)
+
+	recs, r, c := oneReplayWorker(t)
+	send := func(name, query string, want int) *record.Record {
+		t.Helper()
+		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps" + query, user: "admin",
+			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, name)})
+		if got.status != want {
+			t.Fatalf("%s: the apiserver answered %d, want %d: %s", name, got.status, want, got.body)
+		}
+		for {
+			if rec := nextRecord(t, recs); rec.Request.Namespace == ns && rec.Request.Method == "POST" {
+				return rec
+			}
+		}
+	}
+	unknown := func(t *testing.T, rec *record.Record, wants ...string) {
+		t.Helper()
+		p := rec.Predicted
+		for _, want := range append([]string{"cannot predict: mutating-admission: ", "a mutating webhook's answer is its own"}, wants...) {
+			if p.Stage != record.StageUnknown || !strings.Contains(p.Message, want) {
+				t.Errorf("predicted %s %d %q, want unknown saying %q (the apiserver answered %d %q)", p.Stage, p.Status, p.Message, want, rec.Actual.Status, rec.Actual.Message)
+			}
+		}
+	}
+	t.Run("spoiled in dry run only: admitted, was predicted 422", func(t *testing.T) {
+		rec := send("spoiled-in-dry-run", "", http.StatusCreated)
+		unknown(t, rec, "the apiserver admitted the write (201), and the replay refuses it at validation (422",
+			`mutating webhook "label.patch.kproxy.test" (patched it)`)
+	})
+	t.Run("spoiled for real only: refused, was predicted 201", func(t *testing.T) {
+		rec := send("spoiled-for-real", "", http.StatusUnprocessableEntity)
+		unknown(t, rec, "the apiserver refused the write (422", "and the replay admits it after mutating webhook \"label.patch.kproxy.test\" (patched it)")
+	})
+	t.Run("a dry run both ways: predicted", func(t *testing.T) {
+		rec := send("spoiled-in-dry-run-2", "?dryRun=All", http.StatusUnprocessableEntity)
+		if p := rec.Predicted; p.Stage != record.StageValidation || p.Status != rec.Actual.Status || p.Message != rec.Actual.Message {
+			t.Errorf("predicted %s %d %q, the apiserver answered %d %q", p.Stage, p.Status, p.Message, rec.Actual.Status, rec.Actual.Message)
+		}
+	})
+	t.Run("labelled alike both ways: predicted", func(t *testing.T) {
+		rec := send("plain", "", http.StatusCreated)
+		if p := rec.Predicted; p.Stage != "" || p.Status != http.StatusCreated {
+			t.Errorf("predicted %q %d %q, the apiserver answered %d", p.Stage, p.Status, p.Message, rec.Actual.Status)
+		}
+	})
+}
