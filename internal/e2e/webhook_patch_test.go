@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -60,37 +59,8 @@ func TestMutatingWebhookPatchesDryRunOtherwise(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ar.Delete(context.Background(), mwc.Name, metav1.DeleteOptions{}) })
-	// Until the apiserver calls it; then past the seconds in which a
-	// change of webhooks makes an admission verdict unknown
-	// (admission_late.go).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/"+ns+"/configmaps").Param("dryRun", "All").
-			SetHeader("Content-Type", "application/json").Body([]byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"spoiled-in-dry-run-probe"}}`)).Do(ctx).Error()
-		if err != nil && strings.Contains(err.Error(), "-bad-") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the webhook is not called after 30s (last answer: %v)", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	time.Sleep(3 * time.Second)
-
-	recs, r, c := oneReplayWorker(t)
-	send := func(name, query string, want int) *record.Record {
-		t.Helper()
-		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps" + query, user: "admin",
-			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, name)})
-		if got.status != want {
-			t.Fatalf("%s: the apiserver answered %d, want %d: %s", name, got.status, want, got.body)
-		}
-		for {
-			if rec := nextRecord(t, recs); rec.Request.Namespace == ns && rec.Request.Method == "POST" {
-				return rec
-			}
-		}
-	}
+	untilWebhooksCalled(t, ns, "spoiled-in-dry-run-probe", "-bad-")
+	send := configMapSender(t, ns)
 	unknown := func(t *testing.T, rec *record.Record, wants ...string) {
 		t.Helper()
 		p := rec.Predicted

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -66,36 +65,11 @@ func TestWebhooksInParallel(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ar.Delete(context.Background(), vwc.Name, metav1.DeleteOptions{}) })
-	// Until the apiserver calls them; then past the seconds in which a
-	// change of webhooks makes an admission verdict unknown
-	// (admission_late.go).
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := cs.CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/"+ns+"/configmaps").Param("dryRun", "All").
-			SetHeader("Content-Type", "application/json").Body([]byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe"}}`)).Do(ctx).Error()
-		if err != nil && strings.Contains(err.Error(), "dry runs first") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the webhooks are not called after 30s (last answer: %v)", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	time.Sleep(3 * time.Second)
-
-	recs, r, c := oneReplayWorker(t)
+	untilWebhooksCalled(t, ns, "probe", "dry runs first")
+	sendAs := configMapSender(t, ns)
 	send := func(name, query string) *record.Record {
 		t.Helper()
-		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps" + query, user: "admin",
-			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, name)})
-		if got.status != http.StatusForbidden {
-			t.Fatalf("%s: the apiserver answered %d, want 403: %s", name, got.status, got.body)
-		}
-		for {
-			if rec := nextRecord(t, recs); rec.Request.Namespace == ns && rec.Request.Method == "POST" {
-				return rec
-			}
-		}
+		return sendAs(name, query, http.StatusForbidden)
 	}
 	t.Run("real create: the races go different ways", func(t *testing.T) {
 		rec := send("real", "")

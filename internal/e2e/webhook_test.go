@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // webhookNS is where the corpus's admission webhooks apply: each webhook
@@ -213,4 +216,46 @@ func reviewAdmission(w http.ResponseWriter, r *http.Request, answer func(*admiss
 	ar.Response, ar.Request = resp, nil
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(ar)
+}
+
+// untilWebhooksCalled waits until the apiserver calls the webhooks just
+// configured for ConfigMaps in ns: a dry-run create of one named probe
+// fails saying says. Then it waits past the seconds in which a change of
+// webhooks makes an admission verdict unknown (admission_late.go).
+func untilWebhooksCalled(t *testing.T, ns, probe, says string) {
+	t.Helper()
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := adminClient().CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/"+ns+"/configmaps").Param("dryRun", "All").
+			SetHeader("Content-Type", "application/json").Body([]byte(fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, probe))).Do(ctx).Error()
+		if err != nil && strings.Contains(err.Error(), says) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the webhooks are not called after 30s (last answer: %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second)
+}
+
+// configMapSender creates ConfigMaps in ns through a kproxy with one
+// replay worker, as admin, and returns each create's record once the
+// apiserver answered it want.
+func configMapSender(t *testing.T, ns string) func(name, query string, want int) *record.Record {
+	recs, r, c := oneReplayWorker(t)
+	return func(name, query string, want int) *record.Record {
+		t.Helper()
+		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps" + query, user: "admin",
+			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, name)})
+		if got.status != want {
+			t.Fatalf("%s: the apiserver answered %d, want %d: %s", name, got.status, want, got.body)
+		}
+		for {
+			if rec := nextRecord(t, recs); rec.Request.Namespace == ns && rec.Request.Method == "POST" {
+				return rec
+			}
+		}
+	}
 }
