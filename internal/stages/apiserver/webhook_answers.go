@@ -250,9 +250,10 @@ func (r *Run) mutatedByWebhookHere(ctx context.Context) string {
 
 // mutatedByWebhookThere says why the replay's admission of a write the
 // apiserver refused (aw), where the replay called a mutating webhook, is
-// not the request's, or "".
+// not the request's, or "". The store's refusals (404, 409: the object's
+// existence and version) are not what a patch changes.
 func (r *Run) mutatedByWebhookThere(aw Answer) string {
-	if aw.Refusal == nil || momentary(aw.Status) {
+	if aw.Refusal == nil || momentary(aw.Status) || aw.Status == http.StatusNotFound || aw.Status == http.StatusConflict {
 		return ""
 	}
 	called := r.mutatingWebhooksCalled()

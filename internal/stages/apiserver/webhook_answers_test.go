@@ -161,6 +161,7 @@ func TestMutatingWebhookAnswers(t *testing.T) {
 		{"admitted after a patch, refused by the apiserver", patched, nil, "", 422, invalid,
 			`the apiserver refused the write (422: ConfigMap "x" is invalid: metadata.labels: Invalid value: "-bad-": a valid label must be ...), and the replay admits it after mutating webhook "label.example.com" (patched it) in kproxy's call`},
 		{"admitted, no webhook called", nil, nil, "", 422, invalid, ""},
+		{"admitted, the store refused it in the apiserver", patched, nil, "", 409, &metav1.Status{Code: 409, Message: `configmaps "x" already exists`}, ""},
 		{"admitted, the apiserver's call failed", patched, nil, "", 500, &metav1.Status{Code: 500, Message: "etcdserver: leader changed"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
