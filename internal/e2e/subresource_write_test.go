@@ -215,6 +215,37 @@ func TestEvictionOfTerminatingPod(t *testing.T) {
 	}
 }
 
+// TestEvictionFailedAfterBudget: an eviction whose deleteOptions carry a
+// precondition the pod does not meet (found by a probe), of a pod whose
+// budget allows a disruption. kube-apiserver takes the disruption from
+// the budget, then fails the delete (409) and does not give it back; the
+// replay reads the budget after that and had predicted the budget's 429,
+// every time. It says unknown, naming the 409 and the budget.
+func TestEvictionFailedAfterBudget(t *testing.T) {
+	send := adminSender(t)
+	pod := fmt.Sprintf("evict-precondition-%d", time.Now().UnixNano())
+	ns := "/api/v1/namespaces/" + testNS
+	send(request{method: "POST", path: ns + "/pods", body: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + pod + `","labels":{"pdb":"` + pod + `"}},"spec":{"nodeName":"node-1","containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`}, 201)
+	send(request{method: "PATCH", path: ns + "/pods/" + pod + "/status", contentType: "application/merge-patch+json",
+		body: `{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`}, 200)
+	send(request{method: "POST", path: "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets",
+		body: `{"apiVersion":"policy/v1","kind":"PodDisruptionBudget","metadata":{"name":"` + pod + `"},"spec":{"maxUnavailable":1,"selector":{"matchLabels":{"pdb":"` + pod + `"}}}}`}, 201)
+	for _, precondition := range []string{`{"uid":"not-the-pods"}`, `{"resourceVersion":"1"}`} {
+		// The budget allows one disruption again (the first eviction
+		// took it).
+		send(request{method: "PATCH", path: "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets/" + pod + "/status", contentType: "application/merge-patch+json",
+			body: `{"status":{"observedGeneration":1,"disruptionsAllowed":1,"currentHealthy":1,"desiredHealthy":0,"expectedPods":1,"disruptedPods":null}}`}, 200)
+		rec := send(request{method: "POST", path: ns + "/pods/" + pod + "/eviction",
+			body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"` + pod + `"},"deleteOptions":{"preconditions":` + precondition + `}}`}, 409)
+		p := rec.Predicted
+		for _, want := range []string{"cannot predict", "the apiserver passed the eviction's disruption budget, then failed to delete the pod (409: ", "the budget as the request met it was not read"} {
+			if p.Stage != record.StageUnknown || !strings.Contains(p.Message, want) {
+				t.Errorf("eviction with precondition %s: predicted %d at %s (%s), the apiserver answered 409 %q; want unknown saying %q", precondition, p.Status, p.Stage, p.Message, rec.Actual.Message, want)
+			}
+		}
+	}
+}
+
 // adminSender starts a kproxy that records into a stream and returns a
 // function that sends a request as admin through it, fails the test
 // unless the apiserver answers want, and returns the request's record.

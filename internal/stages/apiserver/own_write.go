@@ -267,9 +267,10 @@ func (r *Run) refusedLate(ctx context.Context) string {
 		return ""
 	}
 	var why string
+	budget := false
 	switch {
 	case r.Status.Code == http.StatusTooManyRequests && r.Resource == "pods" && r.Subresource == "eviction" && disruptionBudgetCause(r.Status):
-		why = evictionBudgetReadLateWhy
+		why, budget = evictionBudgetReadLateWhy, true
 		if at, ok := r.markedAround(); ok {
 			why = fmt.Sprintf(evictionMarkedAroundWhy, at.UTC().Format(time.RFC3339))
 		}
@@ -280,8 +281,17 @@ func (r *Run) refusedLate(ctx context.Context) string {
 	default:
 		return ""
 	}
-	if aw, ok := r.actual(ctx); ok && aw.Status >= 200 && aw.Status < 300 {
+	aw, ok := r.actual(ctx)
+	switch {
+	case !ok:
+	case aw.Status >= 200 && aw.Status < 300:
 		return why
+	case budget && aw.Status == http.StatusConflict && aw.Refusal != nil:
+		// The eviction passed the budget, which the apiserver then
+		// decremented, and its delete of the pod failed (a precondition
+		// of the eviction's deleteOptions): the budget is not given
+		// back, and the replay read it after.
+		return fmt.Sprintf(evictionFailedAfterBudgetWhy, aw.Status, aw.Refusal.Message)
 	}
 	return ""
 }
@@ -454,6 +464,7 @@ func disruptionBudgetCause(st *metav1.Status) bool {
 
 const (
 	evictionBudgetReadLateWhy     = "the apiserver allowed the eviction (201), and the replay's read of the pod's PodDisruptionBudget came after the request had used its allowed disruption: the budget as the request met it was not read, so the state on arrival is not known"
+	evictionFailedAfterBudgetWhy  = "the apiserver passed the eviction's disruption budget, then failed to delete the pod (%d: %s): kube-apiserver takes the budget's allowed disruption before the delete, and does not give it back when the delete fails, and the replay's read of the budget came after that: the budget as the request met it was not read, so the state on arrival is not known"
 	evictionMarkedAroundWhy       = "the apiserver allowed the eviction (201), and the replay refuses it for the pod's disruption budget, read after the request: the budget as the request met it was not read. The replay read the pod as it was before it was marked for eviction, at %s, within seconds of this request's arrival: by this request, which then used the budget's allowed disruption, or by an earlier one, which left the pod being deleted (an eviction of such a pod skips the budget); the mark's time, in seconds, cannot tell them apart, so the state on arrival is not known"
 	namespaceGoneLateWhy          = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
 	namespaceEndedEarlyWhy        = "the apiserver refused the create because the namespace is being terminated, and the replay's NamespaceLifecycle found it active in its informer: the deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up (or never saw a delete sent past kproxy), so the state on arrival is not known"
