@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -132,11 +133,11 @@ func (r allocatingREST) Create(ctx context.Context, obj runtime.Object, createVa
 	r.a.mu.Lock()
 	defer r.a.mu.Unlock()
 	if svc, ok := obj.(*api.Service); ok {
-		r.a.ports.own = svc.Namespace + "/" + svc.Name
-		if svc.Namespace == "" {
-			ns, _ := genericapirequest.NamespaceFrom(ctx)
-			r.a.ports.own = ns + "/" + svc.Name
+		ns := svc.Namespace
+		if ns == "" {
+			ns, _ = genericapirequest.NamespaceFrom(ctx)
 		}
+		r.a.ports.begin(ns, svc.Name)
 	}
 	o := options.DeepCopy()
 	o.DryRun = nil
@@ -150,7 +151,7 @@ func (r allocatingREST) Update(ctx context.Context, name string, objInfo rest.Up
 	r.a.mu.Lock()
 	defer r.a.mu.Unlock()
 	ns, _ := genericapirequest.NamespaceFrom(ctx)
-	r.a.ports.own = ns + "/" + name
+	r.a.ports.begin(ns, name)
 	o := options.DeepCopy()
 	o.DryRun = nil
 	return r.REST.Update(context.WithValue(ctx, allocationProbeKey{}, true), name, objInfo, createValidation, updateValidation, forceAllowCreate, o)
@@ -208,8 +209,11 @@ func sameParent(a, b *networkingv1.ParentReference) bool {
 
 // currentPorts is a node-port allocator that answers each call with
 // kube-apiserver's port allocator filled with the node ports the cluster's
-// Services hold now (but the written Service's own), and remembers
-// nothing.
+// Services hold now (but the written Service's own), and the ports this
+// write allocated before: a Service naming one node port on two of its
+// ports is refused at its second ("provided port is already allocated"),
+// as the apiserver's allocator refuses it, before validation would call
+// it a duplicate.
 type currentPorts struct {
 	rng      utilnet.PortRange
 	services corelisters.ServiceLister
@@ -220,6 +224,13 @@ type currentPorts struct {
 	// informer is the fallback when the list fails or is shed.
 	list func(context.Context) ([]corev1.Service, error)
 	own  string // namespace/name of the Service being written
+	// taken are the node ports the write allocated so far.
+	taken []int
+}
+
+// begin starts a write of the Service ns/name.
+func (c *currentPorts) begin(ns, name string) {
+	c.own, c.taken = ns+"/"+name, nil
 }
 
 var _ portallocator.Interface = (*currentPorts)(nil)
@@ -258,24 +269,42 @@ func (c *currentPorts) now() *portallocator.PortAllocator {
 			_ = pa.Allocate(int(hc))
 		}
 	}
+	for _, p := range c.taken {
+		_ = pa.Allocate(p)
+	}
 	return pa
 }
 
 func (c *currentPorts) Allocate(port int) error {
-	if pa := c.now(); pa != nil {
-		return pa.Allocate(port)
+	pa := c.now()
+	if pa == nil {
+		return portallocator.ErrAllocated
 	}
-	return portallocator.ErrAllocated
+	err := pa.Allocate(port)
+	if err == nil {
+		c.taken = append(c.taken, port)
+	}
+	return err
 }
 
 func (c *currentPorts) AllocateNext() (int, error) {
-	if pa := c.now(); pa != nil {
-		return pa.AllocateNext()
+	pa := c.now()
+	if pa == nil {
+		return 0, portallocator.ErrFull
 	}
-	return 0, portallocator.ErrFull
+	port, err := pa.AllocateNext()
+	if err == nil {
+		c.taken = append(c.taken, port)
+	}
+	return port, err
 }
 
-func (c *currentPorts) Release(int) error { return nil }
+func (c *currentPorts) Release(port int) error {
+	if i := slices.Index(c.taken, port); i >= 0 {
+		c.taken = slices.Delete(c.taken, i, i+1)
+	}
+	return nil
+}
 
 func (c *currentPorts) ForEach(f func(int)) {
 	if pa := c.now(); pa != nil {
