@@ -991,8 +991,9 @@ func (p *Proxy) replay(ctx context.Context, req *stages.Request) (o stages.Outco
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			p.log.Error("replay panicked ("+stages.PanicBlame(v)+")", "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			o = stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: " + stages.PanicExplanation(v, req.ID)}}
+			why, blame := stages.PanicReport(v, req.ID)
+			p.log.Error("replay panicked ("+blame+")", "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			o = stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: " + why}}
 		}
 	}()
 	return p.replayer.Run(ctx, req)

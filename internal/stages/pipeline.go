@@ -460,40 +460,34 @@ func notReachedResult(name, decidedBy, stopped string) record.StageResult {
 func (p *Pipeline) protect(stage string, req *Request, f func() Result) (res Result) {
 	defer func() {
 		if v := recover(); v != nil {
-			p.log.Error("replay stage panicked ("+PanicBlame(v)+")", "stage", stage, "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			res = Failed(PanicExplanation(v, req.ID))
+			why, blame := PanicReport(v, req.ID)
+			p.log.Error("replay stage panicked ("+blame+")", "stage", stage, "record", req.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			res = Failed(why)
 		}
 	}()
 	return f()
 }
 
-// PanicExplanation says a replay failed on a panic, for a record: what
-// kind of failure, and where, never the stack or the values involved. A
+// PanicReport says a replay failed on a panic (v, recovered): why, for
+// a record (what kind of failure, and where, never the stack or the
+// values involved), and blame, for the log line beside the stack. A
 // panic in Kubernetes' own code (the replay runs the apiserver's) is
 // kube-apiserver's too: a request that makes its handler panic has it
 // abort the request (a probe found one: a protobuf body for a custom
 // resource, answered by a dropped connection), which is worth saying
 // rather than blaming kproxy. Called from the recovering function.
-func PanicExplanation(v any, id string) string {
+func PanicReport(v any, id string) (why, blame string) {
 	what := "a panic"
 	if err, ok := v.(runtime.Error); ok {
 		what = "a panic (" + err.Error() + ")"
 	}
 	if site := panicSite(v); upstreamCode(site) {
 		return "the replay failed on " + what + " in the apiserver's own code (" + site + "), which kube-apiserver runs for this request too: " +
-			"it likely fails the request alike (a Kubernetes bug: its handler panics and the request is aborted, with no answer to predict); " +
-			"the stack is in kproxy's log under record " + id
+				"it likely fails the request alike (a Kubernetes bug: its handler panics and the request is aborted, with no answer to predict); " +
+				"the stack is in kproxy's log under record " + id,
+			"in Kubernetes' code, which the apiserver runs too"
 	}
-	return "the replay failed on " + what + ", a kproxy bug: the stack is in kproxy's log under record " + id
-}
-
-// PanicBlame says, for the log, whose code panicked (v, recovered).
-// Called from the recovering function.
-func PanicBlame(v any) string {
-	if upstreamCode(panicSite(v)) {
-		return "in Kubernetes' code, which the apiserver runs too"
-	}
-	return "a kproxy bug"
+	return "the replay failed on " + what + ", a kproxy bug: the stack is in kproxy's log under record " + id, "a kproxy bug"
 }
 
 // panicSite is the function that panicked: the first frame past the

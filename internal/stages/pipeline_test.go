@@ -293,8 +293,7 @@ func TestRecordedChildren(t *testing.T) {
 func TestPanicExplanation(t *testing.T) {
 	explain := func(f func()) (msg, blame string) {
 		defer func() {
-			v := recover()
-			msg, blame = PanicExplanation(v, "r1"), PanicBlame(v)
+			msg, blame = PanicReport(recover(), "r1")
 		}()
 		f()
 		return "", ""

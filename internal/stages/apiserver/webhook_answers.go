@@ -172,13 +172,12 @@ const mutatingWebhookOwnAnswer = "a mutating webhook's answer is its own (kproxy
 	"patches a dry run otherwise, or that is not deterministic, changes the two objects differently), so what the stages " +
 	"after it saw, and the request's outcome, is not known"
 
-// mutatingWebhooksCalled names the mutating webhooks the replay called,
-// each once, saying which changed kproxy's object; "" when it called none.
-func (r *Run) mutatingWebhooksCalled() string {
+// calledWebhooks are the mutating webhooks the replay called, each once
+// in the order first called, and which of them changed kproxy's object.
+func (r *Run) calledWebhooks() (names []string, mutated map[string]bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var names []string
-	mutated := map[string]bool{}
+	mutated = map[string]bool{}
 	for _, p := range r.Plugins {
 		for _, w := range p.Webhooks {
 			if _, seen := mutated[w.Name]; !seen {
@@ -187,6 +186,13 @@ func (r *Run) mutatingWebhooksCalled() string {
 			mutated[w.Name] = mutated[w.Name] || w.Mutated
 		}
 	}
+	return names, mutated
+}
+
+// mutatingWebhooksCalled names the mutating webhooks the replay called,
+// saying which changed kproxy's object; "" when it called none.
+func (r *Run) mutatingWebhooksCalled() string {
+	names, mutated := r.calledWebhooks()
 	if len(names) == 0 {
 		return ""
 	}
@@ -197,29 +203,19 @@ func (r *Run) mutatingWebhooksCalled() string {
 		}
 		names[i] = fmt.Sprintf("%q (%s)", n, did)
 	}
-	return "mutating " + plural(len(names), "webhook ", "webhooks ") + strings.Join(names, ", ")
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
+	noun := "mutating webhook "
+	if len(names) > 1 {
+		noun = "mutating webhooks "
 	}
-	return many
+	return noun + strings.Join(names, ", ")
 }
 
 // calledMutatingWebhook reports whether the replay called the mutating
 // webhook named name.
 func (r *Run) calledMutatingWebhook(name string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, p := range r.Plugins {
-		for _, w := range p.Webhooks {
-			if w.Name == name {
-				return true
-			}
-		}
-	}
-	return false
+	_, mutated := r.calledWebhooks()
+	_, called := mutated[name]
+	return called
 }
 
 // mutatedByWebhookHere says why the replay's refusal of a write after
