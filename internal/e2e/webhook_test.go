@@ -224,11 +224,18 @@ func reviewAdmission(w http.ResponseWriter, r *http.Request, answer func(*admiss
 // webhooks makes an admission verdict unknown (admission_late.go).
 func untilWebhooksCalled(t *testing.T, ns, probe, says string) {
 	t.Helper()
+	untilCalled(t, ns, "configmaps", "ConfigMap", probe, says)
+}
+
+// untilCalled is untilWebhooksCalled for objects of another kind (plural,
+// kind) in ns.
+func untilCalled(t *testing.T, ns, plural, kind, probe, says string) {
+	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := adminClient().CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/"+ns+"/configmaps").Param("dryRun", "All").
-			SetHeader("Content-Type", "application/json").Body([]byte(fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, probe))).Do(ctx).Error()
+		err := adminClient().CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/"+ns+"/"+plural).Param("dryRun", "All").
+			SetHeader("Content-Type", "application/json").Body([]byte(fmt.Sprintf(`{"apiVersion":"v1","kind":%q,"metadata":{"name":%q}}`, kind, probe))).Do(ctx).Error()
 		if err != nil && strings.Contains(err.Error(), says) {
 			break
 		}
@@ -244,11 +251,21 @@ func untilWebhooksCalled(t *testing.T, ns, probe, says string) {
 // replay worker, as admin, and returns each create's record once the
 // apiserver answered it want.
 func configMapSender(t *testing.T, ns string) func(name, query string, want int) *record.Record {
-	recs, r, c := oneReplayWorker(t)
+	send := objectSender(t, ns)
 	return func(name, query string, want int) *record.Record {
 		t.Helper()
-		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps" + query, user: "admin",
-			body: fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q}}`, name)})
+		return send("configmaps", "ConfigMap", name, query, want)
+	}
+}
+
+// objectSender is configMapSender for objects of any core kind (plural,
+// kind) with an empty spec.
+func objectSender(t *testing.T, ns string) func(plural, kind, name, query string, want int) *record.Record {
+	recs, r, c := oneReplayWorker(t)
+	return func(plural, kind, name, query string, want int) *record.Record {
+		t.Helper()
+		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/" + plural + query, user: "admin",
+			body: fmt.Sprintf(`{"apiVersion":"v1","kind":%q,"metadata":{"name":%q}}`, kind, name)})
 		if got.status != want {
 			t.Fatalf("%s: the apiserver answered %d, want %d: %s", name, got.status, want, got.body)
 		}

@@ -58,12 +58,14 @@ type kindChanges struct {
 	// mutating: the plugins reading it mutate the object, so a change
 	// moves any later stage's verdict (validation, above all).
 	mutating bool
-	key      func(metav1.Object) string
-	last     atomic.Int64 // cluster-scoped
-	mu       sync.Mutex
-	inNS     map[string]int64 // namespaced
-	sweepAt  int              // len(inNS) that prunes it
-	clock    clock.PassiveClock
+	// readBy: the enabled plugins that read it.
+	readBy  []string
+	key     func(metav1.Object) string
+	last    atomic.Int64 // cluster-scoped
+	mu      sync.Mutex
+	inNS    map[string]int64 // namespaced
+	sweepAt int              // len(inNS) that prunes it
+	clock   clock.PassiveClock
 }
 
 // changeHorizon is how long a namespace's last change is kept: longer
@@ -158,7 +160,8 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 		if !slices.ContainsFunc(s.readBy, func(p string) bool { return slices.Contains(plugins, p) }) {
 			continue // no enabled plugin reads it: no informer to ride on
 		}
-		k := &kindChanges{name: s.name, key: s.key, lag: s.lag, mutating: s.mutating, inNS: map[string]int64{}, clock: clk}
+		readBy := slices.DeleteFunc(slices.Clone(s.readBy), func(p string) bool { return !slices.Contains(plugins, p) })
+		k := &kindChanges{name: s.name, key: s.key, lag: s.lag, mutating: s.mutating, readBy: readBy, inNS: map[string]int64{}, clock: clk}
 		_, _ = s.informer().AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
 			AddFunc: func(obj any, initial bool) {
 				if initial {
@@ -196,14 +199,48 @@ func (c *admissionChanges) mutatorsChangedSince(t time.Time, namespace string) s
 	return c.changed(t, namespace, true)
 }
 
+// refusalChangedSince names the state seen to change after t that may
+// have moved plugin's refusal of a request for resource (group, plural) in
+// namespace, or "": the state plugin reads, and the state a plugin reads
+// that mutates such an object before it (a mutating webhook's or policy's
+// configuration or namespace selector, any object; a LimitRange's
+// defaults, a ServiceAccount's token volume, a PriorityClass's value, a
+// RuntimeClass's overhead, a pod). A LimitRange's change says nothing of
+// a ConfigMap a ValidatingAdmissionPolicy refused, and the request's own
+// LimitRange, seen created after it arrived, is no reason for the
+// apiserver to have admitted it.
+func (c *admissionChanges) refusalChangedSince(t time.Time, namespace, plugin, group, resource string) string {
+	return c.changedIf(t, namespace, func(k *kindChanges) bool {
+		return slices.ContainsFunc(k.readBy, func(p string) bool {
+			return p == plugin || mutates(p, group, resource)
+		})
+	})
+}
+
+// mutates reports whether the admission plugin p mutates objects of the
+// resource (group, plural).
+func mutates(p, group, resource string) bool {
+	switch p {
+	case "MutatingAdmissionWebhook", "MutatingAdmissionPolicy":
+		return true
+	case "ServiceAccount", "LimitRanger", "Priority", "RuntimeClass":
+		return group == "" && resource == "pods"
+	}
+	return false
+}
+
 func (c *admissionChanges) changed(t time.Time, namespace string, mutating bool) string {
+	return c.changedIf(t, namespace, func(k *kindChanges) bool { return !mutating || k.mutating })
+}
+
+func (c *admissionChanges) changedIf(t time.Time, namespace string, read func(*kindChanges) bool) string {
 	if c == nil || t.IsZero() {
 		return ""
 	}
 	var what []string
 	lagged := false
 	for _, k := range c.kinds {
-		if (!mutating || k.mutating) && k.changedSince(t, namespace) {
+		if read(k) && k.changedSince(t, namespace) {
 			what = append(what, k.name)
 			lagged = lagged || k.lag > 0
 		}
@@ -222,7 +259,9 @@ func (r *Run) refusedByStateLate(ctx context.Context) string {
 	if r.PluginErrName == "" {
 		return ""
 	}
-	changed, aw, ok := r.refusalChanged(ctx, r.changes.changedSince)
+	changed, aw, ok := r.refusalChanged(ctx, func(t time.Time, namespace string) string {
+		return r.changes.refusalChangedSince(t, namespace, r.PluginErrName, r.group, r.Resource)
+	})
 	switch {
 	case !ok:
 	case aw.Status >= 200 && aw.Status < 300:

@@ -94,7 +94,7 @@ func TestAdmissionChangesSince(t *testing.T) {
 func TestAdmissionStateLate(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	arrival := clk.Now()
-	changed := &admissionChanges{clock: clk, kinds: []*kindChanges{{name: "LimitRanges", key: func(m metav1.Object) string { return m.GetNamespace() }, inNS: map[string]int64{}, clock: clk}}}
+	changed := &admissionChanges{clock: clk, kinds: []*kindChanges{{name: "LimitRanges", key: func(m metav1.Object) string { return m.GetNamespace() }, readBy: []string{"LimitRanger"}, inNS: map[string]int64{}, clock: clk}}}
 	clk.Step(time.Second)
 	changed.kinds[0].mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "ns"}})
 	unchanged := &admissionChanges{clock: clk}
@@ -123,10 +123,19 @@ func TestAdmissionStateLate(t *testing.T) {
 			{"ResourceQuota, a quota created after the request", &Run{Status: &metav1.Status{Code: 403, Message: `pods "p" is forbidden: failed quota: q: must specify limits.cpu for: c`},
 				PluginErrName: "ResourceQuota", changes: changed}, 201, "the replay's ResourceQuota refuses it"},
 			{"an exec (its answer is its stream)", &Run{Status: limit, PluginErrName: "LimitRanger", Subresource: "exec", changes: changed}, 201, ""},
+			// LimitRanger mutates pods (their defaults) before the
+			// validating plugins: its state moves their verdicts on a pod,
+			// and on nothing else.
+			{"PodSecurity, a pod, LimitRanges changed", &Run{Status: &metav1.Status{Code: 403, Message: `pods "p" is forbidden: violates PodSecurity "restricted:latest"`}, PluginErrName: "PodSecurity", changes: changed}, 201, "the replay's PodSecurity refuses it: kproxy saw LimitRanges change"},
+			{"a policy, a LimitRange (the request's own, seen created), LimitRanges changed", &Run{Status: policy, PluginErrName: "ValidatingAdmissionPolicy", Resource: "limitranges", changes: changed}, 201, ""},
+			{"a policy, a pod in group example.com, LimitRanges changed", &Run{Status: policy, PluginErrName: "ValidatingAdmissionPolicy", group: "example.com", changes: changed}, 201, ""},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				r := tc.run
 				r.arrival, r.namespace = arrival, "ns"
+				if r.Resource == "" {
+					r.Resource = "pods"
+				}
 				a := Answer{Status: tc.answered}
 				switch tc.answered {
 				case 403:

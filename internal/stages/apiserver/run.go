@@ -93,6 +93,7 @@ type Run struct {
 	// apply: a server-side apply (a patch of the apply type), whose
 	// patch is decoded, strictly, as the handler applies it.
 	apply       bool
+	group       string // the request's API group
 	Resource    string
 	Subresource string
 	DryRun      bool // the request itself is a dry run
@@ -460,7 +461,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
+	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), group: req.Info.APIGroup, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
 		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	if namesPod(run, req.Info.Name) {
