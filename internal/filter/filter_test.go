@@ -242,6 +242,29 @@ func TestMatch(t *testing.T) {
 	}
 }
 
+// TestMismatchNeedsAnAnswer: ~x leaves out a status kproxy wrote because
+// no answer came, as the AGREE column and --stats do (found by a probe:
+// a 502 kproxy wrote was listed by ~x and counted unknown).
+func TestMismatchNeedsAnAnswer(t *testing.T) {
+	e, err := Parse("~x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		a    record.Actual
+		want bool
+	}{
+		{record.Actual{Status: 502, Error: "kproxy could not reach the apiserver at x: refused"}, false},
+		{record.Actual{Status: 403, Error: record.ErrorUnforwardable + "a control character"}, false},
+		{record.Actual{Status: 502}, true},
+		{record.Actual{Status: 403}, true},
+	} {
+		if got := e.Match(&record.Record{Predicted: record.Prediction{Status: 201}, Actual: tc.a}); got != tc.want {
+			t.Errorf("~x on %d %q = %v, want %v", tc.a.Status, tc.a.Error, got, tc.want)
+		}
+	}
+}
+
 func TestMatchNil(t *testing.T) {
 	var e *Expr
 	if !e.Match(fixtures[0].rec) || !e.Match(nil) {

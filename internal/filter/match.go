@@ -182,12 +182,14 @@ type stageNode struct{ stage string }
 
 func (n *stageNode) match(r *record.Record) bool { return r.Predicted.Stage == n.stage }
 
-// ~x: prediction and answer are both known and their statuses differ.
+// ~x: prediction and answer are both known and their statuses differ (a
+// status kproxy wrote because no answer came is none: flowview's
+// Agreement says so too).
 type mismatchNode struct{}
 
 func (mismatchNode) match(r *record.Record) bool {
 	p, a := r.Predicted.Status, r.Actual.Status
-	return r.Predicted.Stage != record.StageUnknown && p != 0 && a != 0 && p != a
+	return r.Predicted.Stage != record.StageUnknown && p != 0 && a != 0 && p != a && !r.Actual.NoAnswer()
 }
 
 // ~unknown: kproxy could not predict.

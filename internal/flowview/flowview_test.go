@@ -88,6 +88,7 @@ func TestPredictedActualAgreement(t *testing.T) {
 		{"the client went away before the answer", record.Prediction{Status: 200}, record.Actual{Status: 499, Error: "client canceled the request"}, "200", "499", "?", Unknown},
 		{"kproxy could not reach the apiserver", record.Prediction{Status: 200}, record.Actual{Status: 502, Error: "kproxy could not reach the apiserver at x: dial tcp: refused"}, "200", "502", "?", Unknown},
 		{"the apiserver's own 502", record.Prediction{Status: 200}, record.Actual{Status: 502}, "200", "502", "!=", Mismatch},
+		{"kproxy refused a caller it cannot forward exactly", record.Prediction{Status: 201}, record.Actual{Status: 403, Error: record.ErrorUnforwardable + "a control character"}, "201", "403", "?", Unknown},
 		{"kproxy's own 401 for a certificate", record.Prediction{Status: 401, Stage: record.StageAuthentication}, record.Actual{Status: 401, Error: "answered by kproxy: the apiserver's 401"}, "401 @authentication", "401", "=", Match},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,13 +4,19 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
-	"net/url"
+	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"golang.org/x/net/http/httpguts"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -30,6 +36,8 @@ import (
 
 	"github.com/kproxy/kproxy/internal/credential"
 	"github.com/kproxy/kproxy/internal/decode"
+	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/stages"
 )
 
 // How kproxy forwards a caller (record.Identity).
@@ -188,6 +196,33 @@ func (p *Proxy) withCallerImpersonation(w http.ResponseWriter, r *http.Request, 
 	p.impersonationFilter.ServeHTTP(w, r.WithContext(ctx))
 }
 
+// forwardAs forwards r by impersonating u, the certificate caller or whom
+// it may act as, unless no impersonation makes the apiserver see u
+// exactly: then kproxy refuses it (403) rather than forward it as someone
+// else, who may be granted more.
+func (p *Proxy) forwardAs(w http.ResponseWriter, r *http.Request, ex *exchange, u user.Info) {
+	why := unforwardable(u, r.Header.Get("Upgrade") != "")
+	if why == "" {
+		ex.actAs = u
+		p.forward(w, r, ex)
+		return
+	}
+	ex.rec.Actual.Error = record.ErrorUnforwardable + why
+	if r.Body != nil {
+		// The replay says what the apiserver would have answered: it
+		// needs the body the apiserver would have read.
+		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, stages.MaxBodyBytes+1))
+	}
+	ex.rec.Actual.AuditID = ex.auditID
+	w.Header().Set("Audit-Id", ex.auditID)
+	w.Header().Set("Cache-Control", "no-cache, private")
+	p.perRequestLog.Warn("caller refused: kproxy cannot forward its identity exactly", "id", ex.rec.ID, "user", u.GetName(), "reason", why)
+	err := &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden,
+		Message: "kproxy cannot forward this request as its caller: " + why + "; kproxy forwards a client certificate's caller by impersonation, and " +
+			"refuses rather than forward it as someone else: send it to the apiserver directly"}}
+	responsewriters.ErrorNegotiated(err, statusCodecs, schema.GroupVersion{Group: ex.info.APIGroup, Version: ex.info.APIVersion}, w, r)
+}
+
 // hasImpersonation reports client-sent Impersonate-* headers.
 func hasImpersonation(h http.Header) bool {
 	for k := range h {
@@ -199,9 +234,12 @@ func hasImpersonation(h http.Header) bool {
 }
 
 // setImpersonation replaces any Impersonate-* and front-proxy headers with
-// the headers that make the apiserver see u. system:authenticated is left
-// out: the apiserver adds it to every impersonated non-anonymous user, in
-// the same place the authenticator adds it for a direct caller.
+// the headers that make the apiserver see u exactly, as it sees the caller
+// when it authenticates it itself. Every group is sent, system:authenticated
+// too (directGroups): an impersonation that names no group gets the
+// apiserver's defaults for the name, which are not the authenticator's (a
+// service account's groups for a name shaped like one, system:nodes for a
+// node's). unforwardable says beforehand what no header can carry.
 func setImpersonation(h http.Header, u user.Info) {
 	for k := range h {
 		if strings.HasPrefix(k, "Impersonate-") || strings.HasPrefix(k, "X-Remote-") {
@@ -213,16 +251,96 @@ func setImpersonation(h http.Header, u user.Info) {
 	if uid := u.GetUID(); uid != "" {
 		h.Set(authenticationv1.ImpersonateUIDHeader, uid)
 	}
-	for _, g := range u.GetGroups() {
-		if g == user.AllAuthenticated && u.GetName() != user.Anonymous {
-			continue
-		}
+	for _, g := range directGroups(u) {
 		h.Add(authenticationv1.ImpersonateGroupHeader, g)
 	}
 	for k, vs := range u.GetExtra() {
-		name := authenticationv1.ImpersonateUserExtraHeaderPrefix + url.PathEscape(k)
+		name := authenticationv1.ImpersonateUserExtraHeaderPrefix + extraKeyEscape(k)
 		for _, v := range vs {
 			h.Add(name, v)
 		}
 	}
+}
+
+// directGroups are u's groups as the apiserver's authenticator union gives
+// them to a caller it authenticates itself (AuthenticatedGroupAdder):
+// system:authenticated is added for every user but system:anonymous,
+// unless a group says authenticated or unauthenticated already. For a user
+// that came out of the impersonation filter, they are its groups.
+func directGroups(u user.Info) []string {
+	groups := u.GetGroups()
+	if u.GetName() == user.Anonymous || slices.Contains(groups, user.AllAuthenticated) || slices.Contains(groups, user.AllUnauthenticated) {
+		return groups
+	}
+	return append(slices.Clip(groups), user.AllAuthenticated)
+}
+
+// unforwardable says why no impersonation makes the apiserver see u
+// exactly as it would see the caller directly, or "". kproxy then refuses
+// the request (403) rather than forward it as someone else: an identity
+// changed on the way can be granted what the caller is not (a padded
+// " system:masters" group, trimmed, is system:masters).
+//   - An impersonated system:anonymous always gets system:unauthenticated,
+//     which a certificate for system:anonymous does not carry unless it
+//     names it.
+//   - A header value cannot carry control characters.
+//   - HTTP/1.1 trims the spaces around a header's value (HTTP/2 does not:
+//     such a request goes upstream over HTTP/2, paddedImpersonation); an
+//     upgrade (exec, attach, port-forward) only goes over HTTP/1.1.
+func unforwardable(u user.Info, upgrade bool) string {
+	name := u.GetName()
+	if name == "" {
+		return "the caller's user name is empty, and an impersonation without a user name is refused"
+	}
+	if name == user.Anonymous && !slices.Contains(u.GetGroups(), user.AllUnauthenticated) {
+		return fmt.Sprintf("the apiserver adds the group %s to an impersonated %s, and this caller (groups %q) is not in it", user.AllUnauthenticated, user.Anonymous, u.GetGroups())
+	}
+	values := append([]string{name, u.GetUID()}, u.GetGroups()...)
+	for k, vs := range u.GetExtra() {
+		values = append(append(values, k), vs...)
+	}
+	for _, v := range values {
+		switch {
+		case !httpguts.ValidHeaderFieldValue(v):
+			return fmt.Sprintf("the caller's identity has %q, with a character no HTTP header can carry", v)
+		case upgrade && padded(v):
+			return fmt.Sprintf("the caller's identity has %q, with spaces around it, which an upgrade's request (HTTP/1.1) does not carry", v)
+		}
+	}
+	return ""
+}
+
+// padded reports a value with spaces or tabs around it.
+func padded(v string) bool {
+	return v != "" && (isSpace(v[0]) || isSpace(v[len(v)-1]))
+}
+
+func isSpace(b byte) bool { return b == ' ' || b == '\t' }
+
+// paddedImpersonation reports an Impersonate-* header with spaces around a
+// value: HTTP/1.1 would trim them on the way to the apiserver (a client
+// sends them over HTTP/2 only), so the request goes over HTTP/2.
+func paddedImpersonation(h http.Header) bool {
+	for k, vs := range h {
+		if strings.HasPrefix(k, "Impersonate-") && slices.ContainsFunc(vs, padded) {
+			return true
+		}
+	}
+	return false
+}
+
+// extraKeyEscape escapes an extra's key for an Impersonate-Extra- header
+// name as client-go does: every byte that is not a token character, and
+// %, as %XX (the apiserver unescapes it with url.PathUnescape).
+func extraKeyEscape(k string) string {
+	var b strings.Builder
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c < utf8.RuneSelf && c != '%' && httpguts.IsTokenRune(rune(c)) {
+			b.WriteByte(c)
+			continue
+		}
+		fmt.Fprintf(&b, "%%%02X", c)
+	}
+	return b.String()
 }

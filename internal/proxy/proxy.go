@@ -526,16 +526,18 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 			return
 		}
 		if hasImpersonation(r.Header) {
+			filtered := false
 			p.withCallerImpersonation(rw, r, ex.info, ex.ident.user, func(w http.ResponseWriter, r *http.Request, u user.Info) {
-				ex.actAs = u
-				p.forward(w, r, ex)
+				filtered = true
+				p.forwardAs(w, r, ex, u)
 			})
-			if ex.actAs == nil {
+			if !filtered {
 				ex.rec.Actual.Error = "answered by kproxy: the apiserver's impersonation filter refused the caller's Impersonate-* headers"
 			}
 			return
 		}
-		ex.actAs = ex.ident.user
+		p.forwardAs(rw, r, ex, ex.ident.user)
+		return
 	}
 	p.forward(rw, r, ex)
 }
@@ -663,7 +665,9 @@ func (p *Proxy) roundTrip(req *http.Request, watch bool) (*http.Response, error)
 		ex.body.sentNothing()
 	}
 	caller, own := p.passthrough, p.impersonating
-	if watch && req.Header.Get("Upgrade") == "" {
+	// HTTP/1.1 trims the spaces around a header's value, and an
+	// Impersonate-* value is a name: padded, it goes over HTTP/2.
+	if (watch || paddedImpersonation(req.Header)) && req.Header.Get("Upgrade") == "" {
 		caller, own = p.watchPassthrough, p.watchImpersonating
 	}
 	if ex != nil && ex.actAs != nil {

@@ -8,6 +8,7 @@ package record
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -180,12 +181,17 @@ type Actual struct {
 
 // NoAnswer reports a record whose status kproxy wrote because the
 // apiserver's answer never came: the client went away first (499), the
-// apiserver could not be reached (502), or the request's body stopped
-// arriving (408), each with Error saying so. Such a status is no answer
-// to compare a prediction with.
+// apiserver could not be reached (502), the request's body stopped
+// arriving (408), or kproxy refused to forward a caller it cannot
+// forward as exactly that caller (403, ErrorUnforwardable), each with
+// Error saying so. Such a status is no answer to compare a prediction
+// with.
 func (a Actual) NoAnswer() bool {
 	if a.Error == "" {
 		return false
+	}
+	if strings.HasPrefix(a.Error, ErrorUnforwardable) {
+		return true
 	}
 	switch a.Status {
 	case StatusClientCanceled, http.StatusBadGateway, http.StatusRequestTimeout:
@@ -193,6 +199,10 @@ func (a Actual) NoAnswer() bool {
 	}
 	return false
 }
+
+// ErrorUnforwardable begins the Error of a request kproxy refused (403)
+// because no impersonation makes the apiserver see its caller exactly.
+const ErrorUnforwardable = "answered by kproxy: it cannot forward this caller by impersonation exactly: "
 
 // StatusClientCanceled is the status a record gets when its client went
 // away before the apiserver answered (nginx's 499; the client sees none).
