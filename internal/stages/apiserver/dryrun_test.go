@@ -8,10 +8,11 @@ import (
 
 func TestForceDryRun(t *testing.T) {
 	cases := []struct {
-		name, verb, query, body, ct string
-		wantBody                    string // substring of the body sent to the handler ("" : unchanged)
-		wantCT                      string
-		wasDryRun                   bool
+		name, verb, sub, query, body, ct string
+		noQueryDryRun                    bool   // the replay's query gets no dryRun
+		wantBody                         string // substring of the body sent to the handler ("" : unchanged)
+		wantCT                           string
+		wasDryRun                        bool
 	}{
 		{name: "create", verb: "create", body: `{"kind":"ConfigMap"}`, ct: "application/json"},
 		{name: "create already dry", verb: "create", query: "dryRun=All", body: `{}`, ct: "application/json", wasDryRun: true},
@@ -27,16 +28,29 @@ func TestForceDryRun(t *testing.T) {
 		{name: "yaml body", verb: "delete", body: "kind: DeleteOptions\napiVersion: v1\npropagationPolicy: Orphan\n", ct: "application/yaml",
 			wantBody: `"propagationPolicy":"Orphan"`, wantCT: "application/json"},
 		{name: "undecodable body left to the handler", verb: "delete", body: `not json`, ct: "application/json"},
+		// An eviction takes dryRun from its query and its body's
+		// deleteOptions: a body's makes it a dry run, and a query's
+		// added to it would be refused unless equal.
+		{name: "eviction", verb: "create", sub: "eviction", body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"p"}}`, ct: "application/json"},
+		{name: "eviction, body dry run", verb: "create", sub: "eviction", body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"p"},"deleteOptions":{"dryRun":["All"]}}`, ct: "application/json",
+			wasDryRun: true, noQueryDryRun: true},
+		{name: "eviction, a body dryRun validation refuses", verb: "create", sub: "eviction", body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"p"},"deleteOptions":{"dryRun":["Bogus"]}}`, ct: "application/json",
+			wasDryRun: true, noQueryDryRun: true},
+		{name: "eviction, no kind, YAML", verb: "create", sub: "eviction", body: "metadata:\n  name: p\ndeleteOptions:\n  dryRun: [All, All]\n", ct: "application/yaml",
+			wasDryRun: true, noQueryDryRun: true},
+		{name: "eviction v1beta1, both", verb: "create", sub: "eviction", query: "dryRun=All", body: `{"apiVersion":"policy/v1beta1","kind":"Eviction","metadata":{"name":"p"},"deleteOptions":{"dryRun":["All"]}}`, ct: "application/json",
+			wasDryRun: true},
+		{name: "eviction, empty body dryRun", verb: "create", sub: "eviction", body: `{"apiVersion":"policy/v1","kind":"Eviction","metadata":{"name":"p"},"deleteOptions":{"dryRun":[]}}`, ct: "application/json"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			q, _ := url.ParseQuery(tc.query)
-			if got := dryRunRequest(tc.verb, q, []byte(tc.body), tc.ct); got != tc.wasDryRun {
+			if got := dryRunRequest(tc.verb, tc.sub, q, []byte(tc.body), tc.ct); got != tc.wasDryRun {
 				t.Errorf("dryRunRequest = %v, want %v", got, tc.wasDryRun)
 			}
-			nq, body, ct := forceDryRun(tc.verb, q, []byte(tc.body), tc.ct)
-			if nq.Get("dryRun") == "" {
-				t.Errorf("query %v has no dryRun", nq)
+			nq, body, ct := forceDryRun(tc.verb, tc.sub, q, []byte(tc.body), tc.ct)
+			if (nq.Get("dryRun") == "") != tc.noQueryDryRun {
+				t.Errorf("query %v: dryRun %q", nq, nq.Get("dryRun"))
 			}
 			if tc.query == "" && len(q["dryRun"]) != 0 {
 				t.Errorf("the request's own query was changed: %v", q)
@@ -50,7 +64,7 @@ func TestForceDryRun(t *testing.T) {
 			if want := tc.wantCT; want == "" && ct != tc.ct || want != "" && ct != want {
 				t.Errorf("content type %q", ct)
 			}
-			if tc.body != "" && isDeleteVerb(tc.verb) && tc.body != "not json" && !dryRunRequest(tc.verb, nq, body, ct) {
+			if tc.body != "" && isDeleteVerb(tc.verb) && tc.body != "not json" && !dryRunRequest(tc.verb, tc.sub, nq, body, ct) {
 				t.Errorf("still not a dry run: %s %s", nq.Encode(), body)
 			}
 		})

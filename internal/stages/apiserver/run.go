@@ -462,7 +462,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
 	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), group: req.Info.APIGroup, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
-		DryRun: dryRunRequest(req.Info.Verb, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
+		DryRun: dryRunRequest(req.Info.Verb, req.Info.Subresource, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	if namesPod(run, req.Info.Name) {
 		defer w.deletedPods.name(req.Info.Namespace, req.Info.Name, req.Arrival)()
@@ -503,7 +503,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		// admission sees them as dry runs (connectAsDryRun).
 	default:
 		var ct string
-		q, body, ct = forceDryRun(req.Info.Verb, q, body, contentType)
+		q, body, ct = forceDryRun(req.Info.Verb, req.Info.Subresource, q, body, contentType)
 		r.URL.RawQuery = q.Encode()
 		if ct != contentType {
 			r.Header = r.Header.Clone()
