@@ -128,7 +128,13 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		// Nothing was written, and the answer names no revision: the
 		// replay reads the latest. Where that contradicts the answer, a
 		// later write came between them and the state on arrival is not
-		// known.
+		// known. An admission webhook or policy may refuse with any
+		// code, 404 and 409 too: such a refusal says nothing of the
+		// object (found by a probe: a webhook's 404 to an update of an
+		// object that was always there said it was created after).
+		if aw.Refusal != nil && admissionRefusal(aw.Status, aw.Refusal) {
+			return "", ""
+		}
 		var meant string // what the refusal says of an object it found
 		if !found {
 			meant = answeredFound(r, aw.Status)

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -72,6 +73,46 @@ func TestSnapshotRevision(t *testing.T) {
 				t.Errorf("snapshotRevision = %q, %q; want %q and a reason saying %q", at, why, tc.at, tc.why)
 			}
 		})
+	}
+}
+
+// TestSnapshotRevisionAdmissionRefusal: an admission webhook or policy
+// refuses with the code it likes, 404 and 409 too; such a refusal says
+// nothing of the object, and the replay reads the latest (found by a
+// probe: a webhook's 404 to an update of an object that was always there,
+// and its 409 to a create or an apply of one that never was, said the
+// object was created or deleted after the request).
+func TestSnapshotRevisionAdmissionRefusal(t *testing.T) {
+	webhook := func(code int32) *metav1.Status {
+		return &metav1.Status{Code: code, Message: fmt.Sprintf(`admission webhook "validate.example.com" denied the request: webhook code %d`, code)}
+	}
+	for _, tc := range []struct {
+		name    string
+		verb    string
+		refusal *metav1.Status
+		found   bool
+	}{
+		{"a webhook's 404 to an update, object there", "update", webhook(404), true},
+		{"a webhook's 404 to a patch, object there", "patch", webhook(404), true},
+		{"a webhook's 409 to a create, no object", "create", webhook(409), false},
+		{"a webhook's 409 to an apply, no object", "patch", webhook(409), false},
+		{"a policy's 409, no object", "create", &metav1.Status{Code: 409, Message: `configmaps "c" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'p' denied request: no`}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: tc.verb, Resource: "configmaps", actual: func(context.Context) (Answer, bool) {
+				return Answer{Status: int(tc.refusal.Code), Refusal: tc.refusal}, true
+			}}
+			if at, why := r.snapshotRevision(context.Background(), tc.found, "12"); at != "" || why != "" {
+				t.Errorf("snapshotRevision = %q, %q; want the latest, nothing unknown", at, why)
+			}
+		})
+	}
+	// The store's own 409 still says what it says.
+	r := &Run{Verb: "create", Resource: "configmaps", actual: func(context.Context) (Answer, bool) {
+		return Answer{Status: 409, Refusal: &metav1.Status{Code: 409, Reason: metav1.StatusReasonAlreadyExists, Message: `configmaps "c" already exists`}}, true
+	}}
+	if _, why := r.snapshotRevision(context.Background(), false, ""); !strings.Contains(why, "deleted after this request") {
+		t.Errorf("the store's 409 for a create, the object gone since: %q", why)
 	}
 }
 
