@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -92,25 +91,4 @@ func TestWebhookRefusesWithStoreCodes(t *testing.T) {
 		predicted(t, send(t, request{method: "PATCH", path: cms + "/code-409-applied?fieldManager=e2e", contentType: "application/apply-patch+yaml",
 			body: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: code-409-applied\ndata:\n  refuse: \"yes\"\n"}, http.StatusConflict))
 	})
-}
-
-// untilWebhooksCalledWith waits until a dry-run POST of body to path
-// fails saying says, and past the seconds in which a change of webhooks
-// makes an admission verdict unknown.
-func untilWebhooksCalledWith(t *testing.T, path, body, says string) {
-	t.Helper()
-	ctx := context.Background()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := adminClient().CoreV1().RESTClient().Post().AbsPath(path).Param("dryRun", "All").
-			SetHeader("Content-Type", "application/json").Body([]byte(body)).Do(ctx).Error()
-		if err != nil && strings.Contains(err.Error(), says) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the webhooks are not called after 30s (last answer: %v)", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	time.Sleep(3 * time.Second)
 }

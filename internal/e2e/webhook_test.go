@@ -231,11 +231,19 @@ func untilWebhooksCalled(t *testing.T, ns, probe, says string) {
 // kind) in ns.
 func untilCalled(t *testing.T, ns, plural, kind, probe, says string) {
 	t.Helper()
+	untilWebhooksCalledWith(t, "/api/v1/namespaces/"+ns+"/"+plural, fmt.Sprintf(`{"apiVersion":"v1","kind":%q,"metadata":{"name":%q}}`, kind, probe), says)
+}
+
+// untilWebhooksCalledWith waits until a dry-run POST of body to path
+// fails saying says, and past the seconds in which a change of webhooks
+// makes an admission verdict unknown.
+func untilWebhooksCalledWith(t *testing.T, path, body, says string) {
+	t.Helper()
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := adminClient().CoreV1().RESTClient().Post().AbsPath("/api/v1/namespaces/"+ns+"/"+plural).Param("dryRun", "All").
-			SetHeader("Content-Type", "application/json").Body([]byte(fmt.Sprintf(`{"apiVersion":"v1","kind":%q,"metadata":{"name":%q}}`, kind, probe))).Do(ctx).Error()
+		err := adminClient().CoreV1().RESTClient().Post().AbsPath(path).Param("dryRun", "All").
+			SetHeader("Content-Type", "application/json").Body([]byte(body)).Do(ctx).Error()
 		if err != nil && strings.Contains(err.Error(), says) {
 			break
 		}
