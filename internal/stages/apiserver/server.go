@@ -245,7 +245,13 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	gc.RuleResolver = rules
 	gc.Authentication.APIAudiences = apiAudiences(o)
 	defs := openapi.GetOpenAPIDefinitionsWithoutDisabledFeatures(generatedopenapi.GetOpenAPIDefinitions)
-	namer := openapinamer.NewDefinitionNamer(legacyscheme.Scheme)
+	// As kube-apiserver names them (cmd/kube-apiserver/app/config.go):
+	// with the apiextensions and aggregator schemes too, or the field
+	// manager's type converter has no type for a CustomResourceDefinition
+	// or an APIService, and a server-side apply of one fails (500 "no
+	// corresponding type", found by a probe; kubectl apply --server-side
+	// of a CRD is everyday traffic).
+	namer := openapinamer.NewDefinitionNamer(legacyscheme.Scheme, apiextensionsapiserver.Scheme, aggregatorscheme.Scheme)
 	gc.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(defs, namer)
 	gc.OpenAPIConfig.Info.Title = "Kubernetes"
 	gc.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(defs, namer)
