@@ -195,12 +195,36 @@ func TestEvictionOfTerminatingPod(t *testing.T) {
 	st := stageNamed(rec, record.StageStorage).Explanation
 	switch {
 	case rec.Predicted.Stage == record.StageUnknown:
-		if !strings.Contains(rec.Predicted.Message, "or by an earlier one, which left the pod being deleted") {
+		if !strings.Contains(rec.Predicted.Message, "or by an earlier eviction or delete, which left the pod being deleted") {
 			t.Errorf("second eviction at once: unknown, saying %q; want it to say the mark may be an earlier request's", rec.Predicted.Message)
 		}
 	case rec.Predicted.Status != 201 || !strings.Contains(st, "already marked"):
 		// 201 only where the mark was seen as earlier (a stalled machine).
 		t.Errorf("second eviction at once: predicted %d at %s (%s), the apiserver answered 201; storage: %s", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, st)
+	}
+
+	// Pod c, guarded by two budgets (an eviction supports one: 500),
+	// deleted (kubectl delete --wait=false) and evicted at once: the
+	// apiserver skips the budgets of a pod being deleted (201). Found by
+	// a probe: predicted the two budgets' 500, the replay reading the pod
+	// as it was before the delete's mark, within the same second.
+	pod := run + "-c"
+	send(request{method: "POST", path: ns + "/pods", body: `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"` + pod + `","labels":{"pdb":"` + pod + `"}},"spec":{"nodeName":"node-1","containers":[{"name":"c","image":"registry.k8s.io/pause:3.10"}]}}`}, 201)
+	send(request{method: "PATCH", path: ns + "/pods/" + pod + "/status", contentType: "application/merge-patch+json",
+		body: `{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}`}, 200)
+	for _, b := range []string{pod + "-1", pod + "-2"} {
+		send(request{method: "POST", path: "/apis/policy/v1/namespaces/" + testNS + "/poddisruptionbudgets",
+			body: `{"apiVersion":"policy/v1","kind":"PodDisruptionBudget","metadata":{"name":"` + b + `"},"spec":{"maxUnavailable":1,"selector":{"matchLabels":{"pdb":"` + pod + `"}}}}`}, 201)
+	}
+	send(request{method: "DELETE", path: ns + "/pods/" + pod}, 200)
+	rec = send(evict(pod), 201)
+	switch p := rec.Predicted; {
+	case p.Stage == record.StageUnknown:
+		if !strings.Contains(p.Message, "the replay refuses it for the pod's two disruption budgets") {
+			t.Errorf("eviction at once after a delete, two budgets: unknown, saying %q; want it to name the two budgets and the mark", p.Message)
+		}
+	case p.Status != 201:
+		t.Errorf("eviction at once after a delete, two budgets: predicted %d at %s (%s), the apiserver answered 201", p.Status, p.Stage, p.Message)
 	}
 
 	// Pod a, evicted again seconds after its mark: the pod as the request
