@@ -142,6 +142,7 @@ func TestRefusedLate(t *testing.T) {
 	terminating := &metav1.Status{Code: 403, Message: `configmaps "x" is forbidden: unable to create new content in namespace kcm-1 because it is being terminated`}
 	quota := &metav1.Status{Code: 403, Message: `configmaps "cm-1" is forbidden: exceeded quota: two, requested: count/configmaps=1, used: count/configmaps=2, limited: count/configmaps=2`}
 	budget := &metav1.Status{Code: 429, Details: &metav1.StatusDetails{Causes: []metav1.StatusCause{{Type: "DisruptionBudget"}}}}
+	twoBudgets := &metav1.Status{Code: 500, Message: "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."}
 	saGone := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
 		Message: `pods "last" is forbidden: error looking up service account sa-late/leaving: serviceaccount "leaving" not found`}
 	for _, tc := range []struct {
@@ -159,9 +160,14 @@ func TestRefusedLate(t *testing.T) {
 		{"budget used by the request itself", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget}, 201, "the budget as the request met it was not read"},
 		{"budget refused for both", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget}, 429, ""},
 		{"budget, the pod read before a mark made within seconds of the arrival", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget,
-			arrival: time.Unix(1000, 0), Reads: []StorageRead{{OwnWrite: "marked the pod for eviction", MarkedAt: time.Unix(999, 0)}}}, 201, "or by an earlier one, which left the pod being deleted"},
+			arrival: time.Unix(1000, 0), Reads: []StorageRead{{OwnWrite: "marked the pod for eviction", MarkedAt: time.Unix(999, 0)}}}, 201, "or by an earlier eviction or delete, which left the pod being deleted"},
 		{"budget, the pod read before a mark made after the arrival", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: budget,
 			arrival: time.Unix(1000, 0), Reads: []StorageRead{{OwnWrite: "marked the pod for eviction", MarkedAt: time.Unix(1002, 0)}}}, 201, "the budget as the request met it was not read"},
+		{"two budgets, the pod read before a mark made within seconds of the arrival", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: twoBudgets,
+			arrival: time.Unix(1000, 0), Reads: []StorageRead{{OwnWrite: "marked the pod for eviction", MarkedAt: time.Unix(1000, 0)}}}, 201, "the replay refuses it for the pod's two disruption budgets"},
+		{"two budgets, refused by both", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: twoBudgets,
+			arrival: time.Unix(1000, 0), Reads: []StorageRead{{OwnWrite: "marked the pod for eviction", MarkedAt: time.Unix(1000, 0)}}}, 500, ""},
+		{"two budgets, no mark", &Run{Verb: "create", Resource: "pods", Subresource: "eviction", Status: twoBudgets}, 201, ""},
 		{"a 404 from another plugin", &Run{Verb: "create", Resource: "configmaps", Status: nsGone, PluginErrName: "SomethingElse"}, 403, ""},
 		{"over quota for the replay, admitted by the apiserver", &Run{Verb: "create", Resource: "configmaps", Status: quota, PluginErrName: "ResourceQuota"}, 201, "already counts this request"},
 		{"over quota for both", &Run{Verb: "create", Resource: "configmaps", Status: quota, PluginErrName: "ResourceQuota"}, 403, ""},
