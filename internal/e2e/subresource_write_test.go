@@ -1,11 +1,14 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -287,5 +290,31 @@ func adminSender(t *testing.T) func(q request, want int) *record.Record {
 			t.Fatalf("%s %s: %d %s, want %d", q.method, q.path, got.status, got.body, want)
 		}
 		return nextRecord(t, recs)
+	}
+}
+
+// TestNoOpPatchAfterAWrite: a write that changes nothing keeps the
+// object's resourceVersion, which an earlier write gave it; the replay
+// takes the answered resourceVersion for the request's own write and
+// reads the object before it. Found by a probe: a Node's spec.podCIDR
+// set by a merge patch, then spec.podCIDRs patched to ["bad"]: the
+// stored podCIDR wins in conversion, so the apiserver changes nothing
+// (200), and the replay, reading the Node before the podCIDR, predicted
+// 422 every time. It says unknown, naming both readings.
+func TestNoOpPatchAfterAWrite(t *testing.T) {
+	send := adminSender(t)
+	node := fmt.Sprintf("noop-node-%d", time.Now().UnixNano())
+	send(request{method: "POST", path: "/api/v1/nodes", body: `{"apiVersion":"v1","kind":"Node","metadata":{"name":"` + node + `"}}`}, 201)
+	t.Cleanup(func() { _ = adminClient().CoreV1().Nodes().Delete(context.Background(), node, metav1.DeleteOptions{}) })
+	patch := func(body string) request {
+		return request{method: "PATCH", path: "/api/v1/nodes/" + node, contentType: "application/merge-patch+json", body: body}
+	}
+	if rec := send(patch(`{"spec":{"podCIDR":"10.50.0.0/24"}}`), 200); rec.Predicted.Status != 200 {
+		t.Fatalf("the podCIDR patch: predicted %d at %s (%s)", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+	}
+	rec := send(patch(`{"spec":{"podCIDRs":["bad"]}}`), 200)
+	if p := rec.Predicted; p.Stage != record.StageUnknown && p.Status != 200 ||
+		p.Stage == record.StageUnknown && !strings.Contains(p.Message, "or an earlier one's if the request changed nothing") {
+		t.Errorf("the no-op podCIDRs patch: predicted %d at %s (%s), the apiserver answered 200", p.Status, p.Stage, p.Message)
 	}
 }

@@ -192,6 +192,42 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 	return "", ""
 }
 
+// noOpLate says why the replay's refusal of a write the apiserver
+// admitted, read before the resourceVersion the apiserver answered with,
+// is not the request's, or "". An answer's resourceVersion R found on the
+// object is taken for the request's own write, and the replay reads the
+// object just before it; but a write that changes nothing (a merge patch
+// of a field conversion overrides, a label already set) keeps the
+// resourceVersion an earlier write gave, and then the request met the
+// object at R, not before it (found by a probe: a Node's podCIDRs patched
+// right after its podCIDR, 200 with no change, predicted 422 for the
+// state before the podCIDR).
+func (r *Run) noOpLate(ctx context.Context) string {
+	if r.Read || r.actual == nil || r.Status == nil || r.DryRun || momentary(r.Code) {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	if !ok || aw.Status < 200 || aw.Status >= 300 || aw.ResourceVersion == "" {
+		return ""
+	}
+	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
+	if err != nil || n < 2 {
+		return ""
+	}
+	before := strconv.FormatUint(n-1, 10)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, read := range r.Reads {
+		if read.Snapshot == before && read.Found && !read.NoOp && read.Later == "" && read.OwnWrite == "" {
+			return fmt.Sprintf("the apiserver admitted the write (%d) and answered with resourceVersion %s, which the object had when the replay read it: "+
+				"this request's own write, or an earlier one's if the request changed nothing (such a write keeps the resourceVersion). "+
+				"The replay read the object as it was before %s and refuses the write (%d: %s), so the state the request met is not known",
+				aw.Status, aw.ResourceVersion, aw.ResourceVersion, r.Code, r.Status.Message)
+		}
+	}
+	return ""
+}
+
 // answeredFound says what a refusal the apiserver gives only for an object
 // it found means, or "" for any other status.
 func answeredFound(r *Run, status int) string {
@@ -556,9 +592,12 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			}
 			// Last, a mutating webhook's patch to kproxy's call: what
 			// is unknown is mutating admission's outcome.
+			// Then, which state of the object the request met.
 			if !explained {
 				if why := run.mutatedByWebhookHere(ctx); why != "" {
 					run.markUnknownAt(record.StageMutatingAdmission, why)
+				} else if why := run.noOpLate(ctx); why != "" {
+					run.markUnknownAt(record.StageStorage, why)
 				}
 			}
 		}

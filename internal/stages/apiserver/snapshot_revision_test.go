@@ -175,3 +175,36 @@ func TestBodyResourceVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestNoOpLate: the replay's refusal of a write the apiserver admitted
+// with the resourceVersion the object had, read just before it: the
+// request's own write, or an earlier one's kept by a write that changed
+// nothing; which, the replay cannot say.
+func TestNoOpLate(t *testing.T) {
+	refused := &metav1.Status{Code: 422, Message: `Node "n4" is invalid: spec.podCIDRs[0]: Invalid value: "bad"`}
+	for _, tc := range []struct {
+		name   string
+		read   StorageRead
+		answer Answer
+		dryRun bool
+		want   string
+	}{
+		{"read just before the answered resourceVersion", StorageRead{Snapshot: "9", Found: true}, Answer{Status: 200, ResourceVersion: "10"}, false,
+			"answered with resourceVersion 10, which the object had when the replay read it"},
+		{"read as the no-op it was", StorageRead{Snapshot: "10", Found: true, NoOp: true}, Answer{Status: 200, ResourceVersion: "10"}, false, ""},
+		{"read behind later writes", StorageRead{Snapshot: "9", Found: true, Later: "12"}, Answer{Status: 200, ResourceVersion: "10"}, false, ""},
+		{"read at another revision", StorageRead{Snapshot: "7", Found: true}, Answer{Status: 200, ResourceVersion: "10"}, false, ""},
+		{"refused by both", StorageRead{Snapshot: "9", Found: true}, Answer{Status: 422}, false, ""},
+		{"a dry run", StorageRead{Snapshot: "9", Found: true}, Answer{Status: 200, ResourceVersion: "10"}, true, ""},
+		{"the latest read", StorageRead{Found: true}, Answer{Status: 200, ResourceVersion: "10"}, false, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: "patch", Resource: "nodes", Status: refused, Code: 422, DryRun: tc.dryRun, Reads: []StorageRead{tc.read},
+				actual: func(context.Context) (Answer, bool) { return tc.answer, true }}
+			why := r.noOpLate(context.Background())
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("noOpLate = %q, want %q", why, tc.want)
+			}
+		})
+	}
+}
