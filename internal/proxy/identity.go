@@ -201,21 +201,18 @@ func (p *Proxy) withCallerImpersonation(w http.ResponseWriter, r *http.Request, 
 // exactly: then kproxy refuses it (403) rather than forward it as someone
 // else, who may be granted more.
 func (p *Proxy) forwardAs(w http.ResponseWriter, r *http.Request, ex *exchange, u user.Info) {
-	why := unforwardable(u, r.Header.Get("Upgrade") != "")
+	padded, why := forwardable(u, r.Header.Get("Upgrade") != "")
 	if why == "" {
-		ex.actAs = u
+		ex.actAs, ex.padded = u, padded
 		p.forward(w, r, ex)
 		return
 	}
-	ex.rec.Actual.Error = record.ErrorUnforwardable + why
 	if r.Body != nil {
 		// The replay says what the apiserver would have answered: it
 		// needs the body the apiserver would have read.
 		_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, stages.MaxBodyBytes+1))
 	}
-	ex.rec.Actual.AuditID = ex.auditID
-	w.Header().Set("Audit-Id", ex.auditID)
-	w.Header().Set("Cache-Control", "no-cache, private")
+	ex.answeredHere(w, record.ErrorUnforwardable+why)
 	p.perRequestLog.Warn("caller refused: kproxy cannot forward its identity exactly", "id", ex.rec.ID, "user", u.GetName(), "reason", why)
 	err := &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusForbidden, Reason: metav1.StatusReasonForbidden,
 		Message: "kproxy cannot forward this request as its caller: " + why + "; kproxy forwards a client certificate's caller by impersonation, and " +
@@ -239,7 +236,7 @@ func hasImpersonation(h http.Header) bool {
 // too (directGroups): an impersonation that names no group gets the
 // apiserver's defaults for the name, which are not the authenticator's (a
 // service account's groups for a name shaped like one, system:nodes for a
-// node's). unforwardable says beforehand what no header can carry.
+// node's). forwardable says beforehand what no header can carry.
 func setImpersonation(h http.Header, u user.Info) {
 	for k := range h {
 		if strings.HasPrefix(k, "Impersonate-") || strings.HasPrefix(k, "X-Remote-") {
@@ -275,43 +272,63 @@ func directGroups(u user.Info) []string {
 	return append(slices.Clip(groups), user.AllAuthenticated)
 }
 
-// unforwardable says why no impersonation makes the apiserver see u
-// exactly as it would see the caller directly, or "". kproxy then refuses
-// the request (403) rather than forward it as someone else: an identity
-// changed on the way can be granted what the caller is not (a padded
-// " system:masters" group, trimmed, is system:masters).
+// forwardable says why no impersonation makes the apiserver see u
+// exactly as it would see the caller directly, or "", and whether a value
+// of u has spaces around it. kproxy refuses what it cannot forward (403)
+// rather than forward it as someone else: an identity changed on the way
+// can be granted what the caller is not (a padded " system:masters"
+// group, trimmed, is system:masters).
 //   - An impersonated system:anonymous always gets system:unauthenticated,
 //     which a certificate for system:anonymous does not carry unless it
 //     names it.
 //   - A header value cannot carry control characters.
 //   - HTTP/1.1 trims the spaces around a header's value (HTTP/2 does not:
-//     such a request goes upstream over HTTP/2, paddedImpersonation); an
+//     such a request goes upstream over HTTP/2, exchange.padded); an
 //     upgrade (exec, attach, port-forward) only goes over HTTP/1.1.
-func unforwardable(u user.Info, upgrade bool) string {
+func forwardable(u user.Info, upgrade bool) (padded bool, why string) {
 	name := u.GetName()
 	if name == "" {
-		return "the caller's user name is empty, and an impersonation without a user name is refused"
+		return false, "the caller's user name is empty, and an impersonation without a user name is refused"
 	}
 	if name == user.Anonymous && !slices.Contains(u.GetGroups(), user.AllUnauthenticated) {
-		return fmt.Sprintf("the apiserver adds the group %s to an impersonated %s, and this caller (groups %q) is not in it", user.AllUnauthenticated, user.Anonymous, u.GetGroups())
+		return false, fmt.Sprintf("the apiserver adds the group %s to an impersonated %s, and this caller (groups %q) is not in it", user.AllUnauthenticated, user.Anonymous, u.GetGroups())
 	}
-	values := append([]string{name, u.GetUID()}, u.GetGroups()...)
-	for k, vs := range u.GetExtra() {
-		values = append(append(values, k), vs...)
-	}
-	for _, v := range values {
+	check := func(v string) string {
 		switch {
 		case !httpguts.ValidHeaderFieldValue(v):
 			return fmt.Sprintf("the caller's identity has %q, with a character no HTTP header can carry", v)
-		case upgrade && padded(v):
+		case isPadded(v) && upgrade:
 			return fmt.Sprintf("the caller's identity has %q, with spaces around it, which an upgrade's request (HTTP/1.1) does not carry", v)
 		}
+		padded = padded || isPadded(v)
+		return ""
 	}
-	return ""
+	if why := check(name); why != "" {
+		return false, why
+	}
+	if why := check(u.GetUID()); why != "" {
+		return false, why
+	}
+	for _, g := range u.GetGroups() {
+		if why := check(g); why != "" {
+			return false, why
+		}
+	}
+	for k, vs := range u.GetExtra() {
+		if why := check(k); why != "" {
+			return false, why
+		}
+		for _, v := range vs {
+			if why := check(v); why != "" {
+				return false, why
+			}
+		}
+	}
+	return padded, ""
 }
 
-// padded reports a value with spaces or tabs around it.
-func padded(v string) bool {
+// isPadded reports a value with spaces or tabs around it.
+func isPadded(v string) bool {
 	return v != "" && (isSpace(v[0]) || isSpace(v[len(v)-1]))
 }
 
@@ -319,10 +336,11 @@ func isSpace(b byte) bool { return b == ' ' || b == '\t' }
 
 // paddedImpersonation reports an Impersonate-* header with spaces around a
 // value: HTTP/1.1 would trim them on the way to the apiserver (a client
-// sends them over HTTP/2 only), so the request goes over HTTP/2.
+// sends them over HTTP/2 only), so the request goes over HTTP/2
+// (exchange.padded).
 func paddedImpersonation(h http.Header) bool {
 	for k, vs := range h {
-		if strings.HasPrefix(k, "Impersonate-") && slices.ContainsFunc(vs, padded) {
+		if strings.HasPrefix(k, "Impersonate-") && slices.ContainsFunc(vs, isPadded) {
 			return true
 		}
 	}

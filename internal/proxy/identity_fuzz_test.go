@@ -186,12 +186,13 @@ func (w *identityWorld) check(t *testing.T, r *http.Request) {
 		// value, unless the request goes over HTTP/2. What no header
 		// carries exactly, kproxy refuses (never more than directly).
 		upgrade := r.Header.Get("Upgrade") != ""
-		if why := unforwardable(id.user, upgrade); why != "" {
+		padded, why := forwardable(id.user, upgrade)
+		if why != "" {
 			return
 		}
 		h := http.Header{}
 		setImpersonation(h, id.user)
-		if !paddedImpersonation(h) || upgrade {
+		if !padded {
 			for _, vs := range h {
 				for i := range vs {
 					vs[i] = textproto.TrimString(vs[i])

@@ -93,8 +93,8 @@ func TestImpersonationIsExact(t *testing.T) {
 			&user.DefaultInfo{Name: "frank", UID: "u-1", Groups: []string{user.AllAuthenticated}, Extra: map[string][]string{"example.com/team:x@y": {"blue", "b l"}, "100%": {"v"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if why := unforwardable(tc.in, false); why != "" {
-				t.Fatalf("unforwardable: %s", why)
+			if _, why := forwardable(tc.in, false); why != "" {
+				t.Fatalf("forwardable: %s", why)
 			}
 			h := http.Header{}
 			setImpersonation(h, tc.in)
@@ -155,9 +155,9 @@ func TestUnforwardable(t *testing.T) {
 		{"a plain user", &user.DefaultInfo{Name: "dave", Groups: []string{"devs"}}, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := unforwardable(tc.u, tc.upgrade)
+			_, got := forwardable(tc.u, tc.upgrade)
 			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
-				t.Errorf("unforwardable = %q, want %q", got, tc.want)
+				t.Errorf("forwardable = %q, want %q", got, tc.want)
 			}
 		})
 	}

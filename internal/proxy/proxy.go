@@ -292,8 +292,11 @@ type exchange struct {
 	answering bool
 	ident     identity
 	actAs     user.Info // the user forwarded by impersonation
-	auditID   string
-	body      *teeBody
+	// padded: an Impersonate-* value kproxy forwards has spaces around
+	// it, which only HTTP/2 carries upstream.
+	padded  bool
+	auditID string
+	body    *teeBody
 	// errBody is the start of an error response's body (a Status), as the
 	// client received it, whoever wrote it: the upstream, or kproxy.
 	errBody []byte
@@ -512,10 +515,7 @@ func dryRunQuery(raw string) bool {
 func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 	switch ex.ident.kind {
 	case IdentityRejected:
-		ex.rec.Actual.Error = "answered by kproxy: the apiserver's 401 for " + ex.ident.cred.Describe() + ": " + ex.ident.err.Error()
-		ex.rec.Actual.AuditID = ex.auditID
-		rw.Header().Set("Audit-Id", ex.auditID)
-		rw.Header().Set("Cache-Control", "no-cache, private")
+		ex.answeredHere(rw, "answered by kproxy: the apiserver's 401 for "+ex.ident.cred.Describe()+": "+ex.ident.err.Error())
 		unauthorized(rw, r, ex.info)
 		p.perRequestLog.Info("client certificate rejected", "id", ex.rec.ID, "reason", ex.ident.err)
 		return
@@ -539,7 +539,20 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 		p.forwardAs(rw, r, ex, ex.ident.user)
 		return
 	}
+	// Only an HTTP/2 client's header values keep spaces around them
+	// (HTTP/1.1 trims them, kproxy's server as the apiserver's).
+	ex.padded = r.ProtoMajor == 2 && paddedImpersonation(r.Header)
 	p.forward(rw, r, ex)
+}
+
+// answeredHere marks the exchange as answered by kproxy itself (why, the
+// record's error) and gives the answer the headers the apiserver's own
+// refusals carry.
+func (ex *exchange) answeredHere(w http.ResponseWriter, why string) {
+	ex.rec.Actual.Error = why
+	ex.rec.Actual.AuditID = ex.auditID
+	w.Header().Set("Audit-Id", ex.auditID)
+	w.Header().Set("Cache-Control", "no-cache, private")
 }
 
 // finish completes the record's actual side once the response has been
@@ -667,7 +680,7 @@ func (p *Proxy) roundTrip(req *http.Request, watch bool) (*http.Response, error)
 	caller, own := p.passthrough, p.impersonating
 	// HTTP/1.1 trims the spaces around a header's value, and an
 	// Impersonate-* value is a name: padded, it goes over HTTP/2.
-	if (watch || paddedImpersonation(req.Header)) && req.Header.Get("Upgrade") == "" {
+	if (watch || ex != nil && ex.padded) && req.Header.Get("Upgrade") == "" {
 		caller, own = p.watchPassthrough, p.watchImpersonating
 	}
 	if ex != nil && ex.actAs != nil {

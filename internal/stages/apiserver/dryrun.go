@@ -77,12 +77,16 @@ func evictionDryRun(body []byte) []string {
 	return nil
 }
 
-// forceDryRun makes r a dry run however it carries its options. It
-// returns the body to send (changed only for a delete whose body is not a
-// dry run) and its content type. A body the handler cannot decode is left
-// as it is: the handler refuses it before anything is written.
-func forceDryRun(verb, subresource string, q url.Values, body []byte, contentType string) (newQuery url.Values, newBody []byte, newContentType string) {
-	if _, ok := q["dryRun"]; !ok && (!isEviction(verb, subresource) || len(evictionDryRun(body)) == 0) {
+// forceDryRun makes r a dry run however it carries its options (dry: the
+// request is one already, dryRunRequest). It returns the body to send
+// (changed only for a delete whose body is not a dry run) and its content
+// type. A body the handler cannot decode is left as it is: the handler
+// refuses it before anything is written.
+func forceDryRun(verb, subresource string, dry bool, q url.Values, body []byte, contentType string) (newQuery url.Values, newBody []byte, newContentType string) {
+	// An eviction dryRunRequest found dry without a dryRun in its query
+	// carries it in its body, which the query must not contradict.
+	bodyDry := dry && isEviction(verb, subresource)
+	if _, ok := q["dryRun"]; !ok && !bodyDry {
 		q = cloneValues(q)
 		q.Set("dryRun", metav1.DryRunAll)
 	}

@@ -45,10 +45,11 @@ func TestForceDryRun(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			q, _ := url.ParseQuery(tc.query)
-			if got := dryRunRequest(tc.verb, tc.sub, q, []byte(tc.body), tc.ct); got != tc.wasDryRun {
-				t.Errorf("dryRunRequest = %v, want %v", got, tc.wasDryRun)
+			dry := dryRunRequest(tc.verb, tc.sub, q, []byte(tc.body), tc.ct)
+			if dry != tc.wasDryRun {
+				t.Errorf("dryRunRequest = %v, want %v", dry, tc.wasDryRun)
 			}
-			nq, body, ct := forceDryRun(tc.verb, tc.sub, q, []byte(tc.body), tc.ct)
+			nq, body, ct := forceDryRun(tc.verb, tc.sub, dry, q, []byte(tc.body), tc.ct)
 			if (nq.Get("dryRun") == "") != tc.noQueryDryRun {
 				t.Errorf("query %v: dryRun %q", nq, nq.Get("dryRun"))
 			}

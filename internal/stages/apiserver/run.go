@@ -545,7 +545,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		// admission sees them as dry runs (connectAsDryRun).
 	default:
 		var ct string
-		q, body, ct = forceDryRun(req.Info.Verb, req.Info.Subresource, q, body, contentType)
+		q, body, ct = forceDryRun(req.Info.Verb, req.Info.Subresource, run.DryRun, q, body, contentType)
 		r.URL.RawQuery = q.Encode()
 		if ct != contentType {
 			r.Header = r.Header.Clone()
