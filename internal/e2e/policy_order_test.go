@@ -25,9 +25,14 @@ import (
 // it draws again each time it reloads its policies, and so does the
 // replay, independently: after each reload (a policy annotated), the two
 // agree on the policy by chance. Where they do not, the record says
-// unknown; where they do, the prediction is the apiserver's answer. Each
-// try is a coin flip for the path under test: sixteen tries miss it once
-// in 65,536 runs.
+// unknown; where they do, the prediction is the apiserver's answer. The
+// order of two policies is a walk over a Go map of two entries, which
+// starts at one of eight slots: it comes out reversed one time in eight,
+// so the two draw differently about one try in five (seen: 3 of 14; a
+// clean-clone run drew alike 16 times in a row, which sixteen tries
+// allowed about once in fifty runs). Sixty-four tries miss the path
+// under test about once in seven million runs; the tries stop at the
+// first that takes it, about the fifth.
 func TestPolicyOrder(t *testing.T) {
 	t.Run("validating", func(t *testing.T) {
 		ns := lateNamespace(t, "policy-order")
@@ -119,7 +124,7 @@ func policyCoinFlips(t *testing.T, ns, resource string, statuses []int) {
 	t.Helper()
 	ctx := context.Background()
 	recs, r, c := oneReplayWorker(t)
-	coinFlips(t, 16, "in an order it draws again each time it reloads its policies", func(try int) *record.Record {
+	coinFlips(t, 64, "in an order it draws again each time it reloads its policies", func(try int) *record.Record {
 		// A reload: both draw their order again.
 		patch := fmt.Sprintf(`{"metadata":{"annotations":{"kproxy.test/try":"%d"}}}`, try)
 		if err := adminClient().AdmissionregistrationV1().RESTClient().Patch(types.MergePatchType).Resource(resource).Name(ns + "-forbids").
@@ -139,8 +144,9 @@ func policyCoinFlips(t *testing.T, ns, resource string, statuses []int) {
 // and returns its record), until one record says unknown for that draw
 // (its message containing drawn). Every other record must be the
 // apiserver's answer, status and message, or an honest unknown for
-// another reason (logged). Where the two draw alike half the time,
-// sixteen tries miss the path under test once in 65,536 runs.
+// another reason (logged). Where the two draw differently with
+// probability p, n tries all miss the path under test with probability
+// (1-p)^n: tries is chosen for that to be negligible.
 func coinFlips(t *testing.T, tries int, drawn string, try func(n int) *record.Record) {
 	t.Helper()
 	mismatched, agreed := 0, 0
