@@ -229,10 +229,16 @@ func runDemo(ctx context.Context, out io.Writer, dir, listen string, exitAfter, 
 	}
 	samples := demoSamples()
 	if cockpit {
-		return runCockpit(runCtx, out, s, jaeger, func(ctx context.Context) ([]*record.Record, error) {
+		err := runCockpit(runCtx, out, s, jaeger, func(ctx context.Context) ([]*record.Record, error) {
 			_, recorded, err := runSamples(ctx, samples, users, files, filepath.Join(dir, "kubectl-cache"), recs)
 			return recorded, err
 		}, kubeconfig)
+		// kproxy stops before Jaeger does (deferred), so its last spans are exported.
+		cancel()
+		if serr := <-served; err == nil {
+			err = serr
+		}
+		return err
 	}
 	byRecord, recorded, err := runSamples(ctx, samples, users, files, filepath.Join(dir, "kubectl-cache"), recs)
 	if err != nil {
@@ -318,7 +324,10 @@ Try, from another terminal:
       apiserver's --encryption-provider-config)
 `, capture, kubeconfig, logFile.Name(), kubeconfig, kubectlPath(), capture, upKubeconfig, manifest, manifest)
 	if exitAfter {
-		return nil
+		// kproxy stops first, exporting its last spans while Jaeger still
+		// listens (the deferred stops run after this returns).
+		cancel()
+		return <-served
 	}
 	fmt.Fprintln(out, "\nRunning until Ctrl-C.")
 	select {
