@@ -30,24 +30,34 @@ import (
 
 // nonResource is decode's verdict on a non-resource request that is not
 // discovery or /version.
+//
+// Two routers answer these paths in the apiserver, and they differ on a
+// trailing slash: its mux (PathRecorderMux) matches a path exactly, or by
+// a prefix that ends in "/" (the index lists both kinds, the prefixes
+// with their slash), so /livez/ and /openapi/v3/ are not /livez and
+// /openapi/v3; go-restful's routes (/version, service-account issuer
+// discovery, /api, /logs) take a path with or without one.
 func (d decode) nonResource(ctx context.Context, req *Request) Result {
-	r, p := req.HTTP, strings.TrimSuffix(req.Info.Path, "/")
+	r, raw := req.HTTP, req.Info.Path
+	p := strings.TrimSuffix(raw, "/") // as go-restful routes it
 	if p == "" {
 		p = "/"
 	}
-	if healthEndpoint(p) != "" {
+	if healthEndpoint(raw) != "" {
 		// The health handlers answer any method alike.
-		return d.health(ctx, req, p)
+		return d.health(ctx, req, raw)
 	}
 	if r.Method != http.MethodGet {
-		return Unknown("the " + r.Method + " of the non-resource path " + p + " is answered by the apiserver's own handler: not modelled")
+		return Unknown("the " + r.Method + " of the non-resource path " + raw + " is answered by the apiserver's own handler: not modelled")
 	}
 	switch {
-	case p == "/metrics" || p == "/metrics/slis":
-		return Pass("the apiserver's metrics handler answers every GET of " + p)
-	case p == "/openapi/v3" || strings.HasPrefix(p, "/openapi/v3/"):
-		return d.openAPIV3(ctx, req, p)
-	case p == "/openapi/v2":
+	case raw == "/" || raw == "/index.html":
+		return Pass("the apiserver's index of the paths it serves (at / and /index.html)")
+	case raw == "/metrics" || raw == "/metrics/slis":
+		return Pass("the apiserver's metrics handler answers every GET of " + raw)
+	case raw == "/openapi/v3" || strings.HasPrefix(raw, "/openapi/v3/"):
+		return d.openAPIV3(ctx, req, raw)
+	case raw == "/openapi/v2":
 		if !openAPINegotiates(req.HTTP.Header.Get("Accept"), openAPIV2Subtypes) {
 			return notAcceptable(req, "the OpenAPI v2 document", openAPIV2Subtypes)
 		}
@@ -60,6 +70,18 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 			return d.conditionalDocument(ctx, req, h, openAPIV2)
 		}
 		return Pass("the apiserver serves its OpenAPI v2 document")
+	case apfDebugPaths[raw]:
+		// Unlisted in the index: installed with API Priority and Fairness.
+		if d.m.opts != nil && !d.m.opts.EnablePriorityAndFairness {
+			return Reject(muxNotFound(), "--enable-priority-and-fairness=false: the apiserver installs no API Priority and Fairness debug handler at "+raw+": its mux answers 404 page not found")
+		}
+		return Pass("the apiserver's API Priority and Fairness debug handler answers every GET of " + raw + " (installed with API Priority and Fairness, unlisted in its index)")
+	case profilingPath(raw):
+		// Unlisted in the index: installed with --profiling (its default).
+		if d.m.opts != nil && !d.m.opts.EnableProfiling {
+			return Reject(muxNotFound(), "--profiling=false: the apiserver installs no profiling or debug-flag handler at "+raw+": its mux answers 404 page not found")
+		}
+		return Unknown("the apiserver serves " + raw + " with its profiling handlers when --profiling is on (its default; kproxy was not told --profiling=false): not modelled")
 	}
 	doc, err := d.m.writer().Served().Get(ctx, "/", "application/json")
 	if err != nil {
@@ -71,15 +93,12 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 	if doc.Status != http.StatusOK || json.Unmarshal(doc.Body, &index) != nil {
 		return Unknown(fmt.Sprintf("which non-resource paths the apiserver serves: its index / answered %d", doc.Status))
 	}
-	if p == "/" {
-		return Pass("the apiserver's index of the paths it serves")
-	}
 	for _, served := range index.Paths {
-		served = strings.TrimSuffix(served, "/")
+		route := strings.TrimSuffix(served, "/")
 		switch {
-		case served == p && staticDocument(p):
+		case route == p && staticDocument(p):
 			return Pass("the apiserver serves " + p + " (its index lists it): every GET is answered with the document")
-		case served == "/api" && strings.Count(p, "/") == 2 && strings.HasPrefix(p, "/api/"):
+		case route == "/api" && strings.Count(p, "/") == 2 && strings.HasPrefix(p, "/api/"):
 			// /api/VERSION with a version the index does not list: the
 			// legacy group's web service (rooted at /api) claims the path
 			// in the apiserver's director, and go-restful, with no route
@@ -88,11 +107,27 @@ func (d decode) nonResource(ctx context.Context, req *Request) Result {
 				Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}
 			return Reject(st, "the apiserver serves no version "+strings.TrimPrefix(p, "/api/")+" of the core group (its index lists "+
 				strings.Join(coreVersions(index.Paths), ", ")+"): the web service rooted at /api claims the path and has no route for it: 404 NotFound")
-		case served == p || (served != "" && strings.HasPrefix(p, served+"/") && prefixHandler(served)):
-			return Unknown("the apiserver serves " + p + " with a handler of its own: not modelled")
+		case served == raw, // the mux's exact path
+			strings.HasSuffix(served, "/") && served != "/" && strings.HasPrefix(raw, served), // the mux's prefix
+			goRestfulRoot(route) && (route == p || strings.HasPrefix(p, route+"/")):
+			return Unknown("the apiserver serves " + raw + " with a handler of its own: not modelled")
 		}
 	}
-	return Reject(muxNotFound(), fmt.Sprintf("the apiserver serves no handler at %s (its index lists %d paths, none of them this one or a prefix of it): its mux answers 404 page not found", p, len(index.Paths)))
+	return Reject(muxNotFound(), fmt.Sprintf("the apiserver serves no handler at %s (its index lists %d paths, none of them this one or a prefix of it; its mux matches a path exactly, a trailing slash included): its mux answers 404 page not found", raw, len(index.Paths)))
+}
+
+// apfDebugPaths are API Priority and Fairness's debug handlers
+// (apf_controller_debug.go), exact paths the index does not list.
+var apfDebugPaths = map[string]bool{
+	"/debug/api_priority_and_fairness/dump_priority_levels": true,
+	"/debug/api_priority_and_fairness/dump_queues":          true,
+	"/debug/api_priority_and_fairness/dump_requests":        true,
+}
+
+// profilingPath reports the paths routes.Profiling and routes.DebugFlags
+// claim (exactly, or by their prefix) when --profiling is on.
+func profilingPath(p string) bool {
+	return p == "/debug/pprof" || strings.HasPrefix(p, "/debug/pprof/") || p == "/debug/flags" || strings.HasPrefix(p, "/debug/flags/")
 }
 
 // muxNotFound is the apiserver mux's answer for a path no handler serves
@@ -118,11 +153,12 @@ func staticDocument(p string) bool {
 	return p == "/.well-known/openid-configuration" || p == "/openid/v1/jwks"
 }
 
-// prefixHandler reports paths under which the apiserver serves a whole
-// tree (pprof's profiles, OpenAPI documents, the API groups).
-func prefixHandler(p string) bool {
+// goRestfulRoot reports the listed paths go-restful routes (with
+// or without a trailing slash) and whose trees it serves: the core
+// group's web service, discovery, the log handler.
+func goRestfulRoot(p string) bool {
 	switch p {
-	case "/debug/pprof", "/openapi/v3", "/apis", "/api", "/debug/flags":
+	case "/api", "/apis", "/logs":
 		return true
 	}
 	return false

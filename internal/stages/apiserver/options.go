@@ -32,6 +32,9 @@ type Options struct {
 	EnablePriorityAndFairness   bool
 	MaxRequestsInFlight         int
 	MaxMutatingRequestsInFlight int
+	// EnableProfiling is --profiling: the apiserver serves /debug/pprof
+	// and /debug/flags (unlisted in its index) only with it.
+	EnableProfiling bool
 
 	// The write path: the admission chain (--enable-admission-plugins,
 	// --disable-admission-plugins, --admission-control-config-file) and
@@ -88,6 +91,7 @@ func NewOptions() *Options {
 		EnablePriorityAndFairness:   true,
 		MaxRequestsInFlight:         400,
 		MaxMutatingRequestsInFlight: 200,
+		EnableProfiling:             true,
 		Admission:                   kubeoptions.NewAdmissionOptions(),
 		APIEnablement:               genericoptions.NewAPIEnablementOptions(),
 		ServiceNodePortRange:        kubeoptions.DefaultServiceNodePortRange,
@@ -110,6 +114,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"kube-apiserver's --enable-priority-and-fairness: API Priority and Fairness, or max-in-flight limits when false")
 	o.authzFlags.IntVar(&o.MaxRequestsInFlight, "max-requests-inflight", o.MaxRequestsInFlight, "kube-apiserver's --max-requests-inflight")
 	o.authzFlags.IntVar(&o.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", o.MaxMutatingRequestsInFlight, "kube-apiserver's --max-mutating-requests-inflight")
+	o.authzFlags.BoolVar(&o.EnableProfiling, "profiling", o.EnableProfiling,
+		"kube-apiserver's --profiling: whether it serves /debug/pprof and /debug/flags (kproxy predicts their 404 only when told false)")
 	o.writeFlags = pflag.NewFlagSet("write path", pflag.ContinueOnError)
 	o.Admission.AddFlags(o.writeFlags)
 	o.APIEnablement.AddFlags(o.writeFlags)
