@@ -37,7 +37,9 @@ func (r *Run) policyOrderHere(ctx context.Context) string {
 		return ""
 	}
 	theirPolicy, theirBinding, ok := record.DenyingPolicy(aw.Refusal.Message)
-	if !ok || (theirPolicy == policy && theirBinding == binding) {
+	// A policy that could not be configured is named without a binding:
+	// the same policy, refusing for another reason, is no draw.
+	if !ok || (theirPolicy == policy && (theirBinding == binding || binding == "" || theirBinding == "")) {
 		return ""
 	}
 	kind := "ValidatingAdmissionPolicy"

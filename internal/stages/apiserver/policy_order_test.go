@@ -23,6 +23,9 @@ func TestPolicyOrder(t *testing.T) {
 	// mutations fail, before and after a reload.
 	mapB := &metav1.Status{Code: 403, Reason: metav1.StatusReasonInvalid, Message: `policy 'mp-b' with binding 'mp-b' denied request: expression '[JSONPatch{op: "add", path: "/metadata/annotations", value: {"x": object.metadata.labels["nope-mp-b"]}}]' resulted in error: no such key: labels`}
 	mapC := &metav1.Status{Code: 403, Reason: metav1.StatusReasonInvalid, Message: `policy 'mp-c' with binding 'mp-c' denied request: expression '[JSONPatch{op: "add", path: "/metadata/annotations", value: {"x": object.metadata.labels["nope-mp-c"]}}]' resulted in error: no such key: labels`}
+	// v1.37.2's refusal by a policy whose paramKind it could not map: no
+	// binding named (the replay's, TestPolicyParamKindServedLater).
+	unconfigured := &metav1.Status{Code: 422, Reason: metav1.StatusReasonInvalid, Message: `configmaps "c4" is forbidden: ValidatingAdmissionPolicy 'deny-a' denied request: failed to configure policy: failed to find resource referenced by paramKind: 'x.test/v1, Kind=Dial'`}
 	for _, tc := range []struct {
 		name     string
 		replay   *metav1.Status
@@ -35,6 +38,7 @@ func TestPolicyOrder(t *testing.T) {
 		{"another policy", a, 422, b, true, `ValidatingAdmissionPolicy "deny-a" (binding "deny-a") refused kproxy's replay (403) and "deny-b" (binding "deny-b") the apiserver's (422)`, ""},
 		{"another binding of the policy", a, 403, otherBinding, true, `and "deny-a" (binding "deny-a-2") the apiserver's (403)`, ""},
 		{"the same policy", b, 422, b, true, "", ""},
+		{"the same policy, not configured in the replay", unconfigured, 403, a, true, "", ""},
 		{"another plugin in the apiserver", a, 403, quota, true, "", ""},
 		{"another plugin in the replay", quota, 422, b, true, "", ""},
 		{"the apiserver admitted", a, 201, nil, true, "", ""},

@@ -199,6 +199,17 @@ func (p *paramReads) skipped(ctx context.Context, r *Run, info *apirequest.Reque
 // condition or an exclusion may leave it out, which only makes the
 // check say unknown where it could have said more.
 func (p *paramReads) ignoredWithParams(info *apirequest.RequestInfo) []skippedPolicy {
+	return p.withParams(info, true)
+}
+
+// selectingWithParams are the policies with a paramKind and a binding,
+// whose resource rules select the request (as ignoredWithParams, any
+// failurePolicy).
+func (p *paramReads) selectingWithParams(info *apirequest.RequestInfo) []skippedPolicy {
+	return p.withParams(info, false)
+}
+
+func (p *paramReads) withParams(info *apirequest.RequestInfo, ignoredOnly bool) []skippedPolicy {
 	op, ok := admissionOperation(info.Verb)
 	if !ok {
 		return nil
@@ -218,21 +229,21 @@ func (p *paramReads) ignoredWithParams(info *apirequest.RequestInfo) []skippedPo
 		})
 	}
 	for _, k := range p.policies {
-		var withParams map[string]bool // policies bound with a paramRef, listed once
+		var bound map[string]bool // policy name: bound with a paramRef; listed once
 		for _, pol := range k.policies() {
 			fp := pol.GetFailurePolicy()
-			if pol.GetParamKind() == nil || fp == nil || *fp != admissionregistrationv1.Ignore || !selects(pol.GetMatchConstraints()) {
+			if pol.GetParamKind() == nil || (ignoredOnly && (fp == nil || *fp != admissionregistrationv1.Ignore)) || !selects(pol.GetMatchConstraints()) {
 				continue
 			}
-			if withParams == nil {
-				withParams = map[string]bool{}
+			if bound == nil {
+				bound = map[string]bool{}
 				for _, b := range k.bindings() {
-					if b.GetParamRef() != nil {
-						withParams[b.GetPolicyName().Name] = true
-					}
+					name := b.GetPolicyName().Name
+					bound[name] = bound[name] || b.GetParamRef() != nil
 				}
 			}
-			if gvk, ok := paramGVK(pol.GetParamKind()); ok && withParams[pol.GetName()] {
+			withRef, ok := bound[pol.GetName()]
+			if gvk, okKind := paramGVK(pol.GetParamKind()); okKind && ok && (withRef || !ignoredOnly) {
 				out = append(out, skippedPolicy{k.stage, k.kind, pol.GetName(), gvk})
 			}
 		}

@@ -583,7 +583,11 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			// stage it came from says so. The first check that
 			// explains it wins; the later ones do not run.
 			explained := false
-			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.paramsUnsyncedHere, run.policyOrderHere} {
+			paramKindLag := func(ctx context.Context) string {
+				_, why := w.params.paramKindLag(ctx, run, req.Info, req.Arrival)
+				return why
+			}
+			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
 					explained = true
@@ -606,6 +610,8 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		if stage, why := run.admittedEarly(ctx); why != "" {
 			run.markUnknownAt(stage, why)
 		} else if stage, why := w.params.skipped(ctx, run, req.Info); why != "" {
+			run.markUnknownAt(stage, why)
+		} else if stage, why := w.params.paramKindLag(ctx, run, req.Info, req.Arrival); why != "" {
 			run.markUnknownAt(stage, why)
 		}
 	}

@@ -347,7 +347,9 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	ao := *o.Admission
 	ao.GenericAdmission = &adm
 	deleted := &deletedPods{clock: clk}
-	if err := ao.ApplyTo(gc, withDeletedPods(s.Informers, deleted), s.Client, dyn, utilfeature.DefaultFeatureGate, ev, append(genericInit, kubeInit...)...); err != nil {
+	// Last: the plugins that map kinds get kproxy's mapper (policy_mapper.go).
+	inits := append(append(genericInit, kubeInit...), newFreshMapper(s.Client.Discovery(), clk))
+	if err := ao.ApplyTo(gc, withDeletedPods(s.Informers, deleted), s.Client, dyn, utilfeature.DefaultFeatureGate, ev, inits...); err != nil {
 		return nil, fmt.Errorf("admission chain (--enable-admission-plugins, --admission-control-config-file): %w", err)
 	}
 	if slices.Contains(plugins, "NodeRestriction") {
