@@ -143,14 +143,23 @@ func corruptRead(ctx context.Context, run *Run, read *StorageRead, err error) er
 const needsEtcd = "kproxy predicts resourceVersion semantics only by reading etcd: it needs the apiserver's etcd (give it --etcd-servers and the etcd TLS flags, as the apiserver has them)"
 
 func (s *snapshotStorage) readList(ctx context.Context, run *Run, key string, opts storage.ListOptions, listObj runtime.Object) error {
-	run.enter(PhaseStorage)
+	if run.Read {
+		run.enter(PhaseStorage)
+	}
 	read := StorageRead{Key: key, List: true, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, string(opts.ResourceVersionMatch))}
 	if opts.Predicate.Continue != "" {
 		read.Options += ", continue token"
 	}
 	read.Path, _ = s.listPath(key, opts)
 	read.NoEtcd = s.noEtcd
-	defer func() { run.addRead(read) }()
+	defer func() {
+		// A deletecollection lists before it admits each item: its list
+		// moves the run to storage only when it ends the request.
+		if !run.Read && (read.Err != nil || read.Refused != nil) {
+			run.enter(PhaseStorage)
+		}
+		run.addRead(read)
+	}()
 	if s.etcd != nil {
 		c, ok, err := s.etcdRead(ctx, &read, func(ctx context.Context, st storage.Interface) error { return st.GetList(ctx, key, opts, listObj) })
 		if read.Err != nil {

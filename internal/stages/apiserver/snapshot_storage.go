@@ -635,8 +635,14 @@ func bodyResourceVersion(body []byte) string {
 	return kdecode.ObjectResourceVersion(body, "")
 }
 
+// GetList serves the lists of a read and of a deletecollection (the
+// registry lists the collection, page by page, before it deletes each
+// item) as the apiserver's store would: at the request's resourceVersion
+// and continue token, whose errors (a garbled token, an expired or
+// future resourceVersion) end the request before anything is deleted.
+// Other lists (an admission plugin's) read the latest state.
 func (s *snapshotStorage) GetList(ctx context.Context, key string, opts storage.ListOptions, listObj runtime.Object) error {
-	if run := runFrom(ctx); run != nil && run.Read {
+	if run := runFrom(ctx); run != nil && (run.Read || run.Verb == "deletecollection") {
 		return s.readList(ctx, run, key, opts, listObj)
 	}
 	return s.listViaAPI(ctx, key, opts, listObj)
