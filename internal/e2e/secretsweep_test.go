@@ -122,6 +122,15 @@ func TestSecretSweep(t *testing.T) {
 		yamlV := sw.fresh(label("Secret stringData, YAML create"))
 		expectStatus(t, "Secret YAML create "+p, send(r, request{method: "POST", path: secretsPath, user: "admin", contentType: "application/yaml",
 			body: "apiVersion: v1\nkind: Secret\nmetadata:\n  name: " + name("yaml") + "\n  labels: {kproxy.test/sweep: \"true\"}\nstringData:\n  token: " + yamlV + "\n"}), 201)
+		// Misspelled fields: dropped (Warn, 201) and refused (Strict, 400) by
+		// the apiserver, meant as data all the same.
+		typoV, strictV := sw.fresh(label("Secret stringdata (misspelled), JSON create")), sw.fresh(label("Secret Data (misspelled), strict JSON create"))
+		expectStatus(t, "Secret misspelled create "+p, send(r, request{method: "POST", path: secretsPath, user: "admin",
+			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": name("typo"), "labels": sweepLabels},
+				"stringdata": map[string]any{"pw": typoV}})}), 201)
+		expectStatus(t, "Secret misspelled strict create "+p, send(r, request{method: "POST", path: secretsPath + "?fieldValidation=Strict", user: "admin",
+			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": name("typo-strict"), "labels": sweepLabels},
+				"Data": map[string]any{"pw": b64(strictV)}})}), 400)
 		// A PUT.
 		putV := sw.fresh(label("Secret data, PUT"))
 		expectStatus(t, "Secret PUT "+p, send(r, request{method: "PUT", path: secretsPath + "/" + name("json"), user: "admin",

@@ -53,8 +53,8 @@ func RedactQuery(raw string) string {
 	return b.String()
 }
 
-// RedactSecretObject blanks the values of a Secret's data and stringData in
-// an unstructured object (as decoded from JSON), keeping the keys so that an
+// RedactSecretObject blanks the values of a Secret's data and stringData
+// (and of any field a Secret does not have) in an unstructured object (as decoded from JSON), keeping the keys so that an
 // explanation can still name them. Other kinds are returned unchanged.
 func RedactSecretObject(obj map[string]any) map[string]any {
 	if obj == nil {
@@ -63,16 +63,32 @@ func RedactSecretObject(obj map[string]any) map[string]any {
 	if kind, _ := obj["kind"].(string); kind != "Secret" {
 		return obj
 	}
-	for _, field := range []string{"data", "stringData"} {
-		m, ok := obj[field].(map[string]any)
-		if !ok {
+	redactSecretFields(obj)
+	return obj
+}
+
+// secretKeeps are a Secret's top-level fields that hold no data. Every
+// other field's values are redacted, known (data, stringData) or not: a
+// misspelled one ("stringdata", "Data") is dropped or refused by the
+// apiserver, but its values were meant as data (probe F, 2026-12-06).
+var secretKeeps = map[string]bool{"apiVersion": true, "kind": true, "metadata": true, "type": true, "immutable": true}
+
+// redactSecretFields blanks the values of every field of a Secret (as
+// decoded from JSON) but secretKeeps, keeping a map's keys so that an
+// explanation can still name them.
+func redactSecretFields(obj map[string]any) {
+	for field, v := range obj {
+		if secretKeeps[field] {
 			continue
 		}
-		for k := range m {
-			m[k] = Redacted
+		if m, ok := v.(map[string]any); ok {
+			for k := range m {
+				m[k] = Redacted
+			}
+		} else {
+			obj[field] = Redacted
 		}
 	}
-	return obj
 }
 
 // credentialHeaders carry credentials whole: their values never reach a
@@ -166,7 +182,8 @@ func knownScheme(s string) bool {
 const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 
 // RedactBody redacts what a request body to resource must not leave in a
-// record: a Secret's data and stringData values (and the copy kubectl
+// record: a Secret's data and stringData values, and those of any field a
+// Secret does not have (and the copy kubectl
 // apply keeps in an annotation), a JSON patch's values on secrets, a
 // TokenReview's token, and the credentials of kubeconfigs a ConfigMap
 // holds (RedactKubeconfig; in any patch of one too). v is the body decoded
@@ -177,15 +194,7 @@ func RedactBody(resource string, v any) any {
 		kind, _ := b["kind"].(string)
 		switch {
 		case resource == "secrets" || kind == "Secret":
-			for _, field := range []string{"data", "stringData"} {
-				if m, ok := b[field].(map[string]any); ok {
-					for k := range m {
-						m[k] = Redacted
-					}
-				} else if _, ok := b[field]; ok {
-					b[field] = Redacted
-				}
-			}
+			redactSecretFields(b)
 			if md, ok := b["metadata"].(map[string]any); ok {
 				if ann, ok := md["annotations"].(map[string]any); ok {
 					if _, ok := ann[lastApplied]; ok {

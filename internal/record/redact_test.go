@@ -88,6 +88,11 @@ func TestRedactBody(t *testing.T) {
 				"metadata": map[string]any{"name": "x", "annotations": map[string]any{lastApplied: Redacted, "team": "a"}}}},
 		{"a merge patch of a Secret (no kind)", "secrets", map[string]any{"data": map[string]any{"k": "djE="}}, map[string]any{"data": map[string]any{"k": Redacted}}},
 		{"a Secret's data that is not a map", "secrets", map[string]any{"data": "djE="}, map[string]any{"data": Redacted}},
+		// Misspelled fields the apiserver drops (Warn) or refuses (Strict):
+		// their values were meant as data all the same.
+		{"a Secret's misspelled fields", "secrets",
+			map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": true, "stringdata": map[string]any{"pw": "hunter2"}, "Data": "aHVudGVyMg==", "metadata": map[string]any{"name": "x"}},
+			map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "immutable": true, "stringdata": map[string]any{"pw": Redacted}, "Data": Redacted, "metadata": map[string]any{"name": "x"}}},
 		{"a JSON patch of a Secret", "secrets", []any{map[string]any{"op": "add", "path": "/data/k", "value": "djE="}},
 			[]any{map[string]any{"op": "add", "path": "/data/k", "value": Redacted}}},
 		{"something else on secrets", "secrets", "opaque", Redacted},
