@@ -64,6 +64,8 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		switch {
 		case r.Snapshot != "" && r.OwnWrite != "":
 			s += fmt.Sprintf(" as of resourceVersion %s, the last before the request %s (the apiserver's answer, a Status, names no resourceVersion)", r.Snapshot, r.OwnWrite)
+		case r.Snapshot != "" && r.MarkedForDelete:
+			s += fmt.Sprintf(" as of resourceVersion %s, before the request's own writes: it marked the object for deletion (deletionTimestamp, grace period 0), then deleted it", r.Snapshot)
 		case r.Snapshot != "" && r.MarkedEarlier != "":
 			s += fmt.Sprintf(" as of resourceVersion %s, the newest: %s", r.Snapshot, r.MarkedEarlier)
 		case r.Snapshot != "" && r.Emptied:

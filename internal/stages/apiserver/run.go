@@ -184,9 +184,11 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 			return aw.ResourceVersion, ""
 		}
 		return strconv.FormatUint(n-1, 10), ""
-	case !found && r.Verb == "delete":
+	case !found && r.Verb == "delete", found && r.Verb == "delete" && !newerThan(rv, n-1):
 		// The store answers a delete with the object as it last was, at
 		// the revision of the delete itself: it last existed just before.
+		// (Found older than that: the replay read it before the delete
+		// was done, which it starts before the answer.)
 		return strconv.FormatUint(n-1, 10), ""
 	}
 	return "", ""
@@ -218,7 +220,7 @@ func (r *Run) noOpLate(ctx context.Context) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, read := range r.Reads {
-		if read.Snapshot == before && read.Found && !read.NoOp && read.Later == "" && read.OwnWrite == "" {
+		if read.Snapshot == before && read.Found && !read.NoOp && read.Later == "" && read.OwnWrite == "" && !read.MarkedForDelete {
 			return fmt.Sprintf("the apiserver admitted the write (%d) and answered with resourceVersion %s, which the object had when the replay read it: "+
 				"this request's own write, or an earlier one's if the request changed nothing (such a write keeps the resourceVersion). "+
 				"The replay read the object as it was before %s and refuses the write (%d: %s), so the state the request met is not known",
@@ -334,6 +336,10 @@ type StorageRead struct {
 	// answered without a resourceVersion (a binding, an eviction): the
 	// state at Snapshot is the last before the object showed it.
 	OwnWrite string
+	// MarkedForDelete: a delete that marked the object (deletionTimestamp,
+	// grace period 0) and then deleted it, two writes of one request: the
+	// state at Snapshot is the last before the mark.
+	MarkedForDelete bool
 	// MarkedEarlier, for such a write, says the object showed it from a
 	// time clearly before the request arrived (an earlier request's
 	// doing): the state at Snapshot is the newest, which the request met.

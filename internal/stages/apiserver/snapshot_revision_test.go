@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -204,6 +205,35 @@ func TestNoOpLate(t *testing.T) {
 			why := r.noOpLate(context.Background())
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("noOpLate = %q, want %q", why, tc.want)
+			}
+		})
+	}
+}
+
+// TestOwnDeleteMark: the object just before a delete shows the request's
+// own mark (grace period 0, at or after the arrival): the state met is
+// the revision before it; a mark clearly earlier, or a grace period, is
+// not the request's.
+func TestOwnDeleteMark(t *testing.T) {
+	arrival := time.Date(2026, 12, 6, 14, 50, 41, 700_000_000, time.UTC)
+	pod := func(at time.Time, grace int64, rv string) *corev1.Pod {
+		ts := metav1.NewTime(at)
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{ResourceVersion: rv, DeletionTimestamp: &ts, DeletionGracePeriodSeconds: &grace}}
+	}
+	for _, tc := range []struct {
+		name string
+		obj  *corev1.Pod
+		want string
+	}{
+		{"marked by the request (the second it arrived in)", pod(arrival.Truncate(time.Second), 0, "398"), "397"},
+		{"marked clearly earlier (an object finalizers kept)", pod(arrival.Add(-5*time.Second), 0, "398"), ""},
+		{"marked with a grace period (a graceful delete)", pod(arrival.Add(30*time.Second), 30, "398"), ""},
+		{"not marked", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "398"}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := ownDeleteMark(tc.obj, arrival)
+			if got != tc.want || ok != (tc.want != "") {
+				t.Errorf("ownDeleteMark = %q, %v; want %q", got, ok, tc.want)
 			}
 		})
 	}

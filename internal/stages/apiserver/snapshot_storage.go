@@ -373,6 +373,20 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				}
 			case at == answered:
 				read.NoOp = true // named in the body, kept by the apiserver
+			case found && run.Verb == "delete":
+				// The object just before the delete may show the request's
+				// own first write: one deleted at once after a graceful
+				// mark (a pod not scheduled or terminal, a grace period of
+				// 0) is marked, then deleted, in one request; its
+				// precondition holds against the state before the mark
+				// (the registry moves it onto the mark's resourceVersion).
+				if before, ok := ownDeleteMark(out, run.arrival); ok {
+					if found, err = src.at(ctx, before, out); err != nil {
+						read.Err = err
+						return err
+					}
+					read.Snapshot, read.MarkedForDelete = before, true
+				}
 			}
 		}
 	}
@@ -387,6 +401,27 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		read.ResourceVersion = m.GetResourceVersion()
 	}
 	return nil
+}
+
+// ownDeleteMark reports whether obj, the object just before a delete's
+// own deletion, is marked for deletion with a grace period of 0 at or
+// after the request's arrival (its deletionTimestamp, to the second,
+// not clearly earlier: markWindow), and returns the revision before
+// that mark: the state the request met. A mark clearly earlier is an
+// earlier request's (an object its finalizers kept).
+func ownDeleteMark(obj runtime.Object, arrival time.Time) (string, bool) {
+	m, err := meta.Accessor(obj)
+	if err != nil || m.GetDeletionTimestamp() == nil || m.GetDeletionGracePeriodSeconds() == nil || *m.GetDeletionGracePeriodSeconds() != 0 {
+		return "", false
+	}
+	if earlier, _ := markWindow(m.GetDeletionTimestamp().Time, arrival); earlier || arrival.IsZero() {
+		return "", false
+	}
+	n, err := strconv.ParseUint(m.GetResourceVersion(), 10, 64)
+	if err != nil || n < 2 {
+		return "", false
+	}
+	return strconv.FormatUint(n-1, 10), true
 }
 
 // objectSource reads the object of a write's replay: as it is now, as it
