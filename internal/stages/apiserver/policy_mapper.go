@@ -108,7 +108,11 @@ func (m *freshMapper) Initialize(p admission.Interface) {
 // CRD changed within apiserverMapperLag of the request's arrival (or
 // after it), and the apiserver did not answer as the replay did.
 func (p *paramReads) paramKindLag(ctx context.Context, r *Run, info *apirequest.RequestInfo, arrival time.Time) (stage, why string) {
-	if p == nil || r.Read || arrival.IsZero() {
+	if p == nil || r.Read || arrival.IsZero() || len(p.policies) == 0 {
+		return "", ""
+	}
+	selecting := p.selectingWithParams(info)
+	if len(selecting) == 0 {
 		return "", ""
 	}
 	if r.actual != nil {
@@ -116,7 +120,7 @@ func (p *paramReads) paramKindLag(ctx context.Context, r *Run, info *apirequest.
 			return "", "" // the apiserver answered as the replay did
 		}
 	}
-	for _, s := range p.selectingWithParams(info) {
+	for _, s := range selecting {
 		crd := p.crdOf(s.params)
 		if crd == nil {
 			continue
