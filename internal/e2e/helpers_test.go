@@ -76,7 +76,11 @@ func do(t testing.TB, c *http.Client, base string, r request) exchange {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("%s %s: read body: %v", r.method, r.path, err)
+		// What came before the cut, to tell kproxy's doing from the
+		// apiserver's (a reverse proxy cuts the body where its upstream did).
+		t.Fatalf("%s %s: read body: %v after %d bytes of a %s %d answer (Content-Length %q, Content-Encoding %q, Transfer-Encoding %v, uncompressed by the client %v, Audit-Id %q)",
+			r.method, r.path, err, len(b), resp.Proto, resp.StatusCode, resp.Header.Get("Content-Length"), resp.Header.Get("Content-Encoding"),
+			resp.TransferEncoding, resp.Uncompressed, resp.Header.Get("Audit-Id"))
 	}
 	ex := exchange{status: resp.StatusCode, header: resp.Header, body: b}
 	ex.norm, ex.rawBody = normalize(b)
