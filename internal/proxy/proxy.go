@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -452,11 +453,50 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		}
 		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, r.ContentLength, p.bodies, startReplay)
 		r.Body = ex.body
+		if r.ContentLength > 0 && r.ContentLength <= smallBody {
+			r.Body = readSmallBody(ex.body)
+		}
 	} else {
 		startReplay(teeResult{})
 	}
 	return ex, r.WithContext(context.WithValue(ctx, exchangeKey{}, ex)), rw
 }
+
+// smallBody is the largest request body kproxy reads whole before it
+// forwards it. Streamed from the client's connection as the upstream
+// transport writes it, a body the apiserver answers without reading (a
+// POST to /apis, whose discovery handler ignores it) sometimes had the
+// transport close the upstream connection before the last chunk of the
+// answer: the client got the whole body but not its end ("unexpected
+// EOF"), about one such POST in 200 over HTTP/1.1, with a bare
+// httputil.ReverseProxy too, never directly. Read first, the body is
+// written at once. A body this small is sent with the headers, so the
+// request waits for nothing; larger ones still stream.
+const smallBody = 64 << 10
+
+// readSmallBody reads body to its end (through the tee, which keeps it
+// for the replay, and the idle timeout) and returns it to forward; a
+// read that fails is forwarded as it failed, after what came before it.
+func readSmallBody(body io.ReadCloser) io.ReadCloser {
+	b, err := io.ReadAll(body)
+	if err != nil {
+		return readCloser{io.MultiReader(bytes.NewReader(b), errorReader{err}), body}
+	}
+	return readCloser{bytes.NewReader(b), body}
+}
+
+// readCloser reads from one reader and closes another.
+type readCloser struct {
+	io.Reader
+	c io.Closer
+}
+
+func (r readCloser) Close() error { return r.c.Close() }
+
+// errorReader fails every read with err.
+type errorReader struct{ err error }
+
+func (e errorReader) Read([]byte) (int, error) { return 0, e.err }
 
 // actualAnswer is stages.Request.Actual: the apiserver's status and, for
 // a write, decoded only when the replay asks (off the response's path),
