@@ -453,7 +453,7 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		}
 		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, r.ContentLength, p.bodies, startReplay)
 		r.Body = ex.body
-		if r.ContentLength > 0 && r.ContentLength <= smallBody {
+		if r.ContentLength > 0 && r.ContentLength <= smallBody && !ex.body.overBudget {
 			r.Body = readSmallBody(ex.body)
 		}
 	} else {
@@ -471,7 +471,9 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 // EOF"), about one such POST in 200 over HTTP/1.1, with a bare
 // httputil.ReverseProxy too, never directly. Read first, the body is
 // written at once. A body this small is sent with the headers, so the
-// request waits for nothing; larger ones still stream.
+// request waits for nothing; larger ones still stream, and so does one
+// the bodies' budget (--replay-body-budget-mib, the bound on what kproxy holds)
+// cannot take: read whole, it would be held outside it.
 const smallBody = 64 << 10
 
 // readSmallBody reads body to its end (through the tee, which keeps it
