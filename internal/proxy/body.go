@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"net/http"
@@ -167,6 +168,36 @@ func (t *teeBody) finish() {
 		t.done(r)
 	})
 }
+
+// readWhole reads the body to its end (through the idle timeout) and
+// returns it to forward from the copy it kept for the replay, which
+// holds it whole (the caller checks it fits the limit and the budget): a
+// small body is not copied twice (proxy.go, smallBody). A read that
+// fails is forwarded as it failed, after what came before it.
+func (t *teeBody) readWhole() io.ReadCloser {
+	_, err := io.Copy(io.Discard, t)
+	t.mu.Lock()
+	kept := t.buf // the replay's after finish, and only read: shared
+	t.mu.Unlock()
+	r := io.Reader(bytes.NewReader(kept))
+	if err != nil {
+		r = io.MultiReader(r, errorReader{err})
+	}
+	return readCloser{r, t}
+}
+
+// readCloser reads from one reader and closes another.
+type readCloser struct {
+	io.Reader
+	c io.Closer
+}
+
+func (r readCloser) Close() error { return r.c.Close() }
+
+// errorReader fails every read with err.
+type errorReader struct{ err error }
+
+func (e errorReader) Read([]byte) (int, error) { return 0, e.err }
 
 // release gives the copy's share of the budget back, once the replay is
 // over with it (a re-run keeps it under a bound of its own).

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
@@ -454,7 +453,7 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		ex.body = newTeeBody(r.Body, stages.MaxBodyBytes, r.ContentLength, p.bodies, startReplay)
 		r.Body = ex.body
 		if r.ContentLength > 0 && r.ContentLength <= smallBody && !ex.body.overBudget {
-			r.Body = readSmallBody(ex.body)
+			r.Body = ex.body.readWhole()
 		}
 	} else {
 		startReplay(teeResult{})
@@ -475,30 +474,6 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 // the bodies' budget (--replay-body-budget-mib, the bound on what kproxy holds)
 // cannot take: read whole, it would be held outside it.
 const smallBody = 64 << 10
-
-// readSmallBody reads body to its end (through the tee, which keeps it
-// for the replay, and the idle timeout) and returns it to forward; a
-// read that fails is forwarded as it failed, after what came before it.
-func readSmallBody(body io.ReadCloser) io.ReadCloser {
-	b, err := io.ReadAll(body)
-	if err != nil {
-		return readCloser{io.MultiReader(bytes.NewReader(b), errorReader{err}), body}
-	}
-	return readCloser{bytes.NewReader(b), body}
-}
-
-// readCloser reads from one reader and closes another.
-type readCloser struct {
-	io.Reader
-	c io.Closer
-}
-
-func (r readCloser) Close() error { return r.c.Close() }
-
-// errorReader fails every read with err.
-type errorReader struct{ err error }
-
-func (e errorReader) Read([]byte) (int, error) { return 0, e.err }
 
 // actualAnswer is stages.Request.Actual: the apiserver's status and, for
 // a write, decoded only when the replay asks (off the response's path),

@@ -258,14 +258,8 @@ func (p *paramReads) paramsSynced(gvk schema.GroupVersionKind) bool {
 	if obj, err := clientgoscheme.Scheme.New(gvk); err == nil {
 		return p.typed.WaitForCacheSync(closed)[reflect.TypeOf(obj)]
 	}
-	crds, err := p.crds.List(labels.Everything())
-	if err != nil {
-		return false
-	}
-	for _, crd := range crds {
-		if crd.Spec.Group == gvk.Group && crd.Spec.Names.Kind == gvk.Kind {
-			return p.lists.listed("/apis/" + gvk.Group + "/" + gvk.Version + "/" + crd.Spec.Names.Plural)
-		}
+	if crd := p.crdOf(gvk); crd != nil {
+		return p.lists.listed("/apis/" + gvk.Group + "/" + gvk.Version + "/" + crd.Spec.Names.Plural)
 	}
 	return false
 }
