@@ -35,8 +35,8 @@ import (
 // resourceVersion. ok is false, and out untouched, unless the
 // run is a get of the latest state of the object itself (no
 // subresource), answered 200 with the whole body, not compressed, in
-// JSON or protobuf, holding the object itself (not a Table or partial
-// metadata) of out's type, in the version this store reads, named as key
+// JSON or protobuf, holding the object itself (or its metadata alone,
+// as=PartialObjectMetadata; not a Table) of out's type, in the version this store reads, named as key
 // names it.
 func (s *snapshotStorage) fromAnswer(ctx context.Context, run *Run, key string, opts storage.GetOptions, out runtime.Object) (rv string, ok bool) {
 	if run.actual == nil || run.Verb != "get" || run.Subresource != "" || opts.ResourceVersion != "" {
@@ -85,7 +85,8 @@ func (s *snapshotStorage) fromAnswer(ctx context.Context, run *Run, key string, 
 // to 30 µs, of a replay of about 330 µs). ok is false, for the
 // universal decoder to decide, unless the answer's head is the
 // object key names, of out's kind in the request's version (a built-in
-// kind the scheme knows, or this store's custom resource).
+// kind the scheme knows, or this store's custom resource), or the
+// built-in object's metadata alone.
 func (s *snapshotStorage) answeredHead(ctx context.Context, key string, body []byte, out runtime.Object) (runtime.Object, string, bool) {
 	info, ok := genericapirequest.RequestInfoFrom(ctx)
 	if !ok {
@@ -97,6 +98,20 @@ func (s *snapshotStorage) answeredHead(ctx context.Context, key string, body []b
 	}
 	if _, ns, name, err := s.apiPath(key, false); err != nil || head.Name != name || head.Namespace != ns {
 		return nil, "", false
+	}
+	if head.Kind == "PartialObjectMetadata" && (head.APIVersion == "meta.k8s.io/v1" || head.APIVersion == "meta.k8s.io/v1beta1") {
+		// The object's metadata alone, as a get with Accept
+		// as=PartialObjectMetadata is answered (the garbage collector's,
+		// the namespace controller's, metadata informers'; the answer's
+		// Content-Type does not say so, its kind does): which object, at
+		// which resourceVersion, is all the replay needs of it too, and
+		// the handler makes the same PartialObjectMetadata of it from its
+		// ObjectMeta alone. Not for a custom resource: its unstructured
+		// object needs a kind, which this answer does not name.
+		if _, custom := out.(*unstructured.Unstructured); custom {
+			return nil, "", false
+		}
+		return headObject(out, head)
 	}
 	gv := schema.GroupVersion{Group: info.APIGroup, Version: info.APIVersion}
 	if head.APIVersion != gv.String() {
@@ -121,6 +136,12 @@ func (s *snapshotStorage) answeredHead(ctx context.Context, key string, body []b
 	if err != nil || len(kinds) == 0 || head.Kind != kinds[0].Kind || !s.scheme.Recognizes(gv.WithKind(head.Kind)) {
 		return nil, "", false
 	}
+	return headObject(out, head)
+}
+
+// headObject is a new object of out's type named as head names it, at
+// its resourceVersion.
+func headObject(out runtime.Object, head decode.ObjectHead) (runtime.Object, string, bool) {
 	obj, ok := reflect.New(reflect.TypeOf(out).Elem()).Interface().(runtime.Object)
 	if !ok {
 		return nil, "", false

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -41,6 +42,22 @@ func TestFromAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	status := []byte(`{"kind":"Status","apiVersion":"v1","status":"Success"}`)
+	// The object's metadata alone, as the apiserver answers
+	// as=PartialObjectMetadata (the garbage collector's gets).
+	partial := meta.AsPartialObjectMetadata(cm)
+	partial.SetGroupVersionKind(metav1.SchemeGroupVersion.WithKind("PartialObjectMetadata"))
+	metaScheme := runtime.NewScheme()
+	if err := metav1.AddMetaToScheme(metaScheme); err != nil {
+		t.Fatal(err)
+	}
+	metaJSON, err := json.Marshal(partial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var metaPB bytes.Buffer
+	if err := protobuf.NewSerializer(metaScheme, metaScheme).Encode(partial, &metaPB); err != nil {
+		t.Fatal(err)
+	}
 	const jsonCT, pbCT = "application/json", "application/vnd.kubernetes.protobuf"
 	cases := []struct {
 		name        string
@@ -55,6 +72,15 @@ func TestFromAnswer(t *testing.T) {
 		{name: "json", answer: Answer{Status: 200, Body: asJSON, ContentType: jsonCT}, wantRV: "42", wantDecoded: true},
 		{name: "json with a charset", answer: Answer{Status: 200, Body: asJSON, ContentType: "application/json; charset=utf-8"}, wantRV: "42", wantDecoded: true},
 		{name: "protobuf", answer: Answer{Status: 200, Body: pb.Bytes(), ContentType: pbCT}, wantRV: "42", wantDecoded: true},
+		// The apiserver's Content-Type for it is the encoding's alone
+		// (application/json, not as=PartialObjectMetadata;...).
+		{name: "metadata, json", answer: Answer{Status: 200, Body: metaJSON, ContentType: jsonCT}, wantRV: "42", wantDecoded: true},
+		{name: "metadata, protobuf", answer: Answer{Status: 200, Body: metaPB.Bytes(), ContentType: pbCT}, wantRV: "42", wantDecoded: true},
+		{name: "metadata, v1beta1", answer: Answer{Status: 200, Body: bytes.Replace(metaJSON, []byte(`"meta.k8s.io/v1"`), []byte(`"meta.k8s.io/v1beta1"`), 1),
+			ContentType: jsonCT}, wantRV: "42", wantDecoded: true},
+		{name: "metadata of another object", key: "/configmaps/ns/other", answer: Answer{Status: 200, Body: metaJSON, ContentType: jsonCT}},
+		{name: "metadata in another group", answer: Answer{Status: 200, Body: bytes.Replace(metaJSON, []byte(`"meta.k8s.io/v1"`), []byte(`"example.com/v1"`), 1),
+			ContentType: jsonCT}},
 		{name: "a Table", answer: Answer{Status: 200, Body: asJSON, ContentType: "application/json;as=Table;v=v1;g=meta.k8s.io"}},
 		{name: "compressed", answer: Answer{Status: 200, Body: asJSON, ContentType: jsonCT, ContentEncoding: "gzip"}},
 		{name: "not kept whole", answer: Answer{Status: 200, ContentType: jsonCT}},
