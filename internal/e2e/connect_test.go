@@ -58,11 +58,21 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A pod naming a node that does not exist: the apiserver answers 404
+	// for the node (found by a probe: said unknown, "the replay found it:
+	// it was created after this request", of a pod there for minutes).
+	ghost := pod.DeepCopy()
+	ghost.Name, ghost.Spec.NodeName = "on-ghost-node", "ghost-node"
+	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, ghost, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+
 	stream := record.NewStream()
 	recs, _, cancel := stream.Subscribe(256)
 	defer cancel()
 	k := startKproxy(t, kproxyOptions{stream: stream})
 	base := "/api/v1/namespaces/" + testNS + "/pods/on-sentinel/"
+	onGhost := "/api/v1/namespaces/" + testNS + "/pods/on-ghost-node/"
 	spdy := http.Header{"Connection": {"Upgrade"}, "Upgrade": {"SPDY/3.1"}, "X-Stream-Protocol-Version": {"v4.channel.k8s.io"}}
 	// kubectl's own: WebSocket, which the apiserver translates to SPDY
 	// for the kubelet after switching protocols with the client.
@@ -88,6 +98,10 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 		{method: "POST", path: base + "attach?stdout=true", header: spdy, h1: true, kubelet: true},
 		{method: "POST", path: base + "portforward?ports=80", header: spdy, h1: true, kubelet: true},
 		{method: "POST", path: base + "exec?stdout=true", header: spdy, h1: true, kubelet: true}, // no command: the kubelet says so
+		{method: "GET", path: onGhost + "log"},
+		{method: "GET", path: onGhost + "log?container=c&follow=true"},
+		{method: "GET", path: onGhost + "exec?command=true&stdout=true", header: websocket("v5.channel.k8s.io"), h1: true},
+		{method: "POST", path: onGhost + "exec?command=true&stdout=true", header: spdy, h1: true},
 	}
 	for _, tc := range cases {
 		r := reverseH2Route(k)

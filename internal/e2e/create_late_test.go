@@ -219,7 +219,7 @@ func TestRefusedWriteReplayedLate(t *testing.T) {
 	for range objects * 2 {
 		rec := nextRecord(t, recs)
 		switch {
-		case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "deleted after this request"):
+		case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "deleted between the apiserver's read and the replay's"):
 			late++
 			if rec.Actual.Status != 409 {
 				t.Errorf("record %s: %s answered %d said %q", rec.ID, rec.Request.Method, rec.Actual.Status, rec.Predicted.Message)

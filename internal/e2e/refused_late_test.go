@@ -75,7 +75,7 @@ func TestEvictionRefusedReplayedLate(t *testing.T) {
 	send(evict, 429)
 	send(request{method: "DELETE", path: ns + "/pods/" + run + "?gracePeriodSeconds=0"}, 200)
 	hold.release()
-	if rec := evictionAmong(t, recs, 3); rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "deleted after this request") {
+	if rec := evictionAmong(t, recs, 3); rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "deleted between the apiserver's read and the replay's") {
 		t.Errorf("eviction refused (429), replayed after the pod was deleted: predicted %d at %s (%s), want unknown: the pod was deleted since", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
 	}
 }

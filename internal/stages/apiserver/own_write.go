@@ -402,6 +402,9 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	if why := r.mutatedByWebhookThere(aw); why != "" {
 		return record.StageMutatingAdmission, why
 	}
+	if why := r.changedInFlight(ctx); why != "" {
+		return record.StageStorage, why
+	}
 	return "", ""
 }
 
@@ -429,6 +432,58 @@ func (r *Run) modifiedInFlightWhy() string {
 	return "the apiserver refused the write as a conflict (409: the object has been modified), and the replay, which read the object" + read +
 		" as the request arrived, admits it: another write to the object landed while this request was in flight, before the apiserver's store read it, " +
 		"so the version the request met is not known"
+}
+
+// changedInFlight says why the replay's answer to a write the apiserver
+// refused otherwise is not the request's, or "": the object changed
+// between the replay's read and the apiserver's answer (read again now).
+// The replay reads while the request is in flight, so another write to
+// the object (by a request that arrived after this one, or before it and
+// landed later) may have come before the apiserver's read and after the
+// replay's, or the other way round: which version the request met is not
+// known. Found by a probe of racing writers: a merge patch refused as
+// immutable, or for a finalizer added to an object being deleted, or a
+// server-side apply refused for a conflict with a PUT, each by a write
+// that arrived after it and landed first, predicted 200 from the object
+// as the replay read it before. A write the apiserver admitted is read
+// at the revisions its answer names (snapshotRevision), and needs none
+// of this.
+func (r *Run) changedInFlight(ctx context.Context) string {
+	if r.Read || r.actual == nil || connectSubresource(r.Subresource) {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	if !ok || aw.Status < 300 || aw.Refusal == nil || (r.Status != nil && int(r.Status.Code) == aw.Status) {
+		return ""
+	}
+	r.mu.Lock()
+	var read StorageRead
+	for _, rd := range r.Reads {
+		if rd.latest != nil && !rd.List && rd.Snapshot == "" && rd.Err == nil {
+			read = rd // the last read of the object itself
+		}
+	}
+	r.mu.Unlock()
+	if read.latest == nil {
+		return ""
+	}
+	found, rv, err := read.latest(ctx)
+	if err != nil || (found == read.Found && rv == read.ResourceVersion) {
+		return ""
+	}
+	then, now := "found no object", "deleted"
+	if read.Found {
+		then = "read the object at resourceVersion " + read.ResourceVersion
+	}
+	if found {
+		now = "at resourceVersion " + rv
+	}
+	replay := "admits it"
+	if r.Status != nil {
+		replay = fmt.Sprintf("refuses it otherwise (%d)", r.Status.Code)
+	}
+	return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay, which %s, %s: the object changed while this request was in flight "+
+		"(it is now %s), before or after the apiserver's read, so the version the request met is not known", aw.Status, aw.Refusal.Message, then, replay, now)
 }
 
 // namespaceNotFound reports NamespaceLifecycle's refusal of a create in a

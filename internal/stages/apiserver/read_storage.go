@@ -105,7 +105,10 @@ func lateRead(ctx context.Context, run *Run, read *StorageRead, err error) error
 	case found && aw.Status == http.StatusInternalServerError && aw.Refusal != nil && strings.Contains(aw.Refusal.Message, corruptObject):
 		read.Err = fmt.Errorf("the apiserver answered 500 (it could not decrypt or decode the object: %s), and kproxy's read could: "+
 			"a conversion webhook or an encryption provider answers each read on its own, so the request's outcome is not known", aw.Refusal.Message)
-	case found && aw.Status == http.StatusNotFound:
+	case found && aw.Status == http.StatusNotFound && !connectSubresource(run.Subresource) && run.Subresource != "log":
+		// (A pod's log or a connection to it answers 404 for its node
+		// too, which the replay reads next: found by a probe, a pod
+		// naming a node that does not exist.)
 		read.Err = errors.New("the apiserver answered 404 (no such object), and the replay found it: it was created after this request, before the replay read it, so the state on arrival is not known")
 	case !found && aw.Status == http.StatusOK:
 		read.Err = errors.New("the apiserver answered 200 (the object existed), and the replay found it absent: it was deleted after this request, before the replay read it, so the state on arrival is not known")

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,6 +90,7 @@ type Run struct {
 	// limitRanges counts the LimitRanges of a namespace (limit_ranges.go).
 	limitRanges limitRangesIn
 	BodyRV      string
+	bodyName    string // the name the body gives the object (a create's)
 	Verb        string
 	// apply: a server-side apply (a patch of the apply type), whose
 	// patch is decoded, strictly, as the handler applies it.
@@ -139,11 +141,18 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		if !found {
 			meant = answeredFound(r, aw.Status)
 		}
+		// The replay reads while the request is in flight, before or
+		// after the apiserver's own read: a write to the object in
+		// between (by a later request, or by one that the apiserver's
+		// store applied first) leaves the two reads seeing different
+		// states, in either order.
 		switch {
 		case meant != "":
-			return "", "the apiserver answered " + strconv.Itoa(aw.Status) + " (" + meant + "), and the replay found no object: it was deleted after this request, before the replay read it, so the state on arrival is not known"
-		case aw.Status == http.StatusNotFound && r.Subresource == "" && found && r.Verb != "create":
-			return "", "the apiserver answered 404 (no such object), and the replay found the object: it was created after this request, before the replay read it, so the state on arrival is not known"
+			return "", "the apiserver answered " + strconv.Itoa(aw.Status) + " (" + meant + "), and the replay found no object: " +
+				"it was deleted between the apiserver's read and the replay's (another write while this request was in flight), so the state the request met is not known"
+		case aw.Status == http.StatusNotFound && found && answeredAbsent(r):
+			return "", "the apiserver answered 404 (no such object), and the replay found the object: " +
+				"it was created, or deleted, between the apiserver's read and the replay's (another write while this request was in flight), so the state the request met is not known"
 		}
 		return "", ""
 	}
@@ -238,12 +247,63 @@ func answeredFound(r *Run, status int) string {
 		return "the object existed"
 	case status == http.StatusConflict && (r.Verb == "update" || r.Verb == "patch"):
 		return "a conflict with the stored object" // its resourceVersion or uid
+	case status == http.StatusConflict && r.Verb == "delete":
+		return "a precondition the stored object failed" // its uid or resourceVersion
+	case status == http.StatusUnprocessableEntity && r.Verb == "patch" && !r.apply && r.Subresource == "":
+		// A patch is applied to the stored object, and what it makes
+		// validated: a patch of no object is 404 (a server-side apply
+		// creates one, and may be invalid as such).
+		return "the patched object refused as invalid"
 	case (status == http.StatusConflict || status == http.StatusTooManyRequests) && ownWriteOf(r) != nil:
 		// A binding refused as already assigned, an eviction refused for
 		// its disruption budget: the apiserver read the pod.
 		return "to this " + r.Subresource + ", refused for the pod it found"
 	}
 	return ""
+}
+
+// createdOver reports the read of key, in the replay of a create the
+// apiserver answered 201 with resourceVersion R, that found the object
+// at an older revision: an earlier copy under the same name, which a
+// delete removed between the replay's read (while the request was in
+// flight) and the apiserver's create. The request created the object,
+// so just before R it was absent: the replay reads it there (found by a
+// probe of a create and a delete of one name racing, predicted 409
+// AlreadyExists). Only the object the body names is the request's own:
+// the create's other reads (the roles an RBAC escalation check reads)
+// keep the latest.
+func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
+	if r.Verb != "create" || r.Subresource != "" || r.bodyName == "" || r.actual == nil || r.DryRun {
+		return "", false
+	}
+	if path.Base(key) != r.bodyName || (r.namespace != "" && path.Base(path.Dir(key)) != r.namespace) {
+		return "", false
+	}
+	aw, ok := r.actual(ctx)
+	if !ok || aw.Status != http.StatusCreated {
+		return "", false
+	}
+	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
+	if err != nil || n < 2 || newerThan(rv, n-1) {
+		return "", false
+	}
+	return strconv.FormatUint(n-1, 10), true
+}
+
+// answeredAbsent reports a write whose 404 says the object itself was
+// absent: one naming an existing object (an update, patch or delete), or
+// a subresource that writes it (a status, a scale, an eviction or a
+// binding; not a TokenRequest, whose 404 may be for the object it binds,
+// nor a connection to a kubelet or a proxied backend). A create of the
+// object itself answers 404 only for its namespace.
+func answeredAbsent(r *Run) bool {
+	switch r.Subresource {
+	case "":
+		return r.Verb != "create"
+	case "status", "scale", "ephemeralcontainers", "resize", "approval", "finalize", "eviction", "binding":
+		return true
+	}
+	return false
 }
 
 // newerThan reports a resourceVersion later than revision n.
@@ -355,7 +415,10 @@ type StorageRead struct {
 	// Later is the object's resourceVersion when the replay read it
 	// ("deleted" when it was gone), when a write after the request's had
 	// changed it: the replay ran late and read the state at Snapshot.
-	Later           string
+	Later string
+	// latest reads the object again, as it is now (a write's own read:
+	// changedInFlight).
+	latest          func(context.Context) (found bool, rv string, err error)
 	Found           bool
 	ResourceVersion string
 	// Undecodable: the object was found, and the store cannot decrypt or
@@ -509,7 +572,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), group: req.Info.APIGroup, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body),
+	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), group: req.Info.APIGroup, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body), bodyName: bodyName(req.Info.Verb, req.Body),
 		DryRun: dryRunRequest(req.Info.Verb, req.Info.Subresource, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	if namesPod(run, req.Info.Name) {
@@ -593,7 +656,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 				_, why := w.params.paramKindLag(ctx, run, req.Info, req.Arrival)
 				return why
 			}
-			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere} {
+			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
 					explained = true

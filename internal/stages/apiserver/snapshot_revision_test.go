@@ -41,17 +41,25 @@ func TestSnapshotRevision(t *testing.T) {
 		{"delete, gone", "delete", "", 200, "10", false, "", "9", "", ""},
 		{"refused: nothing written", "update", "", 409, "", true, "12", "", "", ""},
 		{"create refused as existing, found", "create", "", 409, "", true, "12", "", "", ""},
-		{"create refused as existing, gone since (a late replay)", "create", "", 409, "", false, "", "", "deleted after this request", ""},
+		{"create refused as existing, gone since (a late replay)", "create", "", 409, "", false, "", "", "deleted between the apiserver's read and the replay's", ""},
 		{"update of a missing object, still missing", "update", "", 404, "", false, "", "", "", ""},
-		{"update of a missing object, created since (a late replay)", "patch", "", 404, "", true, "12", "", "created after this request", ""},
-		{"delete of a missing object, created since", "delete", "", 404, "", true, "12", "", "created after this request", ""},
-		{"eviction refused for its budget, pod deleted since", "create", "", 429, "", false, "", "", "deleted after this request", "eviction"},
+		{"update of a missing object, created since (a late replay)", "patch", "", 404, "", true, "12", "", "created, or deleted, between the apiserver's read", ""},
+		{"delete of a missing object, created since", "delete", "", 404, "", true, "12", "", "created, or deleted, between the apiserver's read", ""},
+		{"eviction refused for its budget, pod deleted since", "create", "", 429, "", false, "", "", "deleted between the apiserver's read and the replay's", "eviction"},
 		{"eviction refused for its budget, pod still there", "create", "", 429, "", true, "12", "", "", "eviction"},
 		{"eviction of a missing pod, still missing", "create", "", 404, "", false, "", "", "", "eviction"},
-		{"binding refused as already assigned, pod deleted since", "create", "", 409, "", false, "", "", "deleted after this request", "binding"},
-		{"update refused 409 (a conflict), deleted since", "update", "", 409, "", false, "", "", "deleted after this request", ""},
-		{"namespace finalize refused 409, deleted since", "update", "", 409, "", false, "", "", "deleted after this request", "finalize"},
+		{"binding refused as already assigned, pod deleted since", "create", "", 409, "", false, "", "", "deleted between the apiserver's read and the replay's", "binding"},
+		{"update refused 409 (a conflict), deleted since", "update", "", 409, "", false, "", "", "deleted between the apiserver's read and the replay's", ""},
+		{"namespace finalize refused 409, deleted since", "update", "", 409, "", false, "", "", "deleted between the apiserver's read and the replay's", "finalize"},
 		{"update refused 409, still there", "update", "", 409, "", true, "12", "", "", ""},
+		// Found by a probe of racing writers (each once a few dozen races).
+		{"delete refused by its precondition, deleted since", "delete", "", 409, "", false, "", "", "deleted between the apiserver's read and the replay's", ""},
+		{"merge patch refused as invalid, deleted since", "patch", "", 422, "", false, "", "", "deleted between the apiserver's read and the replay's", ""},
+		{"update refused as invalid, not found (it may create)", "update", "", 422, "", false, "", "", "", ""},
+		{"scale of a missing deployment, created since", "update", "", 404, "", true, "12", "", "created, or deleted, between the apiserver's read", "scale"},
+		{"status patch of a missing object, created since", "patch", "", 404, "", true, "12", "", "created, or deleted, between the apiserver's read", "status"},
+		{"proxy to a pod answered 404 by its backend", "create", "", 404, "", true, "12", "", "", "proxy"},
+		{"TokenRequest bound to a missing pod", "create", "", 404, "", true, "12", "", "", "token"},
 		{"binding refused otherwise (403), pod deleted since", "create", "", 403, "", false, "", "", "", "binding"},
 		// A TokenRequest's answer carries back the resourceVersion its body
 		// named: no revision of the service account.
@@ -112,7 +120,7 @@ func TestSnapshotRevisionAdmissionRefusal(t *testing.T) {
 	r := &Run{Verb: "create", Resource: "configmaps", actual: func(context.Context) (Answer, bool) {
 		return Answer{Status: 409, Refusal: &metav1.Status{Code: 409, Reason: metav1.StatusReasonAlreadyExists, Message: `configmaps "c" already exists`}}, true
 	}}
-	if _, why := r.snapshotRevision(context.Background(), false, ""); !strings.Contains(why, "deleted after this request") {
+	if _, why := r.snapshotRevision(context.Background(), false, ""); !strings.Contains(why, "deleted between the apiserver's read and the replay's") {
 		t.Errorf("the store's 409 for a create, the object gone since: %q", why)
 	}
 }
@@ -234,6 +242,37 @@ func TestOwnDeleteMark(t *testing.T) {
 			got, ok := ownDeleteMark(tc.obj, arrival)
 			if got != tc.want || ok != (tc.want != "") {
 				t.Errorf("ownDeleteMark = %q, %v; want %q", got, ok, tc.want)
+			}
+		})
+	}
+}
+
+// TestCreatedOver: a create answered 201 whose replay read an earlier
+// copy of its object reads it just before the create; its other reads,
+// and other answers, keep what they read.
+func TestCreatedOver(t *testing.T) {
+	answered := func(status int, rv string) func(context.Context) (Answer, bool) {
+		return func(context.Context) (Answer, bool) { return Answer{Status: status, ResourceVersion: rv}, true }
+	}
+	for _, tc := range []struct {
+		name, key, rv string
+		status        int
+		bodyName      string
+		want          string
+	}{
+		{name: "an earlier copy of the object created", key: "/configmaps/ns/taken", rv: "7", status: 201, bodyName: "taken", want: "9"},
+		{name: "the object just before the create", key: "/configmaps/ns/taken", rv: "9", status: 201, bodyName: "taken", want: "9"},
+		{name: "the request's own object", key: "/configmaps/ns/taken", rv: "10", status: 201, bodyName: "taken"},
+		{name: "another object (a role an escalation check reads)", key: "/clusterroles/system:basic-user", rv: "7", status: 201, bodyName: "taken"},
+		{name: "the same name in another namespace", key: "/configmaps/other/taken", rv: "7", status: 201, bodyName: "taken"},
+		{name: "refused as existing", key: "/configmaps/ns/taken", rv: "7", status: 409, bodyName: "taken"},
+		{name: "a generated name", key: "/configmaps/ns/taken", rv: "7", status: 201},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: "create", namespace: "ns", bodyName: tc.bodyName, actual: answered(tc.status, "10")}
+			got, ok := r.createdOver(context.Background(), tc.key, tc.rv)
+			if got != tc.want || ok != (tc.want != "") {
+				t.Errorf("createdOver = %q, %v; want %q", got, ok, tc.want)
 			}
 		})
 	}

@@ -267,6 +267,22 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 	if s.etcd != nil && run != nil {
 		src = etcdObjects{s: s, key: key, read: &read}
 	}
+	if run != nil {
+		// For a check after the answer (changedInFlight): the object as
+		// it is then, read the same way, into an object of its own.
+		typ := reflect.TypeOf(out).Elem()
+		read.latest = func(ctx context.Context) (bool, string, error) {
+			obj, ok := reflect.New(typ).Interface().(runtime.Object)
+			if !ok {
+				return false, "", fmt.Errorf("%s: not an object", typ)
+			}
+			var again objectSource = apiObjects{s: s, path: p, ns: ns, name: name}
+			if s.etcd != nil {
+				again = etcdObjects{s: s, key: key, read: &StorageRead{}}
+			}
+			return again.latest(ctx, obj)
+		}
+	}
 	found, rv, err := src.latest(ctx, out)
 	if err != nil {
 		if !storage.IsCorruptObject(err) {
@@ -283,6 +299,9 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		// The request's own write may already be visible, or later ones:
 		// read the object as the request met it.
 		at, why := run.snapshotRevision(ctx, found, rv)
+		if before, ok := run.createdOver(ctx, key, rv); ok && found && at == "" && why == "" {
+			at = before
+		}
 		switch {
 		case why != "":
 			read.Err = errors.New(why)
@@ -668,6 +687,16 @@ func (s *snapshotStorage) findLastExisting(ctx context.Context, ns, name string)
 // and protobuf are read as far as metadata.resourceVersion, no further.
 func bodyResourceVersion(body []byte) string {
 	return kdecode.ObjectResourceVersion(body, "")
+}
+
+// bodyName is the name a create's body gives its object (JSON or
+// protobuf), or "".
+func bodyName(verb string, body []byte) string {
+	if verb != "create" {
+		return ""
+	}
+	head, _ := kdecode.ReadObjectHead(body)
+	return head.Name
 }
 
 // GetList serves the lists of a read and of a deletecollection (the
