@@ -69,6 +69,16 @@ type serviceAllocation struct {
 	mu    sync.Mutex // one Service write at a time: the allocators know whose it is
 	ports *currentPorts
 	rest  *servicestore.REST
+	// write is the request whose write allocates now (under mu): the IP
+	// allocator calls the IPAddress client without its context.
+	write *allocatingWrite
+}
+
+// allocatingWrite is what the IPAddress client needs of the write the
+// allocators run for.
+type allocatingWrite struct {
+	ctx context.Context
+	run *Run
 }
 
 // newServiceAllocation builds the Service registry over the replay's
@@ -76,7 +86,8 @@ type serviceAllocation struct {
 func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, primary, secondary net.IPNet, nodePorts utilnet.PortRange,
 	endpoints proxy.EndpointSliceGetter, pods servicestore.PodStorage) (*serviceAllocation, *servicestore.StatusREST, rest.Storage, error) {
 	nw := s.Informers.Networking().V1()
-	mem := memNetworking{NetworkingV1Interface: s.Client.NetworkingV1(), ips: nw.IPAddresses().Lister(), admit: s.admitRead}
+	write := &allocatingWrite{}
+	mem := memNetworking{NetworkingV1Interface: s.Client.NetworkingV1(), ips: nw.IPAddresses().Lister(), admit: s.admitRead, write: write}
 	ipAllocs := map[api.IPFamily]ipallocator.Interface{}
 	for _, r := range []net.IPNet{primary, secondary} {
 		if r.IP == nil {
@@ -109,7 +120,7 @@ func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, pri
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return &serviceAllocation{ports: ports, rest: svc}, status, px, nil
+	return &serviceAllocation{ports: ports, rest: svc, write: write}, status, px, nil
 }
 
 // probe reports whether a Service write's registry runs as a real
@@ -132,6 +143,7 @@ func (r allocatingREST) Create(ctx context.Context, obj runtime.Object, createVa
 	}
 	r.a.mu.Lock()
 	defer r.a.mu.Unlock()
+	r.a.write.ctx, r.a.write.run = ctx, runFrom(ctx)
 	if svc, ok := obj.(*api.Service); ok {
 		ns := svc.Namespace
 		if ns == "" {
@@ -150,6 +162,7 @@ func (r allocatingREST) Update(ctx context.Context, name string, objInfo rest.Up
 	}
 	r.a.mu.Lock()
 	defer r.a.mu.Unlock()
+	r.a.write.ctx, r.a.write.run = ctx, runFrom(ctx)
 	ns, _ := genericapirequest.NamespaceFrom(ctx)
 	r.a.ports.begin(ns, name)
 	o := options.DeepCopy()
@@ -164,16 +177,18 @@ type memNetworking struct {
 	networkingv1client.NetworkingV1Interface
 	ips   networkinglisters.IPAddressLister
 	admit func() error // the replay's budget of apiserver reads
+	write *allocatingWrite
 }
 
 func (m memNetworking) IPAddresses() networkingv1client.IPAddressInterface {
-	return memIPAddresses{IPAddressInterface: m.NetworkingV1Interface.IPAddresses(), ips: m.ips, admit: m.admit}
+	return memIPAddresses{IPAddressInterface: m.NetworkingV1Interface.IPAddresses(), ips: m.ips, admit: m.admit, write: m.write}
 }
 
 type memIPAddresses struct {
 	networkingv1client.IPAddressInterface
 	ips   networkinglisters.IPAddressLister
 	admit func() error
+	write *allocatingWrite
 }
 
 // Create checks the address with a consistent read through the apiserver
@@ -193,10 +208,37 @@ func (m memIPAddresses) Create(ctx context.Context, ip *networkingv1.IPAddress, 
 	if err != nil {
 		have, err = m.ips.Get(ip.Name)
 	}
-	if err == nil && !sameParent(have.Spec.ParentRef, ip.Spec.ParentRef) {
+	if err == nil && !ownAllocation(have, ip, m.write) {
 		return nil, apierrors.NewAlreadyExists(networkingv1.Resource("ipaddresses"), ip.Name)
 	}
 	return ip.DeepCopy(), nil
+}
+
+// ownAllocation reports an IPAddress that is the request's own allocation,
+// already visible to a replay that runs after the apiserver's write: held
+// by the very Service being written, by a write the apiserver admitted
+// (a refused one rolls its allocations back), and not clearly older than
+// the request. Any other was there before the request, whoever it names:
+// the apiserver's create of it fails as already allocated (found by a
+// probe: an IPAddress left naming a Service that did not exist, then a
+// create of that Service asking for the address, predicted 201 for the
+// apiserver's 422).
+func ownAllocation(have, want *networkingv1.IPAddress, w *allocatingWrite) bool {
+	if !sameParent(have.Spec.ParentRef, want.Spec.ParentRef) {
+		return false
+	}
+	if w == nil || w.run == nil {
+		return true
+	}
+	if earlier, _ := markWindow(have.CreationTimestamp.Time, w.run.arrival); earlier {
+		return false
+	}
+	if w.run.actual != nil {
+		if aw, ok := w.run.actual(w.ctx); ok && aw.Status >= 300 {
+			return false
+		}
+	}
+	return true
 }
 
 func (m memIPAddresses) Delete(context.Context, string, metav1.DeleteOptions) error { return nil }
