@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -119,5 +120,47 @@ func TestTokenCachedByTheApiserver(t *testing.T) {
 	}
 	if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "within the apiserver's token cache") {
 		t.Errorf("a token the apiserver authenticated from its cache: predicted %+v, want unknown naming the token cache", rec.Predicted)
+	}
+}
+
+// TestBootstrapTokenCachedByTheApiserver is TestTokenCachedByTheApiserver
+// for a bootstrap token (found by a probe): used directly, its Secret then
+// deleted, the token sent through kproxy within seconds is authenticated
+// from the apiserver's token cache. Before, kproxy predicted 401.
+func TestBootstrapTokenCachedByTheApiserver(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	id := fmt.Sprintf("c%05d", time.Now().UnixNano()%100000)
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "bootstrap-token-" + id}, Type: corev1.SecretTypeBootstrapToken,
+		StringData: map[string]string{"token-id": id, "token-secret": "0123456789abcdef", "usage-bootstrap-authentication": "true"}}
+	if _, err := cs.CoreV1().Secrets("kube-system").Create(ctx, secret, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.CoreV1().Secrets("kube-system").Delete(context.Background(), secret.Name, metav1.DeleteOptions{}) })
+	r, recs := recordedKproxy(t)
+	c := r.client(nil)
+	ssr := request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+		body:   `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`,
+		header: http.Header{"Authorization": {"Bearer " + id + ".0123456789abcdef"}, "Content-Type": {"application/json"}}}
+	d := directRoute()
+	// Until the apiserver's informer has the Secret.
+	deadline := time.Now().Add(30 * time.Second)
+	for got := do(t, d.client(nil), d.base, ssr); got.status != 201; got = do(t, d.client(nil), d.base, ssr) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the bootstrap token, directly: answered %d, want 201: %s", got.status, got.body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := cs.CoreV1().Secrets("kube-system").Delete(ctx, secret.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPredicted(t, recs, r, c, request{method: "GET", path: "/api/v1/namespaces/kube-system/secrets/" + secret.Name, user: "admin"})
+	got := do(t, c, r.base, ssr)
+	rec := nextRecord(t, recs)
+	if got.status != 201 {
+		t.Fatalf("the bootstrap token through kproxy: answered %d, want 201 (the apiserver's token cache): %s", got.status, got.body)
+	}
+	if rec.Predicted.Stage != record.StageUnknown || !strings.Contains(rec.Predicted.Message, "within the apiserver's token cache") {
+		t.Errorf("a bootstrap token the apiserver authenticated from its cache: predicted %+v, want unknown naming the token cache", rec.Predicted)
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/clock"
+
+	"github.com/kproxy/kproxy/internal/credential"
 )
 
 // The access stages read the cluster's state from informers, in the
@@ -188,12 +190,23 @@ func impersonationRefusal(st *metav1.Status) bool {
 // the authenticators'), read after the token's bound objects changed, is
 // not the request's, or "".
 func (a *authentication) authenticatedLate(ctx context.Context, req *Request, err error) string {
-	if err == nil || !answerAwaited(req) || !boundObjectGone(err) {
+	serviceAccount := err != nil && boundObjectGone(err)
+	bootstrap := bootstrapTokenRE.FindStringSubmatch(credential.Inspect(req.HTTP).Token)
+	if (!serviceAccount && bootstrap == nil) || !answerAwaited(req) {
 		return ""
 	}
 	aw, ok := req.Actual(ctx)
 	if !ok || aw.Status == 0 || aw.Status == http.StatusUnauthorized || aw.Status >= 500 {
 		return ""
+	}
+	if !serviceAccount {
+		// A bootstrap token's Secret, read from an informer (found by a
+		// probe: the Secret deleted seconds after a request through
+		// another path, then the token sent through kproxy, 200 there).
+		return fmt.Sprintf("the apiserver authenticated the request (it answered %d, which only an authenticated request gets), "+
+			"and the replay's bootstrap-token authenticator refuses its token: its Secret kube-system/bootstrap-token-%s was deleted, "+
+			"expired or changed after the request, before the replay read it, or shortly before the request, within the apiserver's "+
+			"token cache (a token it authenticated in the last 10 s, for any client, is not checked again), so the state on arrival is not known", aw.Status, bootstrap[1])
 	}
 	return fmt.Sprintf("the apiserver authenticated the request (it answered %d, which only an authenticated request gets), "+
 		"and the replay's service-account authenticator refuses its token (%v): the object the token is bound to "+

@@ -141,10 +141,18 @@ func TestAuthenticatedLate(t *testing.T) {
 		{"expired, answered 200", errors.New("service account token has expired"), 200, ""},
 		{"a bad token", errors.New("invalid bearer token"), 200, ""},
 		{"no error", nil, 200, ""},
+		// A bootstrap token (its form is the credential's), whose Secret
+		// the replay's authenticator did not find: no error of its own.
+		{"bootstrap token refused, answered 200", nil, 200, "bootstrap-token-abc006 was deleted"},
+		{"bootstrap token refused, answered 401", nil, 401, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &authentication{}
-			req := &Request{Actual: func(context.Context) (Answer, bool) { return Answer{Status: tc.answered}, true }}
+			hr := httptest.NewRequest(http.MethodGet, "/api", nil)
+			if strings.HasPrefix(tc.name, "bootstrap") {
+				hr.Header.Set("Authorization", "Bearer abc006.0123456789abcdef")
+			}
+			req := &Request{HTTP: hr, Actual: func(context.Context) (Answer, bool) { return Answer{Status: tc.answered}, true }}
 			why := a.authenticatedLate(context.Background(), req, tc.err)
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("authenticatedLate = %q, want %q", why, tc.want)
