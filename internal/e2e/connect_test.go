@@ -85,6 +85,7 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 		header       http.Header
 		h1           bool // an upgrade: HTTP/1.1 only
 		kubelet      bool // the apiserver dials the kubelet: unknown
+		handshake    bool // a watch over WebSocket: its handshake answers
 	}{
 		{method: "GET", path: base + "exec?command=true&stdout=true&stderr=true", header: websocket("v5.channel.k8s.io"), h1: true, kubelet: true},
 		{method: "GET", path: base + "attach?stdout=true", header: websocket("v5.channel.k8s.io"), h1: true, kubelet: true},
@@ -98,6 +99,12 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 		{method: "POST", path: base + "attach?stdout=true", header: spdy, h1: true, kubelet: true},
 		{method: "POST", path: base + "portforward?ports=80", header: spdy, h1: true, kubelet: true},
 		{method: "POST", path: base + "exec?stdout=true", header: spdy, h1: true, kubelet: true}, // no command: the kubelet says so
+		// A watch over WebSocket involves no kubelet: the handshake
+		// answers, 403 without an Origin that is a URL (found by a probe:
+		// said unknown, "then connect to the pod's kubelet").
+		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps?watch=true&timeoutSeconds=1", header: websocket("base64.binary.k8s.io"), h1: true, handshake: true},
+		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps?watch=true&timeoutSeconds=1", header: withOrigin(websocket("base64.binary.k8s.io"), "null"), h1: true, handshake: true},
+		{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps?watch=true&timeoutSeconds=1", header: withOrigin(websocket("base64.binary.k8s.io"), "https://dashboard.example"), h1: true, handshake: true},
 		{method: "GET", path: onGhost + "log"},
 		{method: "GET", path: onGhost + "log?container=c&follow=true"},
 		{method: "GET", path: onGhost + "exec?command=true&stdout=true", header: websocket("v5.channel.k8s.io"), h1: true},
@@ -126,6 +133,14 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 			t.Errorf("%s %s: the kubelet stand-in got %d connections, want %d (the apiserver's only)", tc.method, tc.path, got, want)
 		}
 		p, a := rec.Predicted, rec.Actual
+		if tc.handshake {
+			// The handshake's 403 has no body: its status is all there
+			// is to predict.
+			if a.Status != ex.status || p.Status != a.Status || p.Stage == record.StageUnknown {
+				t.Errorf("%s %s with %v: answered %d (recorded %d), predicted %+v", tc.method, tc.path, tc.header, ex.status, a.Status, p)
+			}
+			continue
+		}
 		if a.Status != ex.status {
 			t.Errorf("%s %s: recorded status %d, the apiserver answered %d", tc.method, tc.path, a.Status, ex.status)
 		}
@@ -136,4 +151,11 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 			t.Errorf("%s %s: predicted %+v, actual %+v%s", tc.method, tc.path, p, a, stageSummary(rec))
 		}
 	}
+}
+
+// withOrigin is h with an Origin header.
+func withOrigin(h http.Header, origin string) http.Header {
+	h = h.Clone()
+	h.Set("Origin", origin)
+	return h
 }

@@ -136,7 +136,9 @@ func TestBootstrapTokenCachedByTheApiserver(t *testing.T) {
 	if _, err := cs.CoreV1().Secrets("kube-system").Create(ctx, secret, createOpts); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cs.CoreV1().Secrets("kube-system").Delete(context.Background(), secret.Name, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = cs.CoreV1().Secrets("kube-system").Delete(context.Background(), secret.Name, metav1.DeleteOptions{})
+	})
 	r, recs := recordedKproxy(t)
 	c := r.client(nil)
 	ssr := request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews",

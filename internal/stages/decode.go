@@ -85,6 +85,8 @@ func (d decode) report(ctx context.Context, req *Request, run *apiserver.Run) Re
 		// Aggregated discovery's refusal: the aggregator's own document,
 		// not the replay server's.
 		res = Unknown("the apiserver's aggregator serves aggregated discovery of /apis; its refusals (here " + apiserver.StatusMessage(run.Status) + " from kube-apiserver's own handler) are not replayed")
+	case run.Decided == record.StageDecode && run.Handshake != "":
+		res = Reject(run.Status, run.Handshake)
 	case run.Decided == record.StageDecode && run.Code == http.StatusMethodNotAllowed:
 		res = Reject(run.Status, "the apiserver's router (go-restful) serves no "+req.HTTP.Method+" on this path: "+apiserver.StatusMessage(run.Status))
 	case run.Decided == record.StageDecode && run.Read:
@@ -93,12 +95,14 @@ func (d decode) report(ctx context.Context, req *Request, run *apiserver.Run) Re
 		res = Reject(run.Status, "the apiserver's handler refuses the request before admission: "+apiserver.StatusMessage(run.Status))
 	case !req.Info.IsResourceRequest:
 		res = d.discovery(ctx, req, run)
+	case run.Read && run.Handshake != "":
+		res = Pass("the handler accepts the " + req.Info.Verb + "'s options; " + run.Handshake)
 	case run.Read:
 		res = Pass("the handler accepts the " + req.Info.Verb + "'s options")
 	default:
 		res = Pass(decodedWhat(req))
 	}
-	if res.Outcome == record.Pass && run.Code >= 200 && run.Code < 400 {
+	if res.Outcome == record.Pass && (run.Code >= 200 && run.Code < 400 || run.Code == http.StatusSwitchingProtocols) {
 		res.Answer = run.Code
 	}
 	res.Began, res.Ended = start, end

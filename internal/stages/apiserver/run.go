@@ -105,6 +105,10 @@ type Run struct {
 	Read     bool
 	Narrowed string
 	Watched  bool
+	// Handshake says what a WebSocket watch's handshake answered
+	// (websocket.go); handshake is the connection it was written on.
+	Handshake string
+	handshake *handshakeConn
 }
 
 // snapshotRevision decides which state of an object the replay reads: the
@@ -628,6 +632,9 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 	w.handler.ServeHTTP(resp, r)
 	run.End = now()
 	run.Code = resp.Code
+	if run.handshake != nil && run.settleHandshake(run.handshake) {
+		return run
+	}
 	run.ETag = resp.Header().Get("ETag")
 	run.warnings = rec.list()
 	if reachedBackend(resp.Body.String()) {
@@ -753,6 +760,16 @@ func (recorder) CloseNotify() <-chan bool { return make(chan bool) }
 // kubelet's. The run stops here, unknown; the connection handed back is
 // closed, so the WebSocket handshake ends at once.
 func (r recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	r.run.mu.Lock()
+	watched := r.run.Watched
+	r.run.mu.Unlock()
+	if r.run.Read && watched {
+		// A watch over WebSocket: its handshake's answer is read off
+		// the connection (websocket.go).
+		c := &handshakeConn{}
+		r.run.handshake = c
+		return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
+	}
 	r.run.markUnknown(upgradeReached)
 	c, peer := net.Pipe()
 	peer.Close()
