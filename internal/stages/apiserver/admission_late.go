@@ -55,6 +55,8 @@ type kindChanges struct {
 	// the request arrived may have reached the apiserver's plugin after
 	// it, or the replay's before it.
 	lag time.Duration
+	// lagNote says why, after the kind's names in an unknown's reason.
+	lagNote string
 	// mutating: the plugins reading it mutate the object, so a change
 	// moves any later stage's verdict (validation, above all).
 	mutating bool
@@ -131,12 +133,20 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 		lag      time.Duration
 		mutating bool
 	}
+	// LimitRanger keeps what it looked up live (when its informer holds
+	// no LimitRange for the namespace) for 30 s, in the apiserver as in
+	// the replay, each by its own requests: a LimitRange deleted, or
+	// created, up to 30 s before a request may still be the one either
+	// enforces (found by a probe: a LimitRange deleted a second before,
+	// its cpu maximum still enforced by the apiserver, 403, predicted
+	// 201).
+	limitRanges := source{"LimitRanges", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().LimitRanges().Informer() }, []string{"LimitRanger"}, limitRangeLag, false}
 	adm := f.Admissionregistration().V1()
 	sources := []source{
 		{"the namespace (its labels, its phase)", byName, func() cache.SharedIndexInformer { return f.Core().V1().Namespaces().Informer() },
 			[]string{"NamespaceLifecycle", "PodSecurity", "MutatingAdmissionWebhook", "ValidatingAdmissionWebhook", "ValidatingAdmissionPolicy"}, 0, false},
 		{"ServiceAccounts", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ServiceAccounts().Informer() }, []string{"ServiceAccount"}, 0, false},
-		{"LimitRanges", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().LimitRanges().Informer() }, []string{"LimitRanger"}, 0, false},
+		limitRanges,
 		{"ResourceQuotas", byNamespace, func() cache.SharedIndexInformer { return f.Core().V1().ResourceQuotas().Informer() }, []string{"ResourceQuota"}, 0, false},
 		{"PriorityClasses", nil, func() cache.SharedIndexInformer { return f.Scheduling().V1().PriorityClasses().Informer() }, []string{"Priority"}, 0, false},
 		{"RuntimeClasses", nil, func() cache.SharedIndexInformer { return f.Node().V1().RuntimeClasses().Informer() }, []string{"RuntimeClass"}, 0, false},
@@ -161,7 +171,7 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 			continue // no enabled plugin reads it: no informer to ride on
 		}
 		readBy := slices.DeleteFunc(slices.Clone(s.readBy), func(p string) bool { return !slices.Contains(plugins, p) })
-		k := &kindChanges{name: s.name, key: s.key, lag: s.lag, mutating: s.mutating, readBy: readBy, inNS: map[string]int64{}, clock: clk}
+		k := &kindChanges{name: s.name, key: s.key, lag: s.lag, lagNote: lagNoteOf(s.lag), mutating: s.mutating, readBy: readBy, inNS: map[string]int64{}, clock: clk}
 		_, _ = s.informer().AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
 			AddFunc: func(obj any, initial bool) {
 				if initial {
@@ -186,6 +196,23 @@ const policyLag = 2 * time.Second
 
 // policyLagNote follows the names of lagging kinds in an unknown's reason.
 const policyLagNote = " (or in the 2s before it arrived: the apiserver and the replay each load admission policies once a second)"
+
+// limitRangeLag is LimitRanger's live-lookup cache's time to live
+// (liveTTL); limitRangeLagNote says so.
+const (
+	limitRangeLag     = 30 * time.Second
+	limitRangeLagNote = " (or in the 30s before it arrived: LimitRanger keeps the LimitRanges it looked up live, for a namespace its informer held none for, 30s, the apiserver's and the replay's each their own)"
+)
+
+func lagNoteOf(lag time.Duration) string {
+	switch lag {
+	case 0:
+		return ""
+	case limitRangeLag:
+		return limitRangeLagNote
+	}
+	return policyLagNote
+}
 
 // changedSince names the state seen to change after t that a request in
 // namespace may have read, or "".
@@ -237,19 +264,16 @@ func (c *admissionChanges) changedIf(t time.Time, namespace string, read func(*k
 	if c == nil || t.IsZero() {
 		return ""
 	}
-	var what []string
-	lagged := false
+	var what, notes []string
 	for _, k := range c.kinds {
 		if read(k) && k.changedSince(t, namespace) {
 			what = append(what, k.name)
-			lagged = lagged || k.lag > 0
+			if k.lagNote != "" && !slices.Contains(notes, k.lagNote) {
+				notes = append(notes, k.lagNote)
+			}
 		}
 	}
-	s := strings.Join(what, ", ")
-	if lagged {
-		s += policyLagNote
-	}
-	return s
+	return strings.Join(what, ", ") + strings.Join(notes, "")
 }
 
 // refusedByStateLate says why the replay's admission refusal of a write

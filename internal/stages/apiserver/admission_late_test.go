@@ -34,7 +34,7 @@ func TestAdmissionChangesSince(t *testing.T) {
 	for _, tc := range []struct {
 		ns, want string
 	}{
-		{"a", "LimitRanges"},
+		{"a", "LimitRanges" + limitRangeLagNote},
 		{"b", "the namespace (its labels, its phase)"},
 		{"c", ""},
 	} {
@@ -46,8 +46,13 @@ func TestAdmissionChangesSince(t *testing.T) {
 	if got := c.changedSince(arrival, "c"); got != "PriorityClasses" {
 		t.Errorf("a cluster-scoped change: changedSince = %q, want PriorityClasses", got)
 	}
-	if got := c.changedSince(clk.Now(), "a"); got != "" {
-		t.Errorf("nothing changed after the request: %q", got)
+	// LimitRanger's live lookups are kept 30 s: a change up to then
+	// before the request counts.
+	if got := c.changedSince(clk.Now(), "a"); got != "LimitRanges"+limitRangeLagNote {
+		t.Errorf("a LimitRange changed just before the request: %q, want LimitRanges (its 30s)", got)
+	}
+	if got := c.changedSince(clk.Now().Add(31*time.Second), "a"); got != "" {
+		t.Errorf("nothing changed in the 30s before the request: %q", got)
 	}
 	// A Node re-created with a new uid (NodeRestriction's mirror pods).
 	mid := clk.Now()
@@ -185,8 +190,9 @@ func TestAdmissionStateLate(t *testing.T) {
 
 // TestAdmissionPolicyLag: admission policies reach the apiserver's plugins
 // and the replay's once a second, so a policy or binding changed in the
-// 2s before a request arrived counts as changed around it; other state,
-// only after it. A mutating plugin's change makes any contradiction of a
+// 2s before a request arrived counts as changed around it; LimitRanges
+// in the 30s before it (LimitRanger's live lookups); other state, only
+// after it. A mutating plugin's change makes any contradiction of a
 // write's verdict after admission unknown (validation of a label a
 // MutatingAdmissionPolicy added), never an agreeing one.
 func TestAdmissionPolicyLag(t *testing.T) {
@@ -198,11 +204,11 @@ func TestAdmissionPolicyLag(t *testing.T) {
 	find("LimitRanges").mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "ns"}})
 	clk.Step(1500 * time.Millisecond)
 	arrival := clk.Now() // 1.5s after both changes
-	if got := c.changedSince(arrival, "ns"); got != "ValidatingAdmissionPolicyBindings"+policyLagNote {
-		t.Errorf("a binding 1.5s before the arrival, a LimitRange too: changedSince = %q, want the binding only", got)
+	if got := c.changedSince(arrival, "ns"); got != "LimitRanges, ValidatingAdmissionPolicyBindings"+limitRangeLagNote+policyLagNote {
+		t.Errorf("a binding 1.5s before the arrival, a LimitRange too: changedSince = %q, want both, each with its lag", got)
 	}
-	if got := c.changedSince(arrival.Add(time.Second), "ns"); got != "" {
-		t.Errorf("2.5s after: changedSince = %q, want nothing", got)
+	if got := c.changedSince(arrival.Add(time.Second), "ns"); got != "LimitRanges"+limitRangeLagNote {
+		t.Errorf("2.5s after: changedSince = %q, want the LimitRange only (LimitRanger's 30s)", got)
 	}
 	if got := c.mutatorsChangedSince(arrival, "ns"); got != "" {
 		t.Errorf("no mutating plugin's state changed: %q", got)
