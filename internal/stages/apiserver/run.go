@@ -632,11 +632,11 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 	w.handler.ServeHTTP(resp, r)
 	run.End = now()
 	run.Code = resp.Code
+	run.ETag = resp.Header().Get("ETag")
+	run.warnings = rec.list()
 	if run.handshake != nil && run.settleHandshake(run.handshake) {
 		return run
 	}
-	run.ETag = resp.Header().Get("ETag")
-	run.warnings = rec.list()
 	if reachedBackend(resp.Body.String()) {
 		run.markUnknown(backendReached("a kubelet or proxied backend"))
 	}
@@ -758,7 +758,8 @@ func (recorder) CloseNotify() <-chan bool { return make(chan bool) }
 // apiserver translates to SPDY for the kubelet) switches protocols before
 // the kubelet is dialled: the apiserver's answer is 101, then the
 // kubelet's. The run stops here, unknown; the connection handed back is
-// closed, so the WebSocket handshake ends at once.
+// closed, so the WebSocket handshake ends at once. A watch over WebSocket
+// involves no kubelet: its handshake's answer is kept (websocket.go).
 func (r recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	r.run.mu.Lock()
 	watched := r.run.Watched

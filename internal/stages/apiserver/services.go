@@ -81,6 +81,9 @@ type allocatingWrite struct {
 	run *Run
 }
 
+// done lets the write's run go once its allocations are over.
+func (w *allocatingWrite) done() { w.ctx, w.run = nil, nil }
+
 // newServiceAllocation builds the Service registry over the replay's
 // storage with in-memory allocators.
 func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, primary, secondary net.IPNet, nodePorts utilnet.PortRange,
@@ -144,6 +147,7 @@ func (r allocatingREST) Create(ctx context.Context, obj runtime.Object, createVa
 	r.a.mu.Lock()
 	defer r.a.mu.Unlock()
 	r.a.write.ctx, r.a.write.run = ctx, runFrom(ctx)
+	defer r.a.write.done()
 	if svc, ok := obj.(*api.Service); ok {
 		ns := svc.Namespace
 		if ns == "" {
@@ -163,6 +167,7 @@ func (r allocatingREST) Update(ctx context.Context, name string, objInfo rest.Up
 	r.a.mu.Lock()
 	defer r.a.mu.Unlock()
 	r.a.write.ctx, r.a.write.run = ctx, runFrom(ctx)
+	defer r.a.write.done()
 	ns, _ := genericapirequest.NamespaceFrom(ctx)
 	r.a.ports.begin(ns, name)
 	o := options.DeepCopy()
