@@ -38,6 +38,10 @@ type corpusCase struct {
 	// (part of its "cannot predict" message): a case it cannot replay
 	// faithfully, and says so.
 	Unknown string `json:"unknown"`
+	// OrPredicted: with Unknown, a prediction of the apiserver's answer
+	// passes too (kproxy predicts once it knows what Unknown lacked: a
+	// compaction it saw written long enough before the request).
+	OrPredicted bool `json:"orPredicted"`
 	// Explains are texts the record's stage explanations (children
 	// included) must contain: the explanation, not just the verdict.
 	Explains []string `json:"explains"`

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -171,4 +174,60 @@ func etcdClient(t *testing.T) *clientv3.Client {
 	}
 	t.Cleanup(func() { etcd.Close() })
 	return etcd
+}
+
+// TestListAtCompactedRevision: a list at a revision etcd has compacted is
+// answered from the apiserver's watch cache while it holds a snapshot of
+// it, and 410 Expired once its compactor has read the compaction's
+// revision (every 15 s) from compact_rev_key, which the apiserver writes
+// before each compaction. Compacted here as the apiserver does it: at
+// once, kproxy cannot know which (unknown, or the right answer); 22 s
+// later it predicts 410, from the compaction it saw written. Before, it
+// said unknown for good (found by a probe: 410 from 15 s on).
+func TestListAtCompactedRevision(t *testing.T) {
+	ctx := context.Background()
+	r, recs := recordedKproxy(t)
+	c := r.client(nil)
+	ns := lateNamespace(t, "compacted")
+	cm, err := adminClient().CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "old"}}, createOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminClient().CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "newer"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	// As the apiserver's compactor does (its etcd3.Compact): the
+	// revision to compact at, written to compact_rev_key, then the
+	// compaction.
+	etcd := etcdClient(t)
+	resp, err := etcd.Get(ctx, "compact_rev_key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var version int64
+	if len(resp.Kvs) > 0 {
+		version = resp.Kvs[0].Version
+	}
+	rev := resp.Header.Revision
+	if _, err := etcd.Txn(ctx).If(clientv3.Compare(clientv3.Version("compact_rev_key"), "=", version)).
+		Then(clientv3.OpPut("compact_rev_key", strconv.FormatInt(rev, 10))).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etcd.Compact(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	list := request{method: "GET", user: "admin", path: "/api/v1/namespaces/" + ns + "/configmaps?resourceVersion=" + cm.ResourceVersion + "&resourceVersionMatch=Exact"}
+	got := do(t, c, r.base, list)
+	if rec := nextRecord(t, recs); rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status != got.status {
+		t.Errorf("just after the compaction: predicted %d at %s (%s), the apiserver answered %d", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, got.status)
+	}
+	time.Sleep(22 * time.Second) // the watch cache's compactor reads compact_rev_key every 15 s
+	got = do(t, c, r.base, list)
+	rec := nextRecord(t, recs)
+	if got.status != http.StatusGone {
+		t.Fatalf("22 s after the compaction: the apiserver answered %d, want 410: %s", got.status, got.body)
+	}
+	if st := stageNamed(rec, record.StageStorage).Explanation; rec.Predicted.Status != http.StatusGone || !strings.Contains(st, "compact_rev_key") {
+		t.Errorf("22 s after the compaction: predicted %d at %s (%s), want 410 from the compaction kproxy saw; storage: %s", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, st)
+	}
 }

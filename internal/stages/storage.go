@@ -236,6 +236,8 @@ func describeRead(r apiserver.StorageRead) string {
 	switch {
 	case r.Refused != nil && storage.IsNotFound(r.Refused):
 		what += ": not found"
+	case r.Refused != nil && r.Compacted != "":
+		what += ": " + r.Refused.Error() + " (" + r.Compacted + ")"
 	case r.Refused != nil:
 		what += ": " + r.Refused.Error()
 	case r.List:

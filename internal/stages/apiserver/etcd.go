@@ -49,6 +49,9 @@ type etcdAccess struct {
 	limiter flowcontrol.RateLimiter
 	qps     float64
 	clock   clock.PassiveClock
+	// compactions are the compactions kproxy saw the apiserver write
+	// (compaction.go).
+	compactions *compactions
 }
 
 // admit takes a token for one read, or says why the read is shed.
@@ -125,6 +128,8 @@ func newEtcdAccess(ctx context.Context, o *Options, transformers map[schema.Grou
 	a := &etcdAccess{raw: raw, prefix: o.EtcdPrefix, transformers: transformers, kube: &kubernetes.Client{Client: raw}, clock: clk,
 		limiter: flowcontrol.NewTokenBucketRateLimiter(float32(qps), int(2*qps)), qps: qps}
 	a.kube.Kubernetes = a.kube
+	a.compactions = &compactions{clock: clk}
+	go a.compactions.follow(ctx, raw)
 	go func() { <-ctx.Done(); _ = raw.Close() }()
 	return a, nil
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -176,8 +178,13 @@ func (s *snapshotStorage) readList(ctx context.Context, run *Run, key string, op
 			// The apiserver asks its watch cache first: it keeps a snapshot
 			// of every revision since it started (or since its own last
 			// compaction), and falls back to etcd only without one.
-			read.Err = fmt.Errorf("etcd has compacted the revision this list asks for (%v), but the apiserver's watch cache keeps snapshots of past revisions (ListFromCacheSnapshot) and may still serve it; which it holds is not visible from outside", err)
-			return read.Err
+			seen, ok := s.compactedFor(key, opts, run.arrival)
+			if !ok {
+				read.Err = fmt.Errorf("etcd has compacted the revision this list asks for (%v), but the apiserver's watch cache keeps snapshots of past revisions (ListFromCacheSnapshot) and may still serve it; which it holds is not visible from outside", err)
+				return read.Err
+			}
+			read.Compacted = fmt.Sprintf("the apiserver compacted etcd at revision %d (compact_rev_key, seen by kproxy %v before the request): its watch cache has dropped its snapshots before it, so etcd answers",
+				seen.rev, run.arrival.Sub(seen.at).Truncate(time.Second))
 		}
 		read.EtcdPrefix = strings.TrimSuffix(s.access.key(key), "/") + "/"
 		if !opts.Recursive {
@@ -197,6 +204,30 @@ func (s *snapshotStorage) readList(ctx context.Context, run *Run, key string, op
 		return err
 	}
 	return settleRead(&read, nil, listObj)
+}
+
+// compactedFor reports the compaction past the revision a list asks for
+// (its resourceVersion, or its continue token's) that kproxy saw long
+// enough before the request to know the watch cache no longer holds it.
+func (s *snapshotStorage) compactedFor(key string, opts storage.ListOptions, arrival time.Time) (compactionSeen, bool) {
+	if s.access == nil {
+		return compactionSeen{}, false
+	}
+	var rv int64
+	if c := opts.Predicate.Continue; c != "" {
+		_, r, err := storage.DecodeContinue(c, strings.TrimSuffix(key, "/")+"/")
+		if err != nil || r <= 0 {
+			return compactionSeen{}, false
+		}
+		rv = r
+	} else {
+		r, err := strconv.ParseInt(opts.ResourceVersion, 10, 64)
+		if err != nil || r <= 0 {
+			return compactionSeen{}, false
+		}
+		rv = r
+	}
+	return s.access.compactions.expired(rv, arrival)
 }
 
 // etcdRead runs one read of the resource's etcd3 store, bounded in time,

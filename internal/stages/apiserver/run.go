@@ -444,8 +444,11 @@ type StorageRead struct {
 	BeforeRead bool   // refused before reading (the options)
 	Watch      bool   // a watch's start, refused before reading
 	NoEtcd     string // why etcd was not read
-	Options    string
-	FromEtcd   bool
+	// Compacted says why etcd's 410 for a compacted revision is the
+	// apiserver's answer (compaction.go).
+	Compacted string
+	Options   string
+	FromEtcd  bool
 	// FromAnswer: the object was taken from the apiserver's answer to
 	// the get (answered.go), not read.
 	FromAnswer  bool
