@@ -206,6 +206,16 @@ func TestEvictionOfTerminatingPod(t *testing.T) {
 		t.Errorf("second eviction at once: predicted %d at %s (%s), the apiserver answered 201; storage: %s", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, st)
 	}
 
+	// Pod a, evicted again half a second after its first eviction was
+	// answered: kproxy's informer saw the pod marked before this request
+	// arrived, so the mark is an earlier request's, whatever its time in
+	// seconds says (found by a probe: 240 ms after, said unknown).
+	time.Sleep(500 * time.Millisecond)
+	rec = send(evict(run+"-a"), 201)
+	if st := stageNamed(rec, record.StageStorage).Explanation; rec.Predicted.Status != 201 || !strings.Contains(st, "already marked") {
+		t.Errorf("second eviction 500 ms after: predicted %d at %s (%s), the apiserver answered 201; storage: %s", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message, st)
+	}
+
 	// Pod c, guarded by two budgets (an eviction supports one: 500),
 	// deleted (kubectl delete --wait=false) and evicted at once: the
 	// apiserver skips the budgets of a pod being deleted (201). Found by

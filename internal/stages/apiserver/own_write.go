@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	api "k8s.io/kubernetes/pkg/apis/core"
 
 	"github.com/kproxy/kproxy/internal/record"
@@ -134,7 +135,7 @@ type ownWriteRead struct {
 // request's own write w, or as it is when the first state showing w was
 // written clearly before the request arrived. out holds the newest state
 // that shows it, at resourceVersion hi.
-func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi string, arrival time.Time, out runtime.Object) (ownWriteRead, error) {
+func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi string, arrival time.Time, seenMarked func(types.UID) bool, out runtime.Object) (ownWriteRead, error) {
 	if !w.done(out) {
 		return ownWriteRead{}, fmt.Errorf("the request %s (the apiserver answered success), and the pod as last stored (resourceVersion %s) does not show it: it was replaced after this request, so the state on arrival is not known", w.what, hi)
 	}
@@ -201,6 +202,11 @@ func readBeforeOwnWrite(ctx context.Context, src objectSource, w *ownWrite, hi s
 		res.markedAt, _ = w.markedAt(first)
 	}
 	res.earlier, _ = markWindow(res.markedAt, arrival)
+	if !res.earlier && seenMarked != nil && seenMarked(uid) {
+		// kproxy's informer saw the pod marked before the request
+		// arrived: an earlier request's mark, whatever its time says.
+		res.earlier = true
+	}
 	if met == nil && !res.earlier {
 		return ownWriteRead{}, fmt.Errorf("the pod was created already showing what the request did (%s, at resourceVersion %d): the state the request met is not known", w.what, after)
 	}

@@ -113,7 +113,7 @@ func TestReadBeforeOwnWrite(t *testing.T) {
 			if _, err := h.at(context.Background(), strconv.Itoa(tc.hi), out); err != nil {
 				t.Fatal(err)
 			}
-			got, err := readBeforeOwnWrite(context.Background(), h, tc.w, strconv.Itoa(tc.hi), arrival, out)
+			got, err := readBeforeOwnWrite(context.Background(), h, tc.w, strconv.Itoa(tc.hi), arrival, nil, out)
 			switch {
 			case tc.why != "":
 				if err == nil || !strings.Contains(err.Error(), tc.why) {

@@ -18,6 +18,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/audit"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/storage"
@@ -91,6 +92,8 @@ type Run struct {
 	limitRanges limitRangesIn
 	BodyRV      string
 	bodyName    string // the name the body gives the object (a create's)
+	// deletedPods: what the informer saw of pods (deleted_pods.go).
+	deletedPods *deletedPods
 	Verb        string
 	// apply: a server-side apply (a patch of the apply type), whose
 	// patch is decoded, strictly, as the handler applies it.
@@ -292,6 +295,16 @@ func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
 		return "", false
 	}
 	return strconv.FormatUint(n-1, 10), true
+}
+
+// podMarkedBefore reports, for a pod's delete or eviction, whether
+// kproxy's informer saw the pod (of a uid) marked for deletion before
+// the request arrived (nil: not known).
+func (r *Run) podMarkedBefore(namespace, name string) func(types.UID) bool {
+	if r.deletedPods == nil {
+		return nil
+	}
+	return func(uid types.UID) bool { return r.deletedPods.markedBefore(namespace, name, uid, r.arrival) }
 }
 
 // answeredAbsent reports a write whose 404 says the object itself was
@@ -584,6 +597,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 	run.marks[PhaseDecode] = run.start
 	if namesPod(run, req.Info.Name) {
 		defer w.deletedPods.name(req.Info.Namespace, req.Info.Name, req.Arrival)()
+		run.deletedPods = w.deletedPods
 	}
 	rec := &warningRecorder{}
 	hctx := withRun(ctx, run)

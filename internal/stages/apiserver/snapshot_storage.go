@@ -330,7 +330,7 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 					return err
 				}
 			}
-			own, err := readBeforeOwnWrite(ctx, src, w, rv, run.arrival, out)
+			own, err := readBeforeOwnWrite(ctx, src, w, rv, run.arrival, run.podMarkedBefore(ns, name), out)
 			if err != nil {
 				read.Err = err
 				return err
