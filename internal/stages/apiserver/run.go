@@ -91,7 +91,9 @@ type Run struct {
 	// limitRanges counts the LimitRanges of a namespace (limit_ranges.go).
 	limitRanges limitRangesIn
 	BodyRV      string
-	bodyName    string // the name the body gives the object (a create's)
+	// body is the request's body, as the replay was given it (read only
+	// where a check needs it: createdOver).
+	body []byte
 	// deletedPods: what the informer saw of pods (deleted_pods.go).
 	deletedPods *deletedPods
 	Verb        string
@@ -280,10 +282,10 @@ func answeredFound(r *Run, status int) string {
 // the create's other reads (the roles an RBAC escalation check reads)
 // keep the latest.
 func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
-	if r.Verb != "create" || r.Subresource != "" || r.bodyName == "" || r.actual == nil || r.DryRun {
+	if r.Verb != "create" || r.Subresource != "" || r.actual == nil || r.DryRun {
 		return "", false
 	}
-	if path.Base(key) != r.bodyName || (r.namespace != "" && path.Base(path.Dir(key)) != r.namespace) {
+	if r.namespace != "" && path.Base(path.Dir(key)) != r.namespace {
 		return "", false
 	}
 	aw, ok := r.actual(ctx)
@@ -292,6 +294,10 @@ func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
 	}
 	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
 	if err != nil || n < 2 || newerThan(rv, n-1) {
+		return "", false
+	}
+	// Last, the rare case left: which object the body names.
+	if name := bodyName(r.body); name == "" || path.Base(key) != name {
 		return "", false
 	}
 	return strconv.FormatUint(n-1, 10), true
@@ -592,7 +598,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), group: req.Info.APIGroup, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body), bodyName: bodyName(req.Info.Verb, req.Body),
+	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), group: req.Info.APIGroup, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body), body: req.Body,
 		DryRun: dryRunRequest(req.Info.Verb, req.Info.Subresource, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	if namesPod(run, req.Info.Name) {

@@ -269,7 +269,13 @@ func TestCreatedOver(t *testing.T) {
 		{name: "a generated name", key: "/configmaps/ns/taken", rv: "7", status: 201},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := &Run{Verb: "create", namespace: "ns", bodyName: tc.bodyName, actual: answered(tc.status, "10")}
+			var body []byte
+			if tc.bodyName != "" {
+				body = []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + tc.bodyName + `","namespace":"ns"}}`)
+			} else {
+				body = []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"generateName":"taken-"}}`)
+			}
+			r := &Run{Verb: "create", namespace: "ns", body: body, actual: answered(tc.status, "10")}
 			got, ok := r.createdOver(context.Background(), tc.key, tc.rv)
 			if got != tc.want || ok != (tc.want != "") {
 				t.Errorf("createdOver = %q, %v; want %q", got, ok, tc.want)

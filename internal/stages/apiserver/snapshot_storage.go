@@ -689,12 +689,8 @@ func bodyResourceVersion(body []byte) string {
 	return kdecode.ObjectResourceVersion(body, "")
 }
 
-// bodyName is the name a create's body gives its object (JSON or
-// protobuf), or "".
-func bodyName(verb string, body []byte) string {
-	if verb != "create" {
-		return ""
-	}
+// bodyName is the name a body gives its object (JSON or protobuf), or "".
+func bodyName(body []byte) string {
 	head, _ := kdecode.ReadObjectHead(body)
 	return head.Name
 }

@@ -1,12 +1,11 @@
 package apiserver
 
 import (
+	"bufio"
 	"bytes"
 	"io"
 	"net"
 	"net/http"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -44,9 +43,12 @@ func (c *handshakeConn) Write(p []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	c.buf.Write(p)
-	head, _, done := bytes.Cut(c.buf.Bytes(), []byte("\r\n\r\n"))
-	if done {
-		c.code = statusLineCode(head)
+	if bytes.Contains(c.buf.Bytes(), []byte("\r\n\r\n")) {
+		c.code = -1 // no status line net/http reads
+		if resp, err := http.ReadResponse(bufio.NewReader(&c.buf), nil); err == nil {
+			c.code = resp.StatusCode
+			_ = resp.Body.Close() // the head only: nothing read past it
+		}
 	}
 	return len(p), nil
 }
@@ -64,21 +66,6 @@ func (c *handshakeConn) RemoteAddr() net.Addr             { return &net.TCPAddr{
 func (c *handshakeConn) SetDeadline(time.Time) error      { return nil }
 func (c *handshakeConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *handshakeConn) SetWriteDeadline(time.Time) error { return nil }
-
-// statusLineCode is the code of an HTTP/1.1 response head's status line,
-// or -1 when it has none.
-func statusLineCode(head []byte) int {
-	line, _, _ := bytes.Cut(head, []byte("\r\n"))
-	f := strings.Fields(string(line))
-	if len(f) < 2 || !strings.HasPrefix(f[0], "HTTP/") {
-		return -1
-	}
-	code, err := strconv.Atoi(f[1])
-	if err != nil {
-		return -1
-	}
-	return code
-}
 
 // settleHandshake files a WebSocket watch's handshake as the run's
 // answer: 101, or the refusal the handshake wrote (no Status body: the
