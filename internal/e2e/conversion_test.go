@@ -28,7 +28,9 @@ import (
 // (500, the same message); one that fails only kproxy's call (it starts
 // failing once the apiserver answered, and the replay runs behind queued
 // writes) makes the replay say unknown, where it had predicted the 500
-// for a 200.
+// for a 200; one that fails only the apiserver's call (it recovers before
+// the replay) makes the replay say unknown, where it had predicted 200 or
+// 201 for the 500.
 func TestConversionWebhook(t *testing.T) {
 	var failing, failingV2 atomic.Bool
 	hook := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -170,6 +172,41 @@ spec:
 	t.Logf("%d of 3 patches replayed after the converter began failing, each said unknown", late)
 	if late == 0 {
 		t.Error("no replay ran after the converter began failing: the test proved nothing")
+	}
+
+	// Only the apiserver's call fails: its write fails (500), and the
+	// replay, behind queued writes, meets a converter that works again
+	// and admits it (a patch's 200, a create's 201), or refuses it
+	// otherwise: a create of an object that exists fails to convert
+	// before the store looks for it (500), where the replay's is 409.
+	// Unknown, not a confident 200, 201 or 409 (the 409 was predicted).
+	late = 0
+	for i, req := range []request{size(10), {method: "POST", path: v2, user: "admin", body: gizmo("e", 3)},
+		{method: "POST", path: v2, user: "admin", body: gizmo("a", 3)}, size(11)} {
+		queueWrites(t, r, c, 40)
+		failing.Store(true)
+		got := do(t, c, r.base, req)
+		failing.Store(false)
+		if got.status != http.StatusInternalServerError {
+			t.Fatalf("%s %s while the converter fails: %d %s, want 500", req.method, req.path, got.status, got.body)
+		}
+		var rec *record.Record
+		for rec == nil || rec.Request.Method != req.method || rec.Request.Path != req.path {
+			rec = nextRecord(t, recs)
+		}
+		switch p := rec.Predicted; {
+		case p.Stage == record.StageUnknown && strings.Contains(p.Message, "the apiserver's call to a conversion webhook failed the write (500: ") &&
+			strings.Contains(p.Message, "and kproxy's replay "):
+			late++
+		case p.Stage != record.StageUnknown && p.Status == http.StatusInternalServerError:
+			// The replay ran before the converter recovered.
+		default:
+			t.Errorf("write %d, whose replay met a working converter after the apiserver's failed: predicted %+v, answered %d %q", i, p, rec.Actual.Status, rec.Actual.Message)
+		}
+	}
+	t.Logf("%d of 4 writes replayed after the converter recovered, each said unknown", late)
+	if late == 0 {
+		t.Error("no write's replay ran after the converter recovered: the test proved nothing")
 	}
 
 	// Every conversion to v2 fails: reading the stored object through v2

@@ -408,6 +408,9 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	if why := r.mutatedByWebhookThere(aw); why != "" {
 		return record.StageMutatingAdmission, why
 	}
+	if why := r.conversionFailedOnlyThere(aw); why != "" {
+		return "", why
+	}
 	if why := r.changedInFlight(ctx); why != "" {
 		return record.StageStorage, why
 	}

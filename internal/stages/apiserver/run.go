@@ -686,7 +686,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 				_, why := w.params.paramKindLag(ctx, run, req.Info, req.Arrival)
 				return why
 			}
-			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight} {
+			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.conversionFailedThere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
 					explained = true

@@ -158,6 +158,40 @@ func (r *Run) conversionFailedOnlyHere(ctx context.Context) string {
 	return ""
 }
 
+// conversionFailedOnlyThere says why the replay's verdict on a write
+// the apiserver failed by a custom resource's conversion webhook (its
+// call failed, or its answer could not be used), where kproxy's own call
+// did not fail alike, is not the request's, or "": the replay admitted
+// the write, or refused it otherwise (an earlier copy's 409, say, where
+// the apiserver never reached its store).
+func (r *Run) conversionFailedOnlyThere(aw Answer) string {
+	if aw.Refusal == nil || !strings.Contains(aw.Refusal.Message, conversionFailed) {
+		return ""
+	}
+	verdict := fmt.Sprintf("admits it (%d)", r.Code)
+	if r.Status != nil {
+		if r.Code == aw.Status && r.Status.Message == aw.Refusal.Message {
+			return "" // the same failure: kproxy's call failed as the apiserver's did
+		}
+		verdict = fmt.Sprintf("answers %d: %s", r.Code, r.Status.Message)
+	}
+	return fmt.Sprintf("the apiserver's call to a conversion webhook failed the write (%d: %s), and kproxy's replay %s: %s",
+		aw.Status, aw.Refusal.Message, verdict, conversionOwnAnswer)
+}
+
+// conversionFailedThere is conversionFailedOnlyThere for a replay that
+// refused the write.
+func (r *Run) conversionFailedThere(ctx context.Context) string {
+	if r.Read || r.actual == nil || r.Status == nil {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	if !ok {
+		return ""
+	}
+	return r.conversionFailedOnlyThere(aw)
+}
+
 // A mutating webhook's answer is its own too, and what it changes moves
 // every stage after it: a label it sets that validation refuses, a
 // field a ValidatingAdmissionPolicy checks. A webhook that patches a dry
