@@ -347,6 +347,12 @@ func TestMetricsShedding(t *testing.T) {
 				if rec.Request.Verb == "create" {
 					shedCreates++
 				}
+				// The creates' replays authenticated admin's token
+				// before the GETs came: a shed GET names its caller.
+				if rec.Request.Verb == "get" && (rec.Request.User != "admin" ||
+					!strings.Contains(rec.Stages[0].Explanation, "as kproxy's replay authenticated the same bearer token")) {
+					t.Errorf("shed GET %s: user %q (%s), want admin, named from an earlier replay", rec.ID, rec.Request.User, rec.Stages[0].Explanation)
+				}
 			}
 			continue
 		}

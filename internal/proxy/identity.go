@@ -54,6 +54,8 @@ type identity struct {
 	user user.Info // certificate callers only
 	err  error     // why a rejected caller was rejected
 	cred credential.Presented
+	// token is the SHA-256 of a token caller's bearer token (callers.go).
+	token tokenKey
 }
 
 // statusCodecs encode the Status bodies kproxy answers with itself.
@@ -146,7 +148,7 @@ func (p *Proxy) identify(r *http.Request) identity {
 	}
 	switch {
 	case cred.HasTokenCredential():
-		return identity{kind: IdentityToken}
+		return identity{kind: IdentityToken, token: keyOfToken(cred.Token)}
 	case cred.HasCertificate():
 		return identity{kind: IdentityRejected, err: certErr, cred: cred}
 	}

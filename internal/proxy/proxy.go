@@ -159,6 +159,9 @@ type Proxy struct {
 	selection atomic.Pointer[replaySelection]
 	// streams are the watches relayed off net/http (stream.go).
 	streams detachedStreams
+	// callers are who the replay authenticated each token as, to name the
+	// caller of a request not replayed (callers.go).
+	callers tokenCallers
 }
 
 // replaySelection is a replay filter and the outcome of the requests it
@@ -291,7 +294,9 @@ type exchange struct {
 	// Proxy.burst until its relay ends.
 	answering bool
 	ident     identity
-	actAs     user.Info // the user forwarded by impersonation
+	// unreplayed: the request's replay was shed or filtered out.
+	unreplayed bool
+	actAs      user.Info // the user forwarded by impersonation
 	// padded: an Impersonate-* value kproxy forwards has spaces around
 	// it, which only HTTP/2 carries upstream.
 	padded  bool
@@ -901,6 +906,7 @@ func (p *Proxy) shedOverBudget(ex *exchange) {
 // the record is written with the prediction unknown.
 func (p *Proxy) recordUnreplayed(ex *exchange, o stages.Outcome) {
 	ex.headers = record.RedactHeaders(ex.replayReq.HTTP.Header)
+	ex.unreplayed = true
 	p.replayDone(ex, o)
 }
 
@@ -1037,11 +1043,23 @@ func (p *Proxy) replay(ctx context.Context, req *stages.Request) (o stages.Outco
 // to the sinks.
 func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	rec := ex.rec
-	rec.Predicted, rec.Stages = o.Predicted, o.Stages
-	// Token callers are known once the replay has authenticated them.
-	if rec.Request.User == "" && o.Caller != nil {
+	// Token callers are known once the replay has authenticated them; a
+	// request not replayed is named as an earlier replay authenticated
+	// its token, saying so.
+	switch {
+	case rec.Request.User != "":
+	case o.Caller != nil:
 		rec.Request.User, rec.Request.Groups = o.Caller.GetName(), o.Caller.GetGroups()
+		if ex.ident.kind == IdentityToken {
+			p.callers.note(ex.ident.token, rec.Request.User, rec.Request.Groups, p.clock.Now())
+		}
+	case ex.unreplayed && ex.ident.kind == IdentityToken:
+		if c, ok := p.callers.lookup(ex.ident.token, p.clock.Now()); ok {
+			rec.Request.User, rec.Request.Groups = c.name, c.groups
+			o = namedFromEarlierReplay(o, c, p.clock.Now())
+		}
 	}
+	rec.Predicted, rec.Stages = o.Predicted, o.Stages
 	if o.ActingAs != nil && o.Caller != nil && o.ActingAs.GetName() != o.Caller.GetName() {
 		rec.Request.ActingAs = o.ActingAs.GetName()
 	}

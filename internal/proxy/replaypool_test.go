@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
@@ -51,6 +52,9 @@ func (g *gatedReplayer) Run(ctx context.Context, req *stages.Request) stages.Out
 	<-gate
 	g.ran.Add(1)
 	o := stages.Outcome{Predicted: record.Prediction{Status: http.StatusOK}, Duration: time.Millisecond}
+	if req.HTTP.Header.Get("Authorization") != "" {
+		o.Caller = &user.DefaultInfo{Name: "dev", Groups: []string{"devs", user.AllAuthenticated}}
+	}
 	if req.HTTP.Method == http.MethodPost {
 		o.Predicted.Status = http.StatusCreated
 	}
@@ -225,6 +229,13 @@ func TestReplayPoolSheds(t *testing.T) {
 		}
 		if got := http.Header(rec.Request.Headers).Get("Authorization"); got == "" || strings.Contains(got, "not-a-secret-here") {
 			t.Errorf("shed record %s: Authorization %q, want it redacted", rec.ID, got)
+		}
+		// Named as the first request's replay authenticated the token.
+		if rec.Request.User != "dev" || !slices.Equal(rec.Request.Groups, []string{"devs", user.AllAuthenticated}) {
+			t.Errorf("shed record %s: user %q in %v, want dev as the first replay authenticated the token", rec.ID, rec.Request.User, rec.Request.Groups)
+		}
+		if e := rec.Stages[0].Explanation; !strings.Contains(e, `the caller is named as kproxy's replay authenticated the same bearer token`) {
+			t.Errorf("shed record %s: authentication says %q, want where its user came from", rec.ID, e)
 		}
 	}
 	if got := gauge(t, reg, "kproxy_replays_total", "result", "shed"); got != float64(shed) {
