@@ -86,6 +86,10 @@ func TestIdentitiesForwardedExactly(t *testing.T) {
 		{name: "a certificate with a control character", caller: cert("eve\x7f"), refuse: "no HTTP header can carry"},
 		{name: "a front proxy's system:anonymous", caller: front("X-Remote-User", "system:anonymous"), refuse: "adds the group system:unauthenticated"},
 		{name: "a front proxy's padded user", caller: front("X-Remote-User", " frank", "X-Remote-Group", "system:masters ")},
+		// The apiserver lowercases a header's name before it unescapes an
+		// extra's key: "%41bc" is "Abc", "K" is "k" (a probe's caller
+		// arrived as "abc" and got past a policy refusing "Abc").
+		{name: "a front proxy's extras with capitals", caller: front("X-Remote-User", "frank", "X-Remote-Extra-%41bc", "v", "X-Remote-Extra-%4B", "2", "X-Remote-Extra-K", "1")},
 		{name: "a certificate impersonating a padded group", caller: dave, headers: hdr("Impersonate-User", "erin", "Impersonate-Group", " padded")},
 		{name: "a token impersonating a padded group", headers: merge(bearer, hdr("Impersonate-User", "erin", "Impersonate-Group", " padded"))},
 	} {

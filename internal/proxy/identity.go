@@ -350,13 +350,17 @@ func paddedImpersonation(h http.Header) bool {
 }
 
 // extraKeyEscape escapes an extra's key for an Impersonate-Extra- header
-// name as client-go does: every byte that is not a token character, and
-// %, as %XX (the apiserver unescapes it with url.PathUnescape).
+// name: every byte that is not a token character, %, and every capital
+// letter, as %XX. The apiserver lowercases the header's name, then
+// unescapes the key with url.PathUnescape, so a capital sent as is
+// arrives lowercased (client-go sends them so: a key "Abc" arrives
+// "abc", and "K" merges with "k"; a certificate caller's own key must
+// arrive as the caller's).
 func extraKeyEscape(k string) string {
 	var b strings.Builder
 	for i := 0; i < len(k); i++ {
 		c := k[i]
-		if c < utf8.RuneSelf && c != '%' && httpguts.IsTokenRune(rune(c)) {
+		if c < utf8.RuneSelf && c != '%' && (c < 'A' || c > 'Z') && httpguts.IsTokenRune(rune(c)) {
 			b.WriteByte(c)
 			continue
 		}
