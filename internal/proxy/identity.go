@@ -179,6 +179,20 @@ func newImpersonationFilter(authz authorizer.UnconditionalAuthorizer) http.Handl
 	}), authz, statusCodecs)
 }
 
+// The apiserver's constrained impersonation keeps a success 10 s (for
+// each mode, by caller and wanted user): a caller allowed once is allowed
+// again, without asking the authorizer, for 10 s, whatever RBAC says
+// since. kproxy decides a certificate caller's impersonation itself (the
+// apiserver sees kproxy impersonating whom the caller may act as), and
+// its long-lived filter kept successes alike: a caller whose right to
+// impersonate was revoked was refused directly (the apiserver's cache
+// held nothing for it) and allowed through kproxy for 10 s more (found by
+// a probe). So what the long-lived filter allows is asked again of a
+// filter with nothing cached, which is final: kproxy never allows on a
+// success it remembers. The long-lived filter is kept for its refusals'
+// words (the mode it tries first is the one that last let the caller
+// through, as in the apiserver).
+
 // withCallerImpersonation runs the apiserver's impersonation filter for a
 // certificate caller that sent Impersonate-* headers itself. next is called
 // with the user the caller may act as; otherwise the filter has already
@@ -194,8 +208,15 @@ func (p *Proxy) withCallerImpersonation(w http.ResponseWriter, r *http.Request, 
 	}
 	ctx := apirequest.WithRequestInfo(r.Context(), info)
 	ctx = apirequest.WithUser(ctx, caller)
-	ctx = context.WithValue(ctx, impersonationNext{}, next)
-	p.impersonationFilter.ServeHTTP(w, r.WithContext(ctx))
+	// The filter takes the Impersonate-* headers off the request: keep
+	// them to ask again.
+	sent := r.Header.Clone()
+	confirm := func(w http.ResponseWriter, _ *http.Request, _ user.Info) {
+		again := r.Clone(context.WithValue(ctx, impersonationNext{}, next))
+		again.Header = sent
+		newImpersonationFilter(p.impersonationAuthz).ServeHTTP(w, again)
+	}
+	p.impersonationFilter.ServeHTTP(w, r.WithContext(context.WithValue(ctx, impersonationNext{}, confirm)))
 }
 
 // forwardAs forwards r by impersonating u, the certificate caller or whom

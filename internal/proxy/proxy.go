@@ -128,6 +128,9 @@ type Proxy struct {
 	watchImpersonating  http.RoundTripper
 	certAuth            authenticator.Request
 	impersonationFilter http.Handler
+	// impersonationAuthz builds a filter with nothing cached, to ask
+	// again what impersonationFilter allowed (identity.go).
+	impersonationAuthz authorizer.UnconditionalAuthorizer
 	replayer            Replayer
 	sink                record.Sink
 	tracer              trace.Tracer
@@ -219,6 +222,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.ImpersonationAuthorizer != nil {
 		p.impersonationFilter = newImpersonationFilter(cfg.ImpersonationAuthorizer)
+		p.impersonationAuthz = cfg.ImpersonationAuthorizer
 	}
 	if p.sink == nil {
 		p.sink = record.Sinks(nil)

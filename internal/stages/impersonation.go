@@ -57,7 +57,7 @@ func (s *impersonationStage) Run(ctx context.Context, req *Request) Result {
 		u, _ := apirequest.UserFrom(out.req.Context())
 		req.User = u
 		res := Pass(fmt.Sprintf("%s may impersonate; the request continues as %s", describeUser(caller), describeUser(u)))
-		if late := accessLate(ctx, s.m.authzChanges, req, true, "impersonation", impersonationRefusal); late != "" {
+		if late := accessLate(ctx, s.m.authzChanges, req, true, "impersonation", impersonationRefusal, impersonationSuccessTTL); late != "" {
 			req.User = nil
 			return unknownNow(res, late)
 		}
@@ -65,7 +65,7 @@ func (s *impersonationStage) Run(ctx context.Context, req *Request) Result {
 	}
 	st := out.status()
 	res := Reject(st, fmt.Sprintf("%s may not impersonate what the headers ask for (%s): %s", describeUser(caller), impersonationForm(st.Message), st.Message))
-	if late := accessLate(ctx, s.m.authzChanges, req, false, "impersonation", impersonationRefusal); late != "" {
+	if late := accessLate(ctx, s.m.authzChanges, req, false, "impersonation", impersonationRefusal, impersonationSuccessTTL); late != "" {
 		req.User = nil
 		return unknownNow(res, late)
 	}

@@ -105,19 +105,34 @@ func (c authzChanges) changedSince(t time.Time, u user.Info) string {
 // authorizedLate says why the replay's authorization verdict (allowed or
 // not), read after RBAC changed, is not the request's, or "".
 func (a *authorization) authorizedLate(ctx context.Context, req *Request, allowed bool) string {
-	return accessLate(ctx, a.m.authzChanges, req, allowed, "authorizer", authorizerRefusal)
+	return accessLate(ctx, a.m.authzChanges, req, allowed, "authorizer", authorizerRefusal, 0)
 }
+
+// impersonationSuccessTTL is how long the apiserver's constrained
+// impersonation keeps a success (impersonationCache: for each
+// constrained mode, by requestor and wanted user, and with the request's
+// attributes): an impersonation allowed once is allowed again for 10 s
+// without asking the authorizer, whatever RBAC says since. Legacy
+// impersonation keeps nothing; either may have allowed the request.
+const impersonationSuccessTTL = 10 * time.Second
 
 // accessLate says why a verdict of check (the authorizer, or
 // impersonation asking it), read after kproxy saw the authorizers' state
 // change since the request arrived, is not the request's: the answer
 // shows the apiserver's check decided otherwise (refusedBy recognises its
-// refusal). "" otherwise.
-func accessLate(ctx context.Context, changes authzChanges, req *Request, allowed bool, check string, refusedBy func(*metav1.Status) bool) string {
+// refusal). A check that keeps its successes for a while (cached: the
+// apiserver's, not asking again) may have allowed the request for a
+// state changed up to cached before it arrived. "" otherwise.
+func accessLate(ctx context.Context, changes authzChanges, req *Request, allowed bool, check string, refusedBy func(*metav1.Status) bool, cached time.Duration) string {
 	if !answerAwaited(req) || req.Arrival.IsZero() {
 		return ""
 	}
+	when := "after this request arrived"
 	changed := changes.changedSince(req.Arrival, req.User)
+	if changed == "" && !allowed && cached > 0 {
+		changed = changes.changedSince(req.Arrival.Add(-cached), req.User)
+		when = fmt.Sprintf("in the %s before this request arrived (the apiserver's constrained impersonation keeps a success %s without asking the authorizer again)", cached, cached)
+	}
 	if changed == "" {
 		return ""
 	}
@@ -128,12 +143,12 @@ func accessLate(ctx context.Context, changes authzChanges, req *Request, allowed
 	switch {
 	case !allowed && answeredAfterAuthorization(aw.Status):
 		return fmt.Sprintf("the apiserver's %s allowed the request (it answered %d, which only a request past authorization gets), "+
-			"and the replay's denies it: kproxy saw %s change after this request arrived, so the permissions it met are not known", check, aw.Status, changed)
+			"and the replay's denies it: kproxy saw %s change %s, so the permissions it met are not known", check, aw.Status, changed, when)
 	case !allowed && check == "impersonation" && passedImpersonation(aw):
 		// Impersonation comes before flow control and authorization: their
 		// refusals say it let the request through.
 		return fmt.Sprintf("the apiserver's impersonation allowed the request (it answered %d %q, which only a request past impersonation gets), "+
-			"and the replay's denies it: kproxy saw %s change after this request arrived, so the permissions it met are not known", aw.Status, refusalMessage(aw), changed)
+			"and the replay's denies it: kproxy saw %s change %s, so the permissions it met are not known", aw.Status, refusalMessage(aw), changed, when)
 	case allowed && aw.Status == http.StatusForbidden && refusedBy(aw.Refusal):
 		return fmt.Sprintf("the apiserver's %s refused the request, and the replay's allows it: "+
 			"kproxy saw %s change after this request arrived, so the permissions it met are not known", check, changed)

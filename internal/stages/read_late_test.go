@@ -1,6 +1,7 @@
 package stages
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -178,18 +179,24 @@ func TestImpersonatedLate(t *testing.T) {
 		answered int
 		refusal  *metav1.Status
 		want     string
+		changed  time.Duration // RBAC's last change after the arrival (negative: before it); 1ms if 0
 	}{
-		{"allowed now, the apiserver's impersonation refused", true, 403, impersonate, "the apiserver's impersonation refused the request"},
-		{"allowed now, the impersonated user refused by the authorizer", true, 403, asErin, ""},
-		{"refused now, answered 200", false, 200, nil, "the apiserver's impersonation allowed the request (it answered 200"},
-		{"refused now, the impersonated user refused by the authorizer", false, 403, asErin, "(it answered 403 \"secrets is forbidden: User \\\"erin\\\" cannot list"},
-		{"refused now, the apiserver's impersonation refused too", false, 403, impersonate, ""},
-		{"refused now, answered 429 by flow control", false, 429, &metav1.Status{Code: 429, Reason: metav1.StatusReasonTooManyRequests}, "which only a request past impersonation gets"},
-		{"refused now, answered 401", false, 401, nil, ""},
+		{"allowed now, the apiserver's impersonation refused", true, 403, impersonate, "the apiserver's impersonation refused the request", 0},
+		{"allowed now, the impersonated user refused by the authorizer", true, 403, asErin, "", 0},
+		{"refused now, answered 200", false, 200, nil, "the apiserver's impersonation allowed the request (it answered 200", 0},
+		{"refused now, the impersonated user refused by the authorizer", false, 403, asErin, "(it answered 403 \"secrets is forbidden: User \\\"erin\\\" cannot list", 0},
+		{"refused now, the apiserver's impersonation refused too", false, 403, impersonate, "", 0},
+		{"refused now, answered 429 by flow control", false, 429, &metav1.Status{Code: 429, Reason: metav1.StatusReasonTooManyRequests}, "which only a request past impersonation gets", 0},
+		{"refused now, answered 401", false, 401, nil, "", 0},
+		// The apiserver's constrained impersonation keeps a success 10 s.
+		{"refused now, answered 201, RBAC changed 4s before", false, 201, nil, "change in the 10s before this request arrived (the apiserver's constrained impersonation keeps a success", -4 * time.Second},
+		{"refused now, answered 201, RBAC changed 11s before", false, 201, nil, "", -11 * time.Second},
+		{"allowed now, refused, RBAC changed 4s before", true, 403, impersonate, "", -4 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			c.last.Store(arrival.Add(cmp.Or(tc.changed, time.Millisecond)).UnixNano())
 			req := &Request{Arrival: arrival, Actual: func(context.Context) (Answer, bool) { return Answer{Status: tc.answered, Refusal: tc.refusal}, true }}
-			why := accessLate(context.Background(), authzChanges{rbac: c}, req, tc.allowed, "impersonation", impersonationRefusal)
+			why := accessLate(context.Background(), authzChanges{rbac: c}, req, tc.allowed, "impersonation", impersonationRefusal, impersonationSuccessTTL)
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("accessLate = %q, want %q", why, tc.want)
 			}
