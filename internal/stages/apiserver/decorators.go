@@ -91,6 +91,7 @@ func (p *observedPlugin) Admit(ctx context.Context, a admission.Attributes, o ad
 	}
 	a = connectAsDryRun(a)
 	r := runFrom(ctx)
+	a = asSent(a, r, p.name)
 	if r == nil {
 		return m.Admit(ctx, a, o)
 	}
@@ -131,6 +132,7 @@ func (p *observedPlugin) Validate(ctx context.Context, a admission.Attributes, o
 	}
 	a = connectAsDryRun(a)
 	r := runFrom(ctx)
+	a = asSent(a, r, p.name)
 	if r == nil {
 		return v.Validate(ctx, a, o)
 	}

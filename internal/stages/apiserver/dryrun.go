@@ -9,6 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
 	"k8s.io/apiserver/pkg/util/apihelpers"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
@@ -163,4 +164,56 @@ func cloneValues(v url.Values) url.Values {
 		out[k] = append([]string(nil), vs...)
 	}
 	return out
+}
+
+// The replay's dry run is kproxy's, not the request's, and an admission
+// policy can tell: its CEL reads request.dryRun and request.options.dryRun
+// (a policy refusing dry runs of some objects, a MutatingAdmissionPolicy
+// labelling them). Webhooks must be told (one with side effects is not
+// called in dry run; a webhook's answer is its own anyway), and so must
+// the plugins that would persist something (ResourceQuota), but the
+// policy plugins evaluate CEL in process and persist nothing: they see
+// the request as it was sent (found by a probe: 7 of 7 wrong, a create
+// predicted 201 that a policy requiring dry runs refused).
+
+// asSent is a's attributes with the request's own dryRun, for the policy
+// plugins, when the replay made a write that was not a dry run one.
+func asSent(a admission.Attributes, run *Run, plugin string) admission.Attributes {
+	if run == nil || run.DryRun || !a.IsDryRun() || a.GetOperation() == admission.Connect ||
+		(plugin != "ValidatingAdmissionPolicy" && plugin != "MutatingAdmissionPolicy") {
+		return a
+	}
+	return sentAttributes{Attributes: a, options: withoutDryRun(a.GetOperationOptions())}
+}
+
+type sentAttributes struct {
+	admission.Attributes
+	options runtime.Object
+}
+
+func (sentAttributes) IsDryRun() bool                        { return false }
+func (s sentAttributes) GetOperationOptions() runtime.Object { return s.options }
+
+// withoutDryRun is a copy of a write's options without the dryRun the
+// replay added.
+func withoutDryRun(o runtime.Object) runtime.Object {
+	switch opts := o.(type) {
+	case *metav1.CreateOptions:
+		c := opts.DeepCopy()
+		c.DryRun = nil
+		return c
+	case *metav1.UpdateOptions:
+		c := opts.DeepCopy()
+		c.DryRun = nil
+		return c
+	case *metav1.PatchOptions:
+		c := opts.DeepCopy()
+		c.DryRun = nil
+		return c
+	case *metav1.DeleteOptions:
+		c := opts.DeepCopy()
+		c.DryRun = nil
+		return c
+	}
+	return o
 }
