@@ -121,7 +121,8 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 	default:
 		build := func(ctx context.Context) (*apiserver.Server, error) {
 			return apiserver.New(ctx, apiserver.Config{Options: o, State: cfg.State, Authenticator: m.authn, Authorizer: m.authz,
-				RuleResolver: m.rules, Clock: m.clock, Explainer: newAdmissionExplainer(cfg.State)})
+				RuleResolver: m.rules, Clock: m.clock, Explainer: newAdmissionExplainer(cfg.State),
+				AuthzChanged: func(t time.Time) string { return m.authzChanges.changedSince(t, nil) }})
 		}
 		bctx, cancel := context.WithCancel(ctx)
 		w, err := build(bctx)

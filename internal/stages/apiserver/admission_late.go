@@ -43,6 +43,13 @@ import (
 type admissionChanges struct {
 	clock clock.PassiveClock
 	kinds []*kindChanges
+	// authz names the authorizers' state (RBAC) kproxy saw change after
+	// a time, or "" (nil: not known). Admission policies ask the
+	// authorizer in CEL (authorizer.group('').resource('secrets').check),
+	// the apiserver's on the request's way, the replay's after it: a
+	// user deleting the RoleBinding a policy checks, by that very
+	// request, is refused by the replay's policy alone.
+	authz func(time.Time) string
 }
 
 // kindChanges is when kproxy last saw an object of one kind change: for
@@ -122,7 +129,7 @@ func (k *kindChanges) changedSince(t time.Time, namespace string) bool {
 
 // watchAdmissionState starts the change clocks of the state the enabled
 // plugins read from f.
-func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFactory, plugins []string) *admissionChanges {
+func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFactory, plugins []string, authz func(time.Time) string) *admissionChanges {
 	byNamespace := func(m metav1.Object) string { return m.GetNamespace() }
 	byName := func(m metav1.Object) string { return m.GetName() }
 	type source struct {
@@ -165,7 +172,7 @@ func watchAdmissionState(clk clock.PassiveClock, f informers.SharedInformerFacto
 		{"MutatingAdmissionPolicies", nil, func() cache.SharedIndexInformer { return adm.MutatingAdmissionPolicies().Informer() }, []string{"MutatingAdmissionPolicy"}, policyLag, true},
 		{"MutatingAdmissionPolicyBindings", nil, func() cache.SharedIndexInformer { return adm.MutatingAdmissionPolicyBindings().Informer() }, []string{"MutatingAdmissionPolicy"}, policyLag, true},
 	}
-	c := &admissionChanges{clock: clk}
+	c := &admissionChanges{clock: clk, authz: authz}
 	for _, s := range sources {
 		if !slices.ContainsFunc(s.readBy, func(p string) bool { return slices.Contains(plugins, p) }) {
 			continue // no enabled plugin reads it: no informer to ride on
@@ -237,11 +244,42 @@ func (c *admissionChanges) mutatorsChangedSince(t time.Time, namespace string) s
 // LimitRange, seen created after it arrived, is no reason for the
 // apiserver to have admitted it.
 func (c *admissionChanges) refusalChangedSince(t time.Time, namespace, plugin, group, resource string) string {
-	return c.changedIf(t, namespace, func(k *kindChanges) bool {
+	changed := c.changedIf(t, namespace, func(k *kindChanges) bool {
 		return slices.ContainsFunc(k.readBy, func(p string) bool {
 			return p == plugin || mutates(p, group, resource)
 		})
 	})
+	if policyPlugin(plugin) {
+		changed = c.withAuthz(changed, t)
+	}
+	return changed
+}
+
+// policyPlugin reports the admission policy plugins, whose CEL may ask
+// the authorizer.
+func policyPlugin(p string) bool {
+	return p == "ValidatingAdmissionPolicy" || p == "MutatingAdmissionPolicy"
+}
+
+// policyRefusal reports an admission policy's refusal.
+func policyRefusal(st *metav1.Status) bool {
+	return st != nil && (strings.Contains(st.Message, "ValidatingAdmissionPolicy '") || strings.Contains(st.Message, "MutatingAdmissionPolicy '"))
+}
+
+// withAuthz adds to changed (the admission state seen changed after t)
+// the authorizers' state, if kproxy saw it change after t.
+func (c *admissionChanges) withAuthz(changed string, t time.Time) string {
+	if c == nil || c.authz == nil || t.IsZero() {
+		return changed
+	}
+	authz := c.authz(t)
+	switch {
+	case authz == "":
+		return changed
+	case changed == "":
+		return authz + " (which admission policies' authorizer checks read)"
+	}
+	return authz + " (which admission policies' authorizer checks read), " + changed
 }
 
 // mutates reports whether the admission plugin p mutates objects of the
@@ -328,6 +366,9 @@ func (r *Run) admittedByStateLate(aw Answer) string {
 		return ""
 	}
 	changed := r.changes.changedSince(r.arrival, r.namespace)
+	if policyRefusal(aw.Refusal) {
+		changed = r.changes.withAuthz(changed, r.arrival)
+	}
 	if changed == "" {
 		return ""
 	}

@@ -22,7 +22,7 @@ import (
 func TestAdmissionChangesSince(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	f := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
-	c := watchAdmissionState(clk, f, []string{"NamespaceLifecycle", "LimitRanger", "Priority", "NodeRestriction"})
+	c := watchAdmissionState(clk, f, []string{"NamespaceLifecycle", "LimitRanger", "Priority", "NodeRestriction"}, nil)
 	if len(c.kinds) != 5 { // not ResourceQuotas, RuntimeClasses, ...
 		t.Fatalf("%d kinds watched, want 5 (namespaces, LimitRanges, PriorityClasses, Nodes, Pods)", len(c.kinds))
 	}
@@ -198,7 +198,7 @@ func TestAdmissionStateLate(t *testing.T) {
 func TestAdmissionPolicyLag(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
 	f := informers.NewSharedInformerFactory(fake.NewClientset(), 0)
-	c := watchAdmissionState(clk, f, []string{"LimitRanger", "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy", "MutatingAdmissionWebhook"})
+	c := watchAdmissionState(clk, f, []string{"LimitRanger", "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy", "MutatingAdmissionWebhook"}, nil)
 	find := func(name string) *kindChanges { return kindNamed(t, c, name) }
 	find("ValidatingAdmissionPolicyBindings").mark(&metav1.ObjectMeta{Name: "deny"})
 	find("LimitRanges").mark(&corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "small", Namespace: "ns"}})

@@ -12,6 +12,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionslisters "k8s.io/apiextensions-apiserver/pkg/client/listers/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -166,6 +167,8 @@ func accessors[T, A any](list func(labels.Selector) ([]T, error), wrap func(T) A
 type skippedPolicy struct {
 	stage, kind, name string
 	params            schema.GroupVersionKind
+	// refs are the paramRefs of the policy's bindings.
+	refs []*admissionregistrationv1.ParamRef
 }
 
 // skipped says why the replay's admission of a write (info) is not the
@@ -230,6 +233,7 @@ func (p *paramReads) withParams(info *apirequest.RequestInfo, ignoredOnly bool) 
 	}
 	for _, k := range p.policies {
 		var bound map[string]bool // policy name: bound with a paramRef; listed once
+		var refs map[string][]*admissionregistrationv1.ParamRef
 		for _, pol := range k.policies() {
 			fp := pol.GetFailurePolicy()
 			if pol.GetParamKind() == nil || (ignoredOnly && (fp == nil || *fp != admissionregistrationv1.Ignore)) || !selects(pol.GetMatchConstraints()) {
@@ -237,14 +241,18 @@ func (p *paramReads) withParams(info *apirequest.RequestInfo, ignoredOnly bool) 
 			}
 			if bound == nil {
 				bound = map[string]bool{}
+				refs = map[string][]*admissionregistrationv1.ParamRef{}
 				for _, b := range k.bindings() {
 					name := b.GetPolicyName().Name
 					bound[name] = bound[name] || b.GetParamRef() != nil
+					if ref := b.GetParamRef(); ref != nil {
+						refs[name] = append(refs[name], ref)
+					}
 				}
 			}
 			withRef, ok := bound[pol.GetName()]
 			if gvk, okKind := paramGVK(pol.GetParamKind()); okKind && ok && (withRef || !ignoredOnly) {
-				out = append(out, skippedPolicy{k.stage, k.kind, pol.GetName(), gvk})
+				out = append(out, skippedPolicy{k.stage, k.kind, pol.GetName(), gvk, refs[pol.GetName()]})
 			}
 		}
 	}
@@ -322,4 +330,75 @@ func (o listObserver) RoundTrip(req *http.Request) (*http.Response, error) {
 func collectionPath(p string) bool {
 	parts := strings.Split(strings.Trim(p, "/"), "/")
 	return (len(parts) == 3 && parts[0] == "api") || (len(parts) == 4 && parts[0] == "apis")
+}
+
+// A write to a policy's params is judged by the policy with the params
+// it replaces: the apiserver's plugin reads them from its informer on the
+// request's way, before the write lands, and the replay's informer may
+// already hold the write (the replay of a write runs as it is answered).
+// A patch raising the limit a ConfigMap of params sets, a delete of the
+// params a binding with parameterNotFoundAction Deny names, a patch of
+// the value a MutatingAdmissionPolicy copies into a label: the apiserver
+// admitted each, the replay's policy refused it (found by a probe). The
+// plugin's informers are its own, so the replay cannot read the params
+// as they were before; where the two answers differ, it says so.
+
+// paramsWritten says why the replay's verdict on a write of an object of
+// a kind that an admission policy selecting the write takes its params
+// from is not the request's, or "": the apiserver answered otherwise.
+func (p *paramReads) paramsWritten(ctx context.Context, r *Run, info *apirequest.RequestInfo) (stage, why string) {
+	if p == nil || r.Read || r.actual == nil || info == nil || !info.IsResourceRequest || info.Subresource != "" || len(p.policies) == 0 {
+		return "", ""
+	}
+	for _, s := range p.selectingWithParams(info) {
+		if s.params.Group != info.APIGroup || p.resourceOf(s.params) != info.Resource || !slices.ContainsFunc(s.refs, func(ref *admissionregistrationv1.ParamRef) bool {
+			return mayName(ref, info)
+		}) {
+			continue
+		}
+		aw, ok := r.actual(ctx)
+		if !ok || aw.Status == 0 || momentary(aw.Status) {
+			return "", ""
+		}
+		replay := fmt.Sprintf("admits it (%d)", r.Code)
+		switch {
+		case r.Status == nil && aw.Refusal == nil && aw.Status/100 == 2:
+			return "", "" // admitted by both
+		case r.Status != nil && aw.Refusal != nil && aw.Status == r.Code && record.SameMessage(aw.Refusal.Message, r.Status.Message):
+			return "", "" // refused alike
+		case r.Status != nil:
+			replay = fmt.Sprintf("refuses it (%d: %s)", r.Code, r.Status.Message)
+		}
+		answered := fmt.Sprintf("admitted it (%d)", aw.Status)
+		if aw.Refusal != nil {
+			answered = fmt.Sprintf("refused it (%d: %s)", aw.Status, aw.Refusal.Message)
+		}
+		return s.stage, fmt.Sprintf("this write changes a %s, the kind %s %q takes its params from: the apiserver %s, its policy reading the params "+
+			"as they were before this write, and kproxy's replay %s, its policy reading them after (this write's own change, or a later one), "+
+			"so the params the request met, and its outcome, are not known",
+			s.params.Kind, s.kind, s.name, answered, replay)
+	}
+	return "", ""
+}
+
+// mayName reports whether a binding's paramRef may name the object the
+// request writes: by its name (and namespace, where the ref names one;
+// one that names none takes the request's namespace), or by a selector
+// (its labels, before or after the write, are not read here).
+func mayName(ref *admissionregistrationv1.ParamRef, info *apirequest.RequestInfo) bool {
+	if ref.Name == "" {
+		return ref.Selector != nil
+	}
+	return ref.Name == info.Name && (ref.Namespace == "" || ref.Namespace == info.Namespace)
+}
+
+// resourceOf is the resource (plural) of a param kind: a custom
+// resource's as its CustomResourceDefinition names it, a built-in kind's
+// as the apiserver names its kinds' resources.
+func (p *paramReads) resourceOf(gvk schema.GroupVersionKind) string {
+	if crd := p.crdOf(gvk); crd != nil {
+		return crd.Spec.Names.Plural
+	}
+	plural, _ := meta.UnsafeGuessKindToResource(gvk)
+	return plural.Resource
 }

@@ -117,6 +117,9 @@ type Config struct {
 	Clock        clock.PassiveClock
 	// Explainer adds what an admission plugin's refusal leaves out.
 	Explainer PluginExplainer
+	// AuthzChanged names the authorizers' state kproxy saw change after
+	// a time, or "" (nil: not watched).
+	AuthzChanged func(time.Time) string
 }
 
 // Served is what kproxy read of the apiserver's documents about itself.
@@ -459,7 +462,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{handler: srv.Handler.Director, plugins: plugins, admissionChanges: watchAdmissionState(clk, s.Informers, plugins), deletedPods: deleted,
+	return &Server{handler: srv.Handler.Director, plugins: plugins, admissionChanges: watchAdmissionState(clk, s.Informers, plugins, c.AuthzChanged), deletedPods: deleted,
 		crds:        ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
 		params:      newParamReads(s.Informers, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(), lists, plugins),
 		limitRanges: newLimitRangesIn(s.Informers, plugins),
