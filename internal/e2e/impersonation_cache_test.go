@@ -41,7 +41,9 @@ func TestImpersonationSuccessCache(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = adminClient().RbacV1().ClusterRoles().Delete(context.Background(), role, metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = adminClient().RbacV1().ClusterRoles().Delete(context.Background(), role, metav1.DeleteOptions{})
+	})
 	bind := func(name string, subject rbacv1.Subject) {
 		t.Helper()
 		if err := localcluster.Apply(ctx, adminClient(), &rbacv1.ClusterRoleBinding{

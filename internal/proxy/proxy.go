@@ -131,23 +131,23 @@ type Proxy struct {
 	// impersonationAuthz builds a filter with nothing cached, to ask
 	// again what impersonationFilter allowed (identity.go).
 	impersonationAuthz authorizer.UnconditionalAuthorizer
-	replayer            Replayer
-	sink                record.Sink
-	tracer              trace.Tracer
-	propagator          propagation.TextMapPropagator
-	clock               clock.PassiveClock
-	mode                string
-	log                 *slog.Logger
-	rp                  *httputil.ReverseProxy
-	rpWatch             *httputil.ReverseProxy // small copy buffers for long-lived streams
-	pending             sync.WaitGroup         // records not yet written
-	reruns              *rerunStore            // nil: re-runs off
-	captureBodies       bool
-	bodyIdle            time.Duration
-	perRequestLog       *slog.Logger // p.log, rate-limited
-	shedLine            logging.Gate // the replay-shed warning
-	recorder            recorder     // see completeLater
-	pool                *replayPool
+	replayer           Replayer
+	sink               record.Sink
+	tracer             trace.Tracer
+	propagator         propagation.TextMapPropagator
+	clock              clock.PassiveClock
+	mode               string
+	log                *slog.Logger
+	rp                 *httputil.ReverseProxy
+	rpWatch            *httputil.ReverseProxy // small copy buffers for long-lived streams
+	pending            sync.WaitGroup         // records not yet written
+	reruns             *rerunStore            // nil: re-runs off
+	captureBodies      bool
+	bodyIdle           time.Duration
+	perRequestLog      *slog.Logger // p.log, rate-limited
+	shedLine           logging.Gate // the replay-shed warning
+	recorder           recorder     // see completeLater
+	pool               *replayPool
 	// burst counts the requests relayed now that wait for their answer
 	// (not long-running): the demand on kproxy's CPUs the replay pool
 	// yields to under CPU pressure, and what tells a burst's end, when

@@ -690,7 +690,11 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 				_, why := w.params.paramsWritten(ctx, run, req.Info)
 				return why
 			}
-			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, paramsWritten, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.conversionFailedThere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight} {
+			drawnHere := func(ctx context.Context) string {
+				_, why := w.params.drawnHere(ctx, run)
+				return why
+			}
+			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, paramsWritten, drawnHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.conversionFailedThere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
 					explained = true
@@ -717,6 +721,8 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		} else if stage, why := w.params.paramKindLag(ctx, run, req.Info, req.Arrival); why != "" {
 			run.markUnknownAt(stage, why)
 		} else if stage, why := w.params.paramsWritten(ctx, run, req.Info); why != "" {
+			run.markUnknownAt(stage, why)
+		} else if stage, why := w.params.drawnHere(ctx, run); why != "" {
 			run.markUnknownAt(stage, why)
 		}
 	}
