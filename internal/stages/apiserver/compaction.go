@@ -78,6 +78,23 @@ func (c *compactions) expired(rv int64, arrival time.Time) (compactionSeen, bool
 	return compactionSeen{}, false
 }
 
+// reachedBefore reports that etcd had reached revision rv before t: a
+// compaction at or past rv was written before then (a compaction's
+// revision is one etcd had reached when it was written).
+func (c *compactions) reachedBefore(rv int64, t time.Time) bool {
+	if c == nil || t.IsZero() {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.seen {
+		if s.rev >= rv && s.at.Before(t) {
+			return true
+		}
+	}
+	return false
+}
+
 // follow reads compact_rev_key and watches it, again after any failure,
 // until ctx ends. A revision read at start counts as seen then: when it
 // was written is not known.

@@ -43,3 +43,30 @@ func TestCompactionsExpired(t *testing.T) {
 		t.Error("no etcd access: expired")
 	}
 }
+
+func TestCompactionsReachedBefore(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	c := &compactions{clock: clk}
+	c.add(100)
+	seen := clk.Now()
+	for _, tc := range []struct {
+		name string
+		rv   int64
+		t    time.Time
+		want bool
+	}{
+		{"before the compaction's revision, after it was seen", 90, seen.Add(time.Second), true},
+		{"at the compaction's revision", 100, seen.Add(time.Second), true},
+		{"past it", 101, seen.Add(time.Hour), false},
+		{"before it was seen", 90, seen, false},
+		{"no time", 90, time.Time{}, false},
+	} {
+		if got := c.reachedBefore(tc.rv, tc.t); got != tc.want {
+			t.Errorf("%s: reachedBefore(%d) = %v, want %v", tc.name, tc.rv, got, tc.want)
+		}
+	}
+	var none *compactions
+	if none.reachedBefore(1, seen.Add(time.Hour)) {
+		t.Error("no etcd access: reached")
+	}
+}

@@ -208,6 +208,13 @@ func (s *snapshotStorage) apiPath(key string, list bool) (p, ns, name string, er
 	return "", "", "", fmt.Errorf("storage key %q: unexpected shape", key)
 }
 
+// writtenBefore reports that etcd had reached revision rv before t, as
+// far as the compactions kproxy saw say.
+func (s *snapshotStorage) writtenBefore(rv string, t time.Time) bool {
+	r, err := strconv.ParseInt(rv, 10, 64)
+	return err == nil && s.access != nil && s.access.compactions.reachedBefore(r, t)
+}
+
 // metBeforeEmptying reads into out the object as stored at rv, the
 // resourceVersion an update's answer names when the update removed the
 // last finalizers of an object being deleted: the apiserver then deletes
@@ -366,6 +373,17 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				read.Later = "deleted" // by this request (its last finalizer gone) or a later one
 			}
 			latestFound, latestEtcd := found, read.Etcd
+			if found && rv == answered && s.writtenBefore(answered, run.arrival) {
+				// Unchanged since, and written before the request arrived
+				// (a compaction kproxy saw before then is past it): the
+				// request changed nothing, and kept the resourceVersion.
+				// The state before it may be compacted away: out, as read
+				// now, is the state the request met (found by a probe: a
+				// no-op patch of an object older than the last compaction
+				// said unknown, 'too old').
+				read.Snapshot, read.NoOp = answered, true
+				break
+			}
 			if found, err = src.at(ctx, at, out); err != nil {
 				read.Err = err
 				return err
