@@ -311,6 +311,14 @@ func TestAdmissionPolicyChangedAroundRequest(t *testing.T) {
 				switch {
 				case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, kind.names) &&
 					strings.Contains(rec.Predicted.Message, "in the 2s before it arrived"):
+					// The stage that says so is admission's, not decode's
+					// (a probe found decode, the stages after it "not
+					// replayed", for a write the replay admitted).
+					for _, st := range rec.Stages {
+						if st.Name == record.StageDecode && strings.Contains(st.Explanation, "change after this request arrived") {
+							t.Errorf("%s: unknown at decode, want the admission stage: %s", name, st.Explanation)
+						}
+					}
 					return true
 				case rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status == got.status && rec.Predicted.Message == rec.Actual.Message:
 				default:

@@ -390,10 +390,17 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	// plugins read change since the request arrived; any other refusal,
 	// where it saw a mutating plugin's (admission_late.go).
 	if why := r.admittedByStateLate(aw); why != "" {
-		return "", why
+		// The stage of the apiserver's refusal, which the replay's
+		// admission did not meet (it had said decode, the stages after it
+		// "not replayed", where the replay admitted the write; found by a
+		// probe).
+		if strings.Contains(aw.Refusal.Message, "MutatingAdmissionPolicy '") {
+			return record.StageMutatingAdmission, why
+		}
+		return record.StageValidatingAdmission, why
 	}
 	if why := r.mutatedEarly(aw); why != "" {
-		return "", why
+		return record.StageMutatingAdmission, why // which mutations the request met
 	}
 	// A webhook's answer to the apiserver's call that kproxy's call did
 	// not get: its refusal (a mutating webhook refused kproxy's call too
