@@ -617,7 +617,8 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	ex.rec.Actual.ResponseBytes = rw.bytes
 	ex.rec.Actual.Headers = record.RedactHeaders(rw.Header())
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
-	ex.actualWrite, ex.okBody, ex.okEncoding = stages.Answer{Status: rw.status, LastModified: rw.Header().Get("Last-Modified")}, rw.okBody, rw.Header().Get("Content-Encoding")
+	ex.actualWrite, ex.okBody, ex.okEncoding = stages.Answer{Status: rw.status, LastModified: rw.Header().Get("Last-Modified"),
+		FlowSchemaUID: rw.Header().Get("X-Kubernetes-Pf-Flowschema-Uid")}, rw.okBody, rw.Header().Get("Content-Encoding")
 	if rw.status == http.StatusOK && abort == "" && answersObject(ex.info) && int64(len(rw.okBody)) == rw.bytes {
 		h := rw.Header()
 		ex.actualWrite.Body, ex.actualWrite.ContentType, ex.actualWrite.ContentEncoding = rw.okBody, h.Get("Content-Type"), ex.okEncoding

@@ -91,6 +91,11 @@ func (f *flowControl) Run(ctx context.Context, req *Request) Result {
 	if fs == nil || pl == nil {
 		return Unknown("API Priority and Fairness did not classify the request")
 	}
+	if why := f.classifiedLate(ctx, req, fs); why != "" {
+		// Not a prediction of the classification: the stage still passes
+		// (a 429 the apiserver gave is the shed check's, moment.go).
+		return Pass(why)
+	}
 	req.FlowSchema, req.PriorityLevel = fs.Name, pl.Name
 	// The user is the record's (request.user, or actingAs when the
 	// request impersonates): the matched rule names the subject that fits.
@@ -116,4 +121,31 @@ func describeVerb(req *Request) string {
 		return req.Info.Verb + " " + req.Info.Resource + "/" + req.Info.Subresource
 	}
 	return req.Info.Verb + " " + req.Info.Resource
+}
+
+// classifiedLate says why the replay's classification (fs) is not the
+// request's, or "": kproxy saw the FlowSchemas or PriorityLevels change
+// after the request arrived, and the apiserver's answer names another
+// FlowSchema (its X-Kubernetes-PF-FlowSchema-UID). A request held long
+// (a list waiting for a resourceVersion, a slow webhook) is replayed
+// after its answer, against the FlowSchemas as they are then (found by a
+// probe: a FlowSchema's precedence changed during a 3 s list, the
+// replay named the FlowSchema that matches since, every time).
+func (f *flowControl) classifiedLate(ctx context.Context, req *Request, fs *flowcontrolv1.FlowSchema) string {
+	if !answerAwaited(req) || req.Arrival.IsZero() || !f.m.apfChanges.changedSince(req.Arrival) {
+		return ""
+	}
+	aw, ok := req.Actual(ctx)
+	if !ok || aw.FlowSchemaUID == "" || aw.FlowSchemaUID == string(fs.UID) {
+		return ""
+	}
+	theirs := aw.FlowSchemaUID
+	if f.m.apfName != nil {
+		if name, _ := f.m.apfName(aw.FlowSchemaUID, ""); name != "" {
+			theirs = fmt.Sprintf("%q", name)
+		}
+	}
+	return fmt.Sprintf("the apiserver classified the request under FlowSchema %s (its answer's X-Kubernetes-PF-FlowSchema-UID), and the replay, "+
+		"reading the FlowSchemas after kproxy saw them change since this request arrived, under %q: which FlowSchema and PriorityLevel "+
+		"the request met is not predicted", theirs, fs.Name)
 }

@@ -65,6 +65,9 @@ type machinery struct {
 	apf      utilflowcontrol.Interface
 	apfReady func() bool
 	apfName  func(flowSchemaUID, priorityLevelUID string) (string, string)
+	// apfChanges is when kproxy last saw a FlowSchema or a
+	// PriorityLevelConfiguration change.
+	apfChanges *changeClock
 
 	// write is kube-apiserver's resource handler over read-only storage,
 	// with its admission chain (decode through storage), or why it is not
@@ -205,6 +208,7 @@ func (m *machinery) buildFlowControl(ctx context.Context, s *apiserver.ClusterSt
 			return nil, nil
 		}})
 	}
+	m.apfChanges = watchChanges(m.clock, fsInf, plInf)
 	var fsNames, plNames uidNames
 	m.apfName = func(fsUID, plUID string) (string, string) {
 		return fsNames.of(fsInf, fsUID), plNames.of(plInf, plUID)

@@ -51,7 +51,10 @@ type Request struct {
 // the Status it refused with, and for a get the body of a successful
 // answer when kproxy kept the whole of it.
 type Answer struct {
-	Status          int
+	Status int
+	// FlowSchemaUID is the answer's X-Kubernetes-PF-FlowSchema-UID: the
+	// FlowSchema API Priority and Fairness classified the request under.
+	FlowSchemaUID   string
 	ResourceVersion string
 	// LastModified is the answer's Last-Modified header: for a document
 	// the apiserver stamps as it serves it, its clock at that moment.
