@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -88,7 +89,13 @@ func impersonateHeaders(h http.Header) *record.Impersonation {
 			if im.Extra == nil {
 				im.Extra = map[string][]string{}
 			}
-			im.Extra[strings.ToLower(strings.TrimPrefix(ck, "Impersonate-Extra-"))] = vs
+			// As the apiserver reads the key: lowercased, then unescaped
+			// ("%41bc" is "Abc").
+			key := strings.ToLower(strings.TrimPrefix(ck, "Impersonate-Extra-"))
+			if u, err := url.PathUnescape(key); err == nil {
+				key = u
+			}
+			im.Extra[key] = append(im.Extra[key], vs...)
 		}
 	}
 	if im.User == "" && im.UID == "" && len(im.Groups) == 0 && im.Extra == nil {

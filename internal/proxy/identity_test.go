@@ -171,3 +171,20 @@ func TestUnforwardable(t *testing.T) {
 		t.Error("paddedImpersonation: want a padded Impersonate-* value found, and nothing else")
 	}
 }
+
+// TestImpersonateHeadersRecorded: the record's request.impersonate names
+// an extra's key as the apiserver reads it: lowercased, then unescaped
+// (a probe found "%41bc" recorded for the apiserver's "Abc").
+func TestImpersonateHeadersRecorded(t *testing.T) {
+	h := http.Header{}
+	h.Set("Impersonate-User", "u")
+	h.Add("Impersonate-Extra-%41bc", "v")
+	h.Add("Impersonate-Extra-K", "1")
+	h.Add("Impersonate-Extra-%4B", "2")
+	h.Add("Impersonate-Extra-Bad%zz", "3")
+	got := impersonateHeaders(h)
+	want := map[string][]string{"Abc": {"v"}, "k": {"1"}, "K": {"2"}, "bad%zz": {"3"}}
+	if got == nil || !cmp.Equal(got.Extra, want) {
+		t.Errorf("request.impersonate.extra = %v, want %v", got, want)
+	}
+}
