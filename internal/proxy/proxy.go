@@ -606,7 +606,7 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 		ex.body.finish()
 		ex.rec.Request.BodyBytes = ex.body.bytesRead()
 	}
-	if abort != "" {
+	if abort != "" && ex.rec.Actual.Error == "" {
 		ex.rec.Actual.Error = abort
 	}
 	// A switch of protocols (exec, attach, port-forward) is written on
@@ -762,11 +762,21 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	msg := fmt.Sprintf("kproxy could not reach the apiserver at %s: %v", p.upstream.Host, err)
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+	if hungUp(err) {
 		// Reached, and it hung up: kube-apiserver aborts a request whose
-		// handler panicked by closing the connection, which a client
-		// sent straight to it sees as EOF.
-		msg = fmt.Sprintf("the apiserver at %s closed the connection without answering (%v): it aborted the request (a panic in its handler, or it was going away)", p.upstream.Host, err)
+		// handler panicked by closing the connection (HTTP/1.1) or
+		// resetting the stream (HTTP/2), which a client sent straight to
+		// it sees as such, not as an answer. kproxy aborts the client's
+		// request alike (found by a probe: a protobuf body to a custom
+		// resource crashes v1.37.2's handler; the client saw kproxy's
+		// 502 where directly its stream was reset).
+		msg = fmt.Sprintf("the apiserver at %s closed the connection without answering (%v): it aborted the request (a panic in its handler, or it was going away); "+
+			"kproxy aborted the client's request alike", p.upstream.Host, err)
+		if ex != nil {
+			ex.rec.Actual.Error = msg
+		}
+		p.perRequestLog.Warn("upstream request failed", "error", err, "path", r.URL.Path)
+		panic(http.ErrAbortHandler)
 	}
 	if ex != nil {
 		ex.rec.Actual.Error = msg
@@ -774,6 +784,18 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	// Once per window with a count: during an outage every request fails.
 	p.perRequestLog.Warn("upstream request failed", "error", err, "path", r.URL.Path)
 	http.Error(w, msg, http.StatusBadGateway)
+}
+
+// hungUp reports an upstream that took the request and ended it without
+// an answer: the connection closed (EOF) or, over HTTP/2, the stream
+// reset by the apiserver (net/http's bundled HTTP/2 exports no type for
+// it: "stream error: ... received from peer").
+func hungUp(err error) bool {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return true
+	}
+	s := err.Error()
+	return strings.Contains(s, "stream error: ") && strings.Contains(s, "received from peer")
 }
 
 // submitReplay hands the request's replay to the pool, or, when the

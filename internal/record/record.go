@@ -182,7 +182,9 @@ type Actual struct {
 // NoAnswer reports a record whose status kproxy wrote because the
 // apiserver's answer never came: the client went away first (499), the
 // apiserver could not be reached (502), the request's body stopped
-// arriving (408), or kproxy refused to forward a caller it cannot
+// arriving (408), the apiserver hung up without an answer and kproxy
+// aborted the client's request alike (no status: 0), or kproxy refused
+// to forward a caller it cannot
 // forward as exactly that caller (403, ErrorUnforwardable), each with
 // Error saying so. Such a status is no answer to compare a prediction
 // with.
@@ -194,7 +196,9 @@ func (a Actual) NoAnswer() bool {
 		return true
 	}
 	switch a.Status {
-	case StatusClientCanceled, http.StatusBadGateway, http.StatusRequestTimeout:
+	case 0, StatusClientCanceled, http.StatusBadGateway, http.StatusRequestTimeout:
+		// 0: aborted before any answer (the apiserver hung up, and kproxy
+		// ended the client's request alike).
 		return true
 	}
 	return false
