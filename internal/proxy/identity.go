@@ -212,8 +212,8 @@ func (p *Proxy) withCallerImpersonation(w http.ResponseWriter, r *http.Request, 
 	// them to ask again.
 	sent := r.Header.Clone()
 	confirm := func(w http.ResponseWriter, _ *http.Request, _ user.Info) {
-		again := r.Clone(context.WithValue(ctx, impersonationNext{}, next))
-		again.Header = sent
+		again := r.WithContext(context.WithValue(ctx, impersonationNext{}, next))
+		again.Header = sent // a shallow copy's own header: r's is not touched
 		newImpersonationFilter(p.impersonationAuthz).ServeHTTP(w, again)
 	}
 	p.impersonationFilter.ServeHTTP(w, r.WithContext(context.WithValue(ctx, impersonationNext{}, confirm)))
