@@ -18,7 +18,11 @@ func TestStalledBodyEnds(t *testing.T) {
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, err := io.Copy(io.Discard, r.Body)
 		upstreamSaw <- err
-		w.WriteHeader(http.StatusCreated)
+		// As kube-apiserver's timeout filter answers once the request's
+		// context ends: an answer to a request kproxy cut, which must not
+		// reach the client as the apiserver's verdict.
+		w.WriteHeader(http.StatusGatewayTimeout)
+		w.(http.Flusher).Flush()
 	}))
 	defer upstream.Close()
 	u, _ := url.Parse(upstream.URL)

@@ -724,6 +724,16 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	if ex == nil {
 		return nil
 	}
+	if ex.idle != nil && ex.idle.stalled.Load() {
+		// kproxy cut the request's body (it stopped arriving): an answer
+		// that comes after is the apiserver's to a request kproxy ended
+		// (its timeout filter answers 504 once the request's context
+		// ends), not to the request. errorHandler answers 408, as it
+		// does when the cut reaches the transport first (a race: a
+		// stalled body got the apiserver's 504 on a loaded machine).
+		// ReverseProxy closes the body.
+		return errBodyStalled
+	}
 	a := &ex.rec.Actual
 	a.Status = resp.StatusCode
 	a.AuditID = resp.Header.Get("Audit-Id")
@@ -740,6 +750,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	return nil
 }
+
+// errBodyStalled ends a response to a request whose body kproxy cut.
+var errBodyStalled = errors.New("the request body stopped arriving, and kproxy ended the request")
 
 // errorHandler answers when the upstream gave no answer at all.
 func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
