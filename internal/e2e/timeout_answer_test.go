@@ -29,7 +29,14 @@ func TestTimeoutAnswer(t *testing.T) {
 		req.Header.Set("Authorization", "Bearer "+tokenOf("admin"))
 		resp, err := c.Do(req)
 		if err != nil {
-			t.Fatal(err)
+			// The deadline ran out while the answer was being written:
+			// the apiserver hung up, and kproxy aborted the request alike
+			// (as a client sent straight to it sees it).
+			if rec := nextRecord(t, recs); !rec.Actual.NoAnswer() {
+				t.Errorf("try %d: %v, recorded actual %+v, want no answer", try, err, rec.Actual)
+			}
+			t.Logf("try %d: the apiserver hung up (%v)", try, err)
+			continue
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
