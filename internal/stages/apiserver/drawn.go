@@ -29,20 +29,18 @@ func (p *paramReads) drawnHere(ctx context.Context, r *Run) (stage, why string) 
 	if p == nil || r.Read || r.actual == nil || r.Verb != "create" || r.Subresource != "" {
 		return "", ""
 	}
-	aw, ok := r.actual(ctx)
-	if !ok || aw.Status == 0 || momentary(aw.Status) {
+	aw, ok := r.answeredOtherwise(ctx)
+	if !ok {
 		return "", ""
 	}
 	var policy string
 	switch {
-	case r.Status != nil && aw.Refusal != nil && aw.Status == r.Code && record.SameMessage(aw.Refusal.Message, r.Status.Message):
-		return "", "" // refused alike
-	case r.Status == nil && aw.Refusal == nil:
-		return "", "" // admitted by both
 	case r.Status != nil:
 		policy, _, ok = record.DenyingPolicy(r.Status.Message)
-	default:
+	case aw.Refusal != nil:
 		policy, _, ok = record.DenyingPolicy(aw.Refusal.Message)
+	default:
+		return "", ""
 	}
 	if !ok || p.typed == nil {
 		return "", ""
@@ -96,4 +94,25 @@ func generatedName(body []byte) bool {
 		} `json:"metadata"`
 	}
 	return json.Unmarshal(body, &obj) == nil && obj.Metadata.Name == "" && obj.Metadata.GenerateName != ""
+}
+
+// answeredOtherwise is the apiserver's answer to a write whose replay
+// answered otherwise: not both admitted, not refused alike (the same
+// status and message); ok is false when the answer is not known, or is
+// of the moment (a 429, a 5xx: no admission state leads to it).
+func (r *Run) answeredOtherwise(ctx context.Context) (Answer, bool) {
+	if r.actual == nil {
+		return Answer{}, false
+	}
+	aw, ok := r.actual(ctx)
+	switch {
+	case !ok || aw.Status == 0 || momentary(aw.Status):
+	case r.Status == nil && aw.Refusal == nil && aw.Status/100 == 2:
+		// admitted by both
+	case r.Status != nil && aw.Refusal != nil && aw.Status == r.Code && record.SameMessage(aw.Refusal.Message, r.Status.Message):
+		// refused alike
+	default:
+		return aw, true
+	}
+	return Answer{}, false
 }

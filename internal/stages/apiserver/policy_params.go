@@ -356,17 +356,12 @@ func (p *paramReads) paramsWritten(ctx context.Context, r *Run, info *apirequest
 		}) {
 			continue
 		}
-		aw, ok := r.actual(ctx)
-		if !ok || aw.Status == 0 || momentary(aw.Status) {
+		aw, ok := r.answeredOtherwise(ctx)
+		if !ok {
 			return "", ""
 		}
 		replay := fmt.Sprintf("admits it (%d)", r.Code)
-		switch {
-		case r.Status == nil && aw.Refusal == nil && aw.Status/100 == 2:
-			return "", "" // admitted by both
-		case r.Status != nil && aw.Refusal != nil && aw.Status == r.Code && record.SameMessage(aw.Refusal.Message, r.Status.Message):
-			return "", "" // refused alike
-		case r.Status != nil:
+		if r.Status != nil {
 			replay = fmt.Sprintf("refuses it (%d: %s)", r.Code, r.Status.Message)
 		}
 		answered := fmt.Sprintf("admitted it (%d)", aw.Status)
