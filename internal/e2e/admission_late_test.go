@@ -62,6 +62,11 @@ func TestServiceAccountChangedAfterRequest(t *testing.T) {
 		}
 		lateRecs, seen := tallyLate(t, recs, 42, inNamespace(ns), "ServiceAccount", "a ServiceAccount change")
 		late = len(lateRecs)
+		for _, rec := range lateRecs {
+			// The ServiceAccount plugin looks it up in its Admit, for
+			// either pod (the refused one had said decode).
+			saysAt(t, rec, "ServiceAccount", record.StageMutatingAdmission)
+		}
 		if seen != 2 {
 			t.Errorf("%d records of the two pods", seen)
 		}
@@ -104,7 +109,12 @@ func TestNamespaceCreatedAfterRequest(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
-		lateRecs, _ := tallyLate(t, recs, 41, inNamespace(ns), "its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace", "the namespace's create")
+		const phrase = "its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace"
+		lateRecs, _ := tallyLate(t, recs, 41, inNamespace(ns), phrase, "the namespace's create")
+		for _, rec := range lateRecs {
+			// NamespaceLifecycle refuses in its Admit (it had said decode).
+			saysAt(t, rec, phrase, record.StageMutatingAdmission)
+		}
 		late += len(lateRecs)
 	}
 	if late == 0 {

@@ -142,6 +142,22 @@ func tallyLate(t *testing.T, recs <-chan *record.Record, n int, keep func(*recor
 	return late, seen
 }
 
+// saysAt checks that the stage that says a record's unknown (its
+// explanation holding phrase) is stage, and no other says it: the
+// stages before it passed, the ones after it "not replayed".
+func saysAt(t *testing.T, rec *record.Record, phrase, stage string) {
+	t.Helper()
+	var at []string
+	for _, st := range rec.Stages {
+		if strings.Contains(st.Explanation, phrase) {
+			at = append(at, st.Name)
+		}
+	}
+	if len(at) != 1 || at[0] != stage {
+		t.Errorf("%s %s by %s: %q said by %v, want %s alone", rec.Request.Method, rec.Request.Path, rec.Request.User, phrase, at, stage)
+	}
+}
+
 // inNamespace picks the records of ns's requests.
 func inNamespace(ns string) func(*record.Record) bool {
 	return func(rec *record.Record) bool { return rec.Request.Namespace == ns }

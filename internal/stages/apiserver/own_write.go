@@ -371,15 +371,20 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 	switch {
 	case modifiedInFlight(r, aw):
 		return record.StageStorage, r.modifiedInFlightWhy()
+	// Each says so at the stage of the apiserver's refusal, which the
+	// replay's admission did not meet: NamespaceLifecycle and the
+	// ServiceAccount plugin refuse in Admit (mutating), ResourceQuota in
+	// Validate (they had said decode, the stages after it "not
+	// replayed").
 	case aw.Status == http.StatusNotFound && namespaceNotFound(aw.Refusal):
-		return "", namespaceCreatedLateWhy
+		return record.StageMutatingAdmission, namespaceCreatedLateWhy
 	case aw.Status != http.StatusForbidden:
 	case r.Verb == "create" && namespaceTerminating(aw.Refusal):
-		return "", namespaceEndedEarlyWhy
+		return record.StageMutatingAdmission, namespaceEndedEarlyWhy
 	case quotaExceeded(aw.Refusal):
-		return "", quotaAdmittedEarlyWhy
+		return record.StageValidatingAdmission, quotaAdmittedEarlyWhy
 	case serviceAccountLookup(aw.Refusal):
-		return "", serviceAccountArrivedEarlyWhy
+		return record.StageMutatingAdmission, serviceAccountArrivedEarlyWhy
 	}
 	// LimitRanger's refusal in a namespace where its draw decides
 	// (limit_ranges.go): a cause more certain than a state change.

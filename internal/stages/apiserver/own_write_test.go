@@ -213,31 +213,35 @@ func TestAdmittedEarly(t *testing.T) {
 		answered int
 		refusal  *metav1.Status
 		want     string // contains; "" keeps the admission
+		stage    string // the stage that says so
 	}{
-		{"a create refused in a terminating namespace", &Run{Verb: "create", Resource: "events"}, 403, terminating, "is being terminated, and the replay's NamespaceLifecycle found it active"},
-		{"the namespace's cause alone", &Run{Verb: "create", Resource: "events"}, 403, causeOnly, "is being terminated"},
-		{"a dry run refused in a terminating namespace", &Run{Verb: "create", Resource: "events", DryRun: true}, 403, terminating, "is being terminated"},
-		{"a create over quota", &Run{Verb: "create", Resource: "configmaps"}, 403, quota, "found less used than the apiserver had counted"},
-		{"an update over quota", &Run{Verb: "update", Resource: "pods"}, 403, quota, "exceeded quota"},
-		{"an update in a terminating namespace", &Run{Verb: "update", Resource: "events"}, 403, terminating, ""},
-		{"refused by RBAC", &Run{Verb: "create", Resource: "configmaps"}, 403, rbac, ""},
-		{"a create before its namespace", &Run{Verb: "create", Resource: "configmaps"}, 404, nsMissing, "it was created after this request"},
-		{"a dry-run create before its namespace", &Run{Verb: "create", Resource: "configmaps", DryRun: true}, 404, nsMissing, "namespace"},
-		{"an update of an object not found", &Run{Verb: "update", Resource: "configmaps"}, 404, objMissing, ""},
-		{"a pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods"}, 403, noSA, "the ServiceAccount: it was created after this request"},
-		{"a dry-run pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods", DryRun: true}, 403, noSA, "created after this request"},
-		{"refused without a Status", &Run{Verb: "create", Resource: "configmaps"}, 403, nil, ""},
-		{"admitted by both", &Run{Verb: "create", Resource: "configmaps"}, 201, nil, ""},
-		{"refused by the replay too", &Run{Verb: "create", Resource: "configmaps", Status: quota}, 403, quota, ""},
-		{"a read", &Run{Verb: "create", Resource: "configmaps", Read: true}, 403, quota, ""},
-		{"an exec (its answer is its stream)", &Run{Verb: "create", Resource: "pods", Subresource: "exec"}, 403, terminating, ""},
+		{"a create refused in a terminating namespace", &Run{Verb: "create", Resource: "events"}, 403, terminating, "is being terminated, and the replay's NamespaceLifecycle found it active", record.StageMutatingAdmission},
+		{"the namespace's cause alone", &Run{Verb: "create", Resource: "events"}, 403, causeOnly, "is being terminated", record.StageMutatingAdmission},
+		{"a dry run refused in a terminating namespace", &Run{Verb: "create", Resource: "events", DryRun: true}, 403, terminating, "is being terminated", record.StageMutatingAdmission},
+		{"a create over quota", &Run{Verb: "create", Resource: "configmaps"}, 403, quota, "found less used than the apiserver had counted", record.StageValidatingAdmission},
+		{"an update over quota", &Run{Verb: "update", Resource: "pods"}, 403, quota, "exceeded quota", record.StageValidatingAdmission},
+		{"an update in a terminating namespace", &Run{Verb: "update", Resource: "events"}, 403, terminating, "", ""},
+		{"refused by RBAC", &Run{Verb: "create", Resource: "configmaps"}, 403, rbac, "", ""},
+		{"a create before its namespace", &Run{Verb: "create", Resource: "configmaps"}, 404, nsMissing, "it was created after this request", record.StageMutatingAdmission},
+		{"a dry-run create before its namespace", &Run{Verb: "create", Resource: "configmaps", DryRun: true}, 404, nsMissing, "namespace", record.StageMutatingAdmission},
+		{"an update of an object not found", &Run{Verb: "update", Resource: "configmaps"}, 404, objMissing, "", ""},
+		{"a pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods"}, 403, noSA, "the ServiceAccount: it was created after this request", record.StageMutatingAdmission},
+		{"a dry-run pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods", DryRun: true}, 403, noSA, "created after this request", record.StageMutatingAdmission},
+		{"refused without a Status", &Run{Verb: "create", Resource: "configmaps"}, 403, nil, "", ""},
+		{"admitted by both", &Run{Verb: "create", Resource: "configmaps"}, 201, nil, "", ""},
+		{"refused by the replay too", &Run{Verb: "create", Resource: "configmaps", Status: quota}, 403, quota, "", ""},
+		{"a read", &Run{Verb: "create", Resource: "configmaps", Read: true}, 403, quota, "", ""},
+		{"an exec (its answer is its stream)", &Run{Verb: "create", Resource: "pods", Subresource: "exec"}, 403, terminating, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.run
 			r.actual = func(context.Context) (Answer, bool) { return Answer{Status: tc.answered, Refusal: tc.refusal}, true }
-			_, why := r.admittedEarly(context.Background())
+			stage, why := r.admittedEarly(context.Background())
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("admittedEarly = %q, want %q", why, tc.want)
+			}
+			if stage != tc.stage {
+				t.Errorf("admittedEarly's stage = %q, want %q", stage, tc.stage)
 			}
 		})
 	}
