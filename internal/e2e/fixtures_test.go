@@ -104,6 +104,13 @@ func buildFixtures(t *testing.T) *fixtures {
 			Rules: []rbacv1.PolicyRule{rule(s(""), s("secrets"), s("get"), "s1")}},
 		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "carol-one-secret", Namespace: corpusNS},
 			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "one-secret"}, Subjects: []rbacv1.Subject{subject(rbacv1.UserKind, "carol")}},
+		// carol may get, not create, pods/exec, attach and portforward: a
+		// WebSocket upgrade (a GET) passes the filter, and the pods
+		// registry asks again for create.
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "connect-get", Namespace: corpusNS},
+			Rules: []rbacv1.PolicyRule{rule(s(""), s("pods/exec", "pods/attach", "pods/portforward"), s("get"))}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "carol-connect-get", Namespace: corpusNS},
+			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "connect-get"}, Subjects: []rbacv1.Subject{subject(rbacv1.UserKind, "carol")}},
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "corpus-log-reader"},
 			Rules: []rbacv1.PolicyRule{rule(s(""), s("pods/log"), s("get")), rule(s(""), s("*/status"), s("get"))}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "ops-log-reader"},

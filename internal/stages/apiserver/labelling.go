@@ -59,6 +59,14 @@ func (r *Run) attribute(st *metav1.Status) string {
 			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule") {
 			return record.StageAuthorization
 		}
+		// The pods registry asks the authorizer again, for create, before
+		// it connects a WebSocket exec, attach or port-forward (a GET,
+		// authorized as get: AuthorizePodWebsocketUpgradeCreatePermission):
+		// authorization logic run inside the registry, as the escalation
+		// checks are (a probe found it labelled storage).
+		if upgradeCreateCheck(r.Resource, r.Subresource, r.Verb) && r.phase == PhaseStorage {
+			return record.StageAuthorization
+		}
 	case metav1.StatusReasonRequestEntityTooLarge:
 		if r.phase < PhaseValidation {
 			return record.StageDecode
@@ -66,4 +74,25 @@ func (r *Run) attribute(st *metav1.Status) string {
 		return record.StageStorage
 	}
 	return PhaseStage[r.phase]
+}
+
+// upgradeCreateCheck says whether the pods registry authorizes the request
+// again for the create verb before it connects it (pkg/registry/core/pod/
+// rest's ensureAuthorizedForVerb): an exec, attach or port-forward sent as
+// a GET (a WebSocket upgrade), which the authorization filter allowed as
+// get.
+func upgradeCreateCheck(resource, subresource, verb string) bool {
+	if resource != "pods" || verb == "create" {
+		return false
+	}
+	switch subresource {
+	case "exec", "attach", "portforward":
+		return true
+	}
+	return false
+}
+
+// UpgradeCreateCheck is upgradeCreateCheck for the stages' explanations.
+func UpgradeCreateCheck(resource, subresource, verb string) bool {
+	return upgradeCreateCheck(resource, subresource, verb)
 }
