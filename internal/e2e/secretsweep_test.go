@@ -150,6 +150,18 @@ func TestSecretSweep(t *testing.T) {
 		expectStatus(t, "Secret server-side apply "+p, send(r, request{method: "PATCH", path: secretsPath + "/" + name("ssa") + "?fieldManager=sweep&force=true", user: "admin",
 			contentType: "application/apply-patch+yaml",
 			body:        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: " + name("ssa") + "\n  labels: {kproxy.test/sweep: \"true\"}\nstringData:\n  ssa: " + ssaV + "\n"}), 201)
+		// A server-side apply whose value is not a string (a number, a
+		// list): the apiserver refuses it, quoting the value in Go's
+		// rendering ("got &value.valueUnstructured{Value:...}"), which
+		// had reached the record and the trace (found by a probe).
+		numV := sw.add(label("Secret stringData, server-side apply, a number"), randomDigits(15))
+		expectStatus(t, "Secret server-side apply of a number "+p, send(r, request{method: "PATCH", path: secretsPath + "/" + name("ssa-num") + "?fieldManager=sweep", user: "admin",
+			contentType: "application/apply-patch+yaml",
+			body:        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: " + name("ssa-num") + "\nstringData:\n  pin: " + numV + "\n"}), 500)
+		listV := sw.fresh(label("Secret stringData, server-side apply, a list"))
+		expectStatus(t, "Secret server-side apply of a list "+p, send(r, request{method: "PATCH", path: secretsPath + "/" + name("ssa-list") + "?fieldManager=sweep", user: "admin",
+			contentType: "application/apply-patch+yaml",
+			body:        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: " + name("ssa-list") + "\nstringData:\n  pins: [\"" + listV + "\"]\n"}), 500)
 		// kubectl apply's way: the whole object again in an annotation.
 		applyV := sw.fresh(label("Secret data, kubectl-apply style (last-applied annotation)"))
 		applied := map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": name("applied"), "namespace": testNS, "labels": sweepLabels},
@@ -633,6 +645,22 @@ func secretForms(v string) []sweepForm {
 		addForm(fmt.Sprintf("base64url at offset %d", k), strings.NewReplacer("+", "-", "/", "_").Replace(core))
 	}
 	return forms
+}
+
+// randomDigits is n random decimal digits, the first not 0 (a YAML
+// number).
+func randomDigits(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	for i := range b {
+		b[i] = '0' + b[i]%10
+	}
+	if b[0] == '0' {
+		b[0] = '7'
+	}
+	return string(b)
 }
 
 func randomHex(n int) string {

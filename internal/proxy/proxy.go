@@ -1123,6 +1123,7 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	}
 	rec.Predicted = stages.OfTheMoment(rec.Predicted, rec.Actual)
 	rec.Request.Query = record.RedactQuery(rec.Request.Query)
+	record.RedactSecretMessages(rec)
 	// The span ends before the sinks see the record: whoever reads the
 	// record finds its trace complete.
 	endServerSpan(ex.span, rec, ex.end)

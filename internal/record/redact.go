@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -425,4 +426,85 @@ func containsAny(s string, subs ...string) bool {
 		}
 	}
 	return false
+}
+
+// valueRendering finds structured-merge-diff's Go rendering of a value in
+// a server-side apply's error ("expected string, got
+// &value.valueUnstructured{Value:987654321}"): the apiserver quotes the
+// value itself, which for a Secret is its data (probe O, 2026-12-07).
+var valueRendering = regexp.MustCompile(`&value\.value[A-Za-z]*\{(?:Value:)?`)
+
+// RedactValueRenderings replaces the values the apiserver quotes in its
+// Go rendering of a server-side apply's fields (valueRendering) with
+// REDACTED, keeping the rest of the message (the field's path and what
+// was expected). The rendering's braces are matched, skipping quoted
+// strings, so a value holding braces or quotes is redacted whole.
+func RedactValueRenderings(s string) string {
+	locs := valueRendering.FindAllStringIndex(s, -1)
+	if locs == nil {
+		return s
+	}
+	var b strings.Builder
+	last := 0
+	for _, loc := range locs {
+		if loc[0] < last {
+			continue // inside a rendering already redacted
+		}
+		end := closingBrace(s, loc[1])
+		b.WriteString(s[last:loc[1]])
+		b.WriteString(Redacted)
+		if end < 0 { // cut short: redact to the end
+			return b.String()
+		}
+		b.WriteByte('}')
+		last = end + 1
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// closingBrace is the index of the brace that closes the one opened just
+// before from, skipping Go-quoted strings, or -1.
+func closingBrace(s string, from int) int {
+	depth := 1
+	for i := from; i < len(s); i++ {
+		switch s[i] {
+		case '"', '`':
+			q := s[i]
+			for i++; i < len(s) && s[i] != q; i++ {
+				if s[i] == '\\' && q == '"' {
+					i++
+				}
+			}
+		case '{':
+			depth++
+		case '}':
+			depth--
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// RedactSecretMessages applies RedactValueRenderings to what a record of a
+// request on Secrets quotes from the apiserver and the replay: the
+// answer's and the prediction's messages and every stage's explanation.
+func RedactSecretMessages(rec *Record) {
+	if rec.Request.Resource != "secrets" {
+		return
+	}
+	rec.Actual.Message = RedactValueRenderings(rec.Actual.Message)
+	rec.Predicted.Message = RedactValueRenderings(rec.Predicted.Message)
+	RedactExplanations(rec.Stages)
+}
+
+// RedactExplanations applies RedactValueRenderings to stages'
+// explanations and their children's, in place.
+func RedactExplanations(stages []StageResult) {
+	for i := range stages {
+		stages[i].Explanation = RedactValueRenderings(stages[i].Explanation)
+		RedactExplanations(stages[i].Children)
+	}
 }

@@ -262,3 +262,33 @@ func TestRedactConfigMapObject(t *testing.T) {
 		t.Error("nil")
 	}
 }
+
+// TestRedactValueRenderings: the values a server-side apply's error quotes
+// (structured-merge-diff's Go rendering) are redacted whole, the path and
+// what was expected kept.
+func TestRedactValueRenderings(t *testing.T) {
+	for _, tc := range []struct{ in, want, gone string }{ // gone: where want is "", text that must not remain
+		{`failed to create typed patch object (/v1, Kind=Secret): .stringData.password: expected string, got &value.valueUnstructured{Value:987654321}`,
+			`failed to create typed patch object (/v1, Kind=Secret): .stringData.password: expected string, got &value.valueUnstructured{Value:REDACTED}`, ""},
+		{`.stringData.pw: expected string, got &value.valueUnstructured{Value:[]interface {}{"SECRET"}}`,
+			`.stringData.pw: expected string, got &value.valueUnstructured{Value:REDACTED}`, ""},
+		{`.stringData: expected map, got &value.valueUnstructured{Value:map[string]interface {}{"a":"x}y\"}{"}} and .data.b: expected string, got &value.valueUnstructured{Value:true}`,
+			`.stringData: expected map, got &value.valueUnstructured{Value:REDACTED} and .data.b: expected string, got &value.valueUnstructured{Value:REDACTED}`, ""},
+		{`cut short: &value.valueUnstructured{Value:[]interface {}{"SEC`, `cut short: &value.valueUnstructured{Value:REDACTED`, ""},
+		{`configmaps "x" not found`, `configmaps "x" not found`, ""},
+		// klog's "Unhandled Error": the rendering inside a Go-quoted string, then as is.
+		{`apiserver received an error that is not an metav1.Status: &errors.errorString{s:"failed to create typed patch object (/x; /v1, Kind=Secret): .stringData.pins: expected string, got &value.valueUnstructured{Value:[]interface {}{\"44fa}\"}}"}: failed to create typed patch object (/x; /v1, Kind=Secret): .stringData.pins: expected string, got &value.valueUnstructured{Value:[]interface {}{"44fa}"}}`,
+			"", "44fa"},
+	} {
+		got := RedactValueRenderings(tc.in)
+		if tc.want == "" { // the value must be gone, wherever the redaction ends
+			if strings.Contains(got, tc.gone) || !strings.Contains(got, "expected string, got &value.valueUnstructured{Value:REDACTED") {
+				t.Errorf("RedactValueRenderings(%q) = %q: the value is not redacted", tc.in, got)
+			}
+			continue
+		}
+		if got != tc.want {
+			t.Errorf("RedactValueRenderings(%q)\n got %q\nwant %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -2,10 +2,13 @@ package serve
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/go-logr/logr"
 	"k8s.io/klog/v2"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // RouteKlog sends the log lines of the apiserver code the replay runs
@@ -15,7 +18,10 @@ func RouteKlog(log *slog.Logger) {
 	klog.SetLogger(logr.FromSlogHandler(debugOnly{log.Handler()}))
 }
 
-// debugOnly lowers every record to debug.
+// debugOnly lowers every record to debug, and keeps out of it the values
+// the apiserver's errors quote in Go's rendering (a server-side apply's
+// "got &value.valueUnstructured{Value:...}", a Secret's data: its
+// "Unhandled Error" lines quote them; found by a probe).
 type debugOnly struct{ h slog.Handler }
 
 func (d debugOnly) Enabled(ctx context.Context, _ slog.Level) bool {
@@ -26,8 +32,38 @@ func (d debugOnly) Handle(ctx context.Context, r slog.Record) error {
 	if !d.h.Enabled(ctx, slog.LevelDebug) {
 		return nil // logr's Error bypasses Enabled
 	}
-	r.Level = slog.LevelDebug
-	return d.h.Handle(ctx, r)
+	out := slog.NewRecord(r.Time, slog.LevelDebug, record.RedactValueRenderings(r.Message), r.PC)
+	r.Attrs(func(a slog.Attr) bool {
+		out.AddAttrs(redactAttr(a))
+		return true
+	})
+	return d.h.Handle(ctx, out)
+}
+
+// redactAttr applies record.RedactValueRenderings to an attribute's text:
+// a string, an error's message, anything else as it prints.
+func redactAttr(a slog.Attr) slog.Attr {
+	v := a.Value.Resolve()
+	switch v.Kind() {
+	case slog.KindString:
+		return slog.String(a.Key, record.RedactValueRenderings(v.String()))
+	case slog.KindAny:
+		if err, ok := v.Any().(error); ok {
+			return slog.String(a.Key, record.RedactValueRenderings(err.Error()))
+		}
+		if s, ok := v.Any().(fmt.Stringer); ok {
+			return slog.String(a.Key, record.RedactValueRenderings(s.String()))
+		}
+		return slog.String(a.Key, record.RedactValueRenderings(fmt.Sprintf("%+v", v.Any())))
+	case slog.KindGroup:
+		attrs := v.Group()
+		out := make([]any, len(attrs))
+		for i, g := range attrs {
+			out[i] = redactAttr(g)
+		}
+		return slog.Group(a.Key, out...)
+	}
+	return slog.Attr{Key: a.Key, Value: v}
 }
 
 func (d debugOnly) WithAttrs(as []slog.Attr) slog.Handler { return debugOnly{d.h.WithAttrs(as)} }
