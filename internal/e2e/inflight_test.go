@@ -230,6 +230,21 @@ func TestWritesRefusedReplayedLate(t *testing.T) {
 	send(request{method: "DELETE", path: cms + "/" + run}, 200)
 	hold.releaseAndCheck(t, "the object's delete", "deleted between the apiserver's read and the replay's", "")
 
+	// Two server-side applies a few milliseconds apart (a probe): b's is
+	// refused for a conflict with a's field, and a's next apply gives the
+	// field up; b's replay, reading after it, had predicted 200. The
+	// object, unchanged since, was written as b's request arrived.
+	apply := func(manager, data string, want int) {
+		send(request{method: "PATCH", path: cms + "/" + run + "-ssa?fieldManager=" + manager, contentType: "application/apply-patch+yaml",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + run + `-ssa"},"data":` + data + `}`}, want)
+	}
+	apply("a", `{"a":"1"}`, 201)
+	nextRecord(t, recs)
+	hold.hold(t)
+	apply("b", `{"a":"2"}`, 409)
+	apply("a", `{"b":"1"}`, 200)
+	hold.releaseAndCheck(t, "an apply giving the field up", "as this request arrived, so it may have landed after the apiserver's read", "")
+
 	deploys := "/apis/apps/v1/namespaces/" + testNS + "/deployments"
 	hold.hold(t)
 	send(request{method: "PUT", path: deploys + "/" + run + "/scale",

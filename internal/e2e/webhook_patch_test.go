@@ -9,6 +9,7 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -41,6 +42,26 @@ func TestMutatingWebhookPatchesDryRunOtherwise(t *testing.T) {
 	mux.HandleFunc("/label", func(w http.ResponseWriter, r *http.Request) {
 		reviewAdmission(w, r, func(req *admissionv1.AdmissionRequest, resp *admissionv1.AdmissionResponse) {
 			dry := req.DryRun != nil && *req.DryRun
+			patch := admissionv1.PatchTypeJSONPatch
+			// Patches the apiserver's code cannot apply (a JSON-patch
+			// test that fails; any patch of a DELETE), or a rename to
+			// an object that exists, sent to one of the two calls.
+			spoil := func(prefix string) bool {
+				return (strings.HasPrefix(req.Name, prefix+"-in-dry-run") && dry) || (strings.HasPrefix(req.Name, prefix+"-for-real") && !dry)
+			}
+			switch {
+			case req.Operation == admissionv1.Delete:
+				if spoil("delete-patched") {
+					resp.Patch, resp.PatchType = []byte(`[{"op":"add","path":"/metadata/labels","value":{"m":"x"}}]`), &patch
+				}
+				return
+			case spoil("failtest"):
+				resp.Patch, resp.PatchType = []byte(`[{"op":"test","path":"/metadata/name","value":"nope"}]`), &patch
+				return
+			case spoil("renamed"):
+				resp.Patch, resp.PatchType = []byte(`[{"op":"replace","path":"/metadata/name","value":"existing"}]`), &patch
+				return
+			}
 			value := "good"
 			if (strings.HasPrefix(req.Name, "spoiled-in-dry-run") && dry) || (strings.HasPrefix(req.Name, "spoiled-for-real") && !dry) {
 				value = "-bad-"
@@ -48,7 +69,6 @@ func TestMutatingWebhookPatchesDryRunOtherwise(t *testing.T) {
 					value = "bad" // a valid label the policy refuses
 				}
 			}
-			patch := admissionv1.PatchTypeJSONPatch
 			resp.Patch = []byte(fmt.Sprintf(`[{"op":"add","path":"/metadata/labels","value":{"m":%q}}]`, value))
 			resp.PatchType = &patch
 		})
@@ -59,7 +79,7 @@ func TestMutatingWebhookPatchesDryRunOtherwise(t *testing.T) {
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: ns}, Webhooks: []admissionregistrationv1.MutatingWebhook{{
 		Name: "label.patch.kproxy.test", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: caPEM},
 		Rules: []admissionregistrationv1.RuleWithOperations{{
-			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Delete},
 			Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"configmaps", "limitranges"}},
 		}},
 		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
@@ -85,7 +105,7 @@ func TestMutatingWebhookPatchesDryRunOtherwise(t *testing.T) {
 		}})
 	untilWebhooksCalled(t, ns, "spoiled-in-dry-run-probe", "-bad-")
 	untilCalled(t, ns, "limitranges", "LimitRange", "spoiled-in-dry-run-probe", "no bad LimitRange")
-	sendObject := objectSender(t, ns)
+	sendObject, deleteObject := objectSenders(t, ns)
 	send := func(name, query string, want int) *record.Record {
 		t.Helper()
 		return sendObject("configmaps", "ConfigMap", name, query, want)
@@ -120,6 +140,35 @@ func TestMutatingWebhookPatchesDryRunOtherwise(t *testing.T) {
 		if strings.Contains(rec.Predicted.Message, "LimitRanges change") {
 			t.Errorf("the unknown blames the request's own LimitRange: %q", rec.Predicted.Message)
 		}
+	})
+	// Patches that fail, or rename the object, in one call only: each had
+	// been predicted the other call's answer (found by a probe: 69
+	// records, every time).
+	t.Run("a patch that fails in dry run only: admitted, was predicted 500", func(t *testing.T) {
+		rec := send("failtest-in-dry-run", "", http.StatusCreated)
+		unknown(t, rec, "the replay refuses it at mutating-admission (500", `mutating webhook "label.patch.kproxy.test" (its patch could not be applied)`)
+	})
+	t.Run("a patch that fails for real only: failed 500, was said a failure of the moment", func(t *testing.T) {
+		rec := send("failtest-for-real", "", http.StatusInternalServerError)
+		unknown(t, rec, "the apiserver failed the write (500", "a mutating webhook's patch the apiserver's code could not apply")
+	})
+	if _, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "existing"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("renamed to an existing object in dry run only: admitted, was predicted 409", func(t *testing.T) {
+		rec := send("renamed-in-dry-run", "", http.StatusCreated)
+		unknown(t, rec, `the replay refuses it at storage (409: configmaps "existing" already exists)`)
+	})
+	t.Run("renamed to an existing object for real only: refused 409, was said deleted in between", func(t *testing.T) {
+		rec := send("renamed-for-real", "", http.StatusConflict)
+		unknown(t, rec, `the apiserver refused the write (409: configmaps "existing" already exists), and the replay admits it`)
+	})
+	t.Run("a DELETE patched in dry run only: deleted, was predicted 500", func(t *testing.T) {
+		if _, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "delete-patched-in-dry-run"}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+		rec := deleteObject("configmaps", "delete-patched-in-dry-run", http.StatusOK)
+		unknown(t, rec, "the replay refuses it at mutating-admission (500", "attempted to modify the object", "(its patch could not be applied)")
 	})
 	t.Run("labelled alike both ways: predicted", func(t *testing.T) {
 		rec := send("plain", "", http.StatusCreated)

@@ -269,7 +269,26 @@ func configMapSender(t *testing.T, ns string) func(name, query string, want int)
 // objectSender is configMapSender for objects of any core kind (plural,
 // kind) with an empty spec.
 func objectSender(t *testing.T, ns string) func(plural, kind, name, query string, want int) *record.Record {
+	send, _ := objectSenders(t, ns)
+	return send
+}
+
+// objectSenders is objectSender and its DELETE of an object by name
+// (plural, name), which returns the DELETE's record.
+func objectSenders(t *testing.T, ns string) (send func(plural, kind, name, query string, want int) *record.Record, del func(plural, name string, want int) *record.Record) {
 	recs, r, c := oneReplayWorker(t)
+	del = func(plural, name string, want int) *record.Record {
+		t.Helper()
+		got := do(t, c, r.base, request{method: "DELETE", path: "/api/v1/namespaces/" + ns + "/" + plural + "/" + name, user: "admin"})
+		if got.status != want {
+			t.Fatalf("delete %s: the apiserver answered %d, want %d: %s", name, got.status, want, got.body)
+		}
+		for {
+			if rec := nextRecord(t, recs); rec.Request.Namespace == ns && rec.Request.Method == "DELETE" {
+				return rec
+			}
+		}
+	}
 	return func(plural, kind, name, query string, want int) *record.Record {
 		t.Helper()
 		got := do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/" + plural + query, user: "admin",
@@ -282,5 +301,5 @@ func objectSender(t *testing.T, ns string) func(plural, kind, name, query string
 				return rec
 			}
 		}
-	}
+	}, del
 }

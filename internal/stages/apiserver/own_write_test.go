@@ -316,3 +316,54 @@ func TestModifiedInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestChangedBeforeOwnWrite: a write the apiserver admitted (answered
+// with resourceVersion 1905) that the replay refused from the object it
+// read on arrival (1903) is unknown where the object was written again
+// before the request's own write (at 1904, read as of 1904); where it
+// was not, or the verdicts agree, the verdict stands.
+func TestChangedBeforeOwnWrite(t *testing.T) {
+	conflict := &metav1.Status{Code: 409, Reason: metav1.StatusReasonConflict, Message: `Apply failed with 1 conflict: conflict with "a": .data.a`}
+	for _, tc := range []struct {
+		name     string
+		verb     string
+		replay   *metav1.Status
+		answered int
+		answerRV string
+		readRV   string
+		atBefore string // the object's resourceVersion as of 1904; "" absent
+		want     string // contains; "" keeps the verdict
+	}{
+		{"written again in between", "patch", conflict, 200, "1905", "1903", "1904",
+			"the replay, which read the object at resourceVersion 1903 as the request arrived, refuses it (409: Apply failed with 1 conflict"},
+		{"not written in between", "patch", conflict, 200, "1905", "1903", "1903", ""},
+		{"an update", "update", conflict, 200, "1905", "1903", "1904", "another write changed the object (resourceVersion 1904)"},
+		{"admitted by both", "patch", nil, 200, "1905", "1903", "1904", ""},
+		{"refused by the apiserver", "patch", conflict, 409, "", "1903", "1904", ""},
+		{"the replay read the request's own write", "patch", conflict, 200, "1905", "1905", "1904", ""},
+		{"a create", "create", conflict, 201, "1905", "1903", "1904", ""},
+		{"gone as of 1904", "patch", conflict, 200, "1905", "1903", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: tc.verb, Resource: "configmaps", Status: tc.replay,
+				actual: func(context.Context) (Answer, bool) {
+					return Answer{Status: tc.answered, ResourceVersion: tc.answerRV}, true
+				},
+				Reads: []StorageRead{{Key: "/registry/configmaps/ns/x", Found: true, ResourceVersion: tc.readRV,
+					atRev: func(_ context.Context, rev string) (bool, string, error) {
+						if rev != "1904" {
+							t.Errorf("read as of %s, want 1904 (just before the request's own write)", rev)
+						}
+						return tc.atBefore != "", tc.atBefore, nil
+					}}},
+			}
+			if tc.replay != nil {
+				r.Code = int(tc.replay.Code)
+			}
+			got := r.changedBeforeOwnWrite(context.Background())
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Errorf("changedBeforeOwnWrite = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

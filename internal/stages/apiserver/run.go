@@ -127,7 +127,7 @@ type Run struct {
 // is read at R-1. A replay that runs after later writes reads the same
 // revisions, which the store still serves (until etcd compacts them). why
 // is set when the answer never came.
-func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, why string) {
+func (r *Run) snapshotRevision(ctx context.Context, key string, found bool, rv string) (at, why string) {
 	if r.actual == nil || r.DryRun {
 		return "", "" // a dry run writes nothing
 	}
@@ -146,6 +146,12 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		if aw.Refusal != nil && admissionRefusal(aw.Status, aw.Refusal) {
 			return "", ""
 		}
+		// Nor does a refusal that names another object than key (a
+		// mutating webhook renamed the apiserver's: it had been said
+		// deleted between the two reads; found by a probe).
+		if st := aw.Refusal; st != nil && st.Details != nil && st.Details.Name != "" && key != "" && path.Base(key) != st.Details.Name {
+			return "", ""
+		}
 		var meant string // what the refusal says of an object it found
 		if !found {
 			meant = answeredFound(r, aw.Status)
@@ -158,7 +164,7 @@ func (r *Run) snapshotRevision(ctx context.Context, found bool, rv string) (at, 
 		switch {
 		case meant != "":
 			return "", "the apiserver answered " + strconv.Itoa(aw.Status) + " (" + meant + "), and the replay found no object: " +
-				"it was deleted between the apiserver's read and the replay's (another write while this request was in flight), so the state the request met is not known"
+				"it was deleted between the apiserver's read and the replay's, or created between the replay's read and the apiserver's (another write while this request was in flight), so the state the request met is not known"
 		case aw.Status == http.StatusNotFound && found && answeredAbsent(r):
 			return "", "the apiserver answered 404 (no such object), and the replay found the object: " +
 				"it was created, or deleted, between the apiserver's read and the replay's (another write while this request was in flight), so the state the request met is not known"
@@ -441,7 +447,13 @@ type StorageRead struct {
 	Later string
 	// latest reads the object again, as it is now (a write's own read:
 	// changedInFlight).
-	latest          func(context.Context) (found bool, rv string, err error)
+	latest func(context.Context) (found bool, rv string, err error)
+	// atRev reads the object as it was at a revision (a write's own
+	// read: changedBeforeOwnWrite).
+	atRev func(ctx context.Context, rev string) (found bool, rv string, err error)
+	// lastWrite is when the object as read was last written, as its
+	// managedFields say (to the second; zero when they say nothing).
+	lastWrite       time.Time
 	Found           bool
 	ResourceVersion string
 	// Undecodable: the object was found, and the store cannot decrypt or
@@ -694,7 +706,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 				_, why := w.params.drawnHere(ctx, run)
 				return why
 			}
-			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, paramsWritten, drawnHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.conversionFailedThere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight} {
+			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, paramsWritten, drawnHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.conversionFailedThere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight, run.changedBeforeOwnWrite} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
 					explained = true
@@ -704,11 +716,27 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			// Last, a mutating webhook's patch to kproxy's call: what
 			// is unknown is mutating admission's outcome.
 			// Then, which state of the object the request met.
+			// A store's refusal is read first as the state the request met
+			// (noOpLate), then as what a webhook's patch made.
 			if !explained {
-				if why := run.mutatedByWebhookHere(ctx); why != "" {
-					run.markUnknownAt(record.StageMutatingAdmission, why)
-				} else if why := run.noOpLate(ctx); why != "" {
-					run.markUnknownAt(record.StageStorage, why)
+				byWebhook := func() bool {
+					why := run.mutatedByWebhookHere(ctx)
+					if why != "" {
+						run.markUnknownAt(record.StageMutatingAdmission, why)
+					}
+					return why != ""
+				}
+				noOp := func() bool {
+					why := run.noOpLate(ctx)
+					if why != "" {
+						run.markUnknownAt(record.StageStorage, why)
+					}
+					return why != ""
+				}
+				if run.Decided == record.StageStorage {
+					_ = noOp() || byWebhook()
+				} else {
+					_ = byWebhook() || noOp()
 				}
 			}
 		}

@@ -77,7 +77,7 @@ func TestSnapshotRevision(t *testing.T) {
 			default:
 				r.Resource = "pods"
 			}
-			at, why := r.snapshotRevision(context.Background(), tc.found, tc.rv)
+			at, why := r.snapshotRevision(context.Background(), "", tc.found, tc.rv)
 			if at != tc.at || (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
 				t.Errorf("snapshotRevision = %q, %q; want %q and a reason saying %q", at, why, tc.at, tc.why)
 			}
@@ -111,7 +111,7 @@ func TestSnapshotRevisionAdmissionRefusal(t *testing.T) {
 			r := &Run{Verb: tc.verb, Resource: "configmaps", actual: func(context.Context) (Answer, bool) {
 				return Answer{Status: int(tc.refusal.Code), Refusal: tc.refusal}, true
 			}}
-			if at, why := r.snapshotRevision(context.Background(), tc.found, "12"); at != "" || why != "" {
+			if at, why := r.snapshotRevision(context.Background(), "", tc.found, "12"); at != "" || why != "" {
 				t.Errorf("snapshotRevision = %q, %q; want the latest, nothing unknown", at, why)
 			}
 		})
@@ -120,7 +120,7 @@ func TestSnapshotRevisionAdmissionRefusal(t *testing.T) {
 	r := &Run{Verb: "create", Resource: "configmaps", actual: func(context.Context) (Answer, bool) {
 		return Answer{Status: 409, Refusal: &metav1.Status{Code: 409, Reason: metav1.StatusReasonAlreadyExists, Message: `configmaps "c" already exists`}}, true
 	}}
-	if _, why := r.snapshotRevision(context.Background(), false, ""); !strings.Contains(why, "deleted between the apiserver's read and the replay's") {
+	if _, why := r.snapshotRevision(context.Background(), "", false, ""); !strings.Contains(why, "deleted between the apiserver's read and the replay's") {
 		t.Errorf("the store's 409 for a create, the object gone since: %q", why)
 	}
 }

@@ -289,8 +289,30 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 			}
 			return again.latest(ctx, obj)
 		}
+		read.atRev = func(ctx context.Context, rev string) (bool, string, error) {
+			obj, ok := reflect.New(typ).Interface().(runtime.Object)
+			if !ok {
+				return false, "", fmt.Errorf("%s: not an object", typ)
+			}
+			var again objectSource = apiObjects{s: s, path: p, ns: ns, name: name}
+			if s.etcd != nil {
+				again = etcdObjects{s: s, key: key, read: &StorageRead{}}
+			}
+			found, err := again.at(ctx, rev, obj)
+			if err != nil || !found {
+				return false, "", err
+			}
+			m, err := meta.Accessor(obj)
+			if err != nil {
+				return false, "", err
+			}
+			return true, m.GetResourceVersion(), nil
+		}
 	}
 	found, rv, err := src.latest(ctx, out)
+	if found && err == nil && run != nil {
+		read.lastWrite = lastWritten(out)
+	}
 	if err != nil {
 		if !storage.IsCorruptObject(err) {
 			read.Err = err
@@ -305,7 +327,7 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 	if run != nil {
 		// The request's own write may already be visible, or later ones:
 		// read the object as the request met it.
-		at, why := run.snapshotRevision(ctx, found, rv)
+		at, why := run.snapshotRevision(ctx, key, found, rv)
 		if before, ok := run.createdOver(ctx, key, rv); ok && found && at == "" && why == "" {
 			at = before
 		}
@@ -817,7 +839,7 @@ func (s *snapshotStorage) unsafeDelete(ctx context.Context, key string, out runt
 	}
 	read.ResourceVersion = rv
 	if !corrupt {
-		at, why := run.snapshotRevision(ctx, found, "")
+		at, why := run.snapshotRevision(ctx, key, found, "")
 		switch {
 		case why != "":
 			read.Err = errors.New(why)
@@ -895,3 +917,19 @@ func (s *snapshotStorage) GetCurrentResourceVersion(context.Context) (uint64, er
 }
 func (s *snapshotStorage) EnableResourceSizeEstimation(storage.KeysFunc) error { return nil }
 func (s *snapshotStorage) CompactRevision() int64                              { return 0 }
+
+// lastWritten is when obj was last written, as its managedFields say
+// (the newest entry's time, to the second), or zero.
+func lastWritten(obj runtime.Object) time.Time {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return time.Time{}
+	}
+	var last time.Time
+	for _, f := range m.GetManagedFields() {
+		if f.Time != nil && f.Time.After(last) {
+			last = f.Time.Time
+		}
+	}
+	return last
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"path"
 	"regexp"
 	"strings"
 
@@ -224,15 +225,20 @@ func (r *Run) calledWebhooks() (names []string, mutated map[string]bool) {
 }
 
 // mutatingWebhooksCalled names the mutating webhooks the replay called,
-// saying which changed kproxy's object; "" when it called none.
-func (r *Run) mutatingWebhooksCalled() string {
+// saying which changed kproxy's object; "" when it called none. failed:
+// the replay's admission ended on the last one's patch, which the
+// apiserver's code could not apply.
+func (r *Run) mutatingWebhooksCalled(failed bool) string {
 	names, mutated := r.calledWebhooks()
 	if len(names) == 0 {
 		return ""
 	}
 	for i, n := range names {
 		did := "left it unchanged"
-		if mutated[n] {
+		switch {
+		case failed && i == len(names)-1:
+			did = "its patch could not be applied"
+		case mutated[n]:
 			did = "patched it"
 		}
 		names[i] = fmt.Sprintf("%q (%s)", n, did)
@@ -253,21 +259,38 @@ func (r *Run) calledMutatingWebhook(name string) bool {
 }
 
 // mutatedByWebhookHere says why the replay's refusal of a write after
-// mutating admission (by validation or validating admission), where the
-// replay called a mutating webhook and the apiserver admitted the write
-// or refused it otherwise, is not the request's, or "".
+// a mutating webhook's call (by validation, validating admission or the
+// store, or by the webhook's patch itself, which the apiserver's code
+// could not apply to kproxy's object: a JSON-patch test that fails, an
+// object that no longer decodes, a patch of a DELETE), where the
+// apiserver admitted the write or refused it otherwise, is not the
+// request's, or "". A webhook that patches the dry run otherwise (it
+// renamed kproxy's object to one that exists, or sent a patch only kproxy
+// got) had been predicted 500 or 409 for a 201 (found by a probe, 69
+// records).
 func (r *Run) mutatedByWebhookHere(ctx context.Context) string {
-	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) ||
-		(r.Decided != record.StageValidation && r.Decided != record.StageValidatingAdmission) {
+	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) {
 		return ""
 	}
-	called := r.mutatingWebhooksCalled()
+	// The webhook's patch failed: a refusal at mutating admission that
+	// is no webhook's denial or failed call (webhookRefusedOnlyHere's).
+	patchFailed := r.Decided == record.StageMutatingAdmission && webhookOf(r.Status) == ""
+	switch r.Decided {
+	case record.StageValidation, record.StageValidatingAdmission, record.StageStorage:
+	case record.StageMutatingAdmission:
+		if !patchFailed {
+			return ""
+		}
+	default:
+		return ""
+	}
+	called := r.mutatingWebhooksCalled(patchFailed)
 	if called == "" {
 		return ""
 	}
 	aw, ok := r.actual(ctx)
 	switch {
-	case !ok || momentary(aw.Status) || momentary(r.Code):
+	case !ok || momentary(aw.Status) || (momentary(r.Code) && !patchFailed):
 	case aw.Status >= 200 && aw.Status < 300:
 		return fmt.Sprintf("the apiserver admitted the write (%d), and the replay refuses it at %s (%d: %s) after %s in kproxy's call: %s",
 			aw.Status, r.Decided, r.Code, r.Status.Message, called, mutatingWebhookOwnAnswer)
@@ -281,15 +304,58 @@ func (r *Run) mutatedByWebhookHere(ctx context.Context) string {
 // mutatedByWebhookThere says why the replay's admission of a write the
 // apiserver refused (aw), where the replay called a mutating webhook, is
 // not the request's, or "". The store's refusals (404, 409: the object's
-// existence and version) are not what a patch changes.
+// existence and version) are not what a patch changes, unless they name
+// another object than the one the replay read (a webhook renamed the
+// apiserver's). Nor are the apiserver's failures of the moment, but its
+// 500 that a webhook's patch it could not apply gives (an internal error
+// that names no webhook; found by a probe, said to be a failure of that
+// instant).
 func (r *Run) mutatedByWebhookThere(aw Answer) string {
-	if aw.Refusal == nil || momentary(aw.Status) || aw.Status == http.StatusNotFound || aw.Status == http.StatusConflict {
+	if aw.Refusal == nil {
 		return ""
 	}
-	called := r.mutatingWebhooksCalled()
+	switch {
+	case aw.Status == http.StatusNotFound || aw.Status == http.StatusConflict:
+		if !r.namesAnother(aw.Refusal) {
+			return ""
+		}
+	case aw.Status == http.StatusInternalServerError:
+		if !strings.HasPrefix(aw.Refusal.Message, "Internal error occurred: ") || webhookOf(aw.Refusal) != "" {
+			return ""
+		}
+		if called := r.mutatingWebhooksCalled(false); called != "" {
+			return fmt.Sprintf("the apiserver failed the write (%d: %s), and the replay admits it after %s in kproxy's call: "+
+				"a mutating webhook's patch the apiserver's code could not apply gives such an answer, and %s",
+				aw.Status, aw.Refusal.Message, called, mutatingWebhookOwnAnswer)
+		}
+		return ""
+	case momentary(aw.Status):
+		return ""
+	}
+	called := r.mutatingWebhooksCalled(false)
 	if called == "" {
 		return ""
 	}
 	return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay admits it after %s in kproxy's call: %s",
 		aw.Status, aw.Refusal.Message, called, mutatingWebhookOwnAnswer)
+}
+
+// namesAnother reports a refusal that names an object (its details'
+// name) other than every one the replay read: the apiserver's object was
+// not kproxy's (a mutating webhook renamed one of them).
+func (r *Run) namesAnother(st *metav1.Status) bool {
+	if st == nil || st.Details == nil || st.Details.Name == "" {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.Reads) == 0 {
+		return false
+	}
+	for _, read := range r.Reads {
+		if read.List || path.Base(read.Key) == st.Details.Name {
+			return false
+		}
+	}
+	return true
 }

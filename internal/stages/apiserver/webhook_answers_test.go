@@ -136,6 +136,8 @@ func TestMutatingWebhookAnswers(t *testing.T) {
 	invalidOtherwise := &metav1.Status{Code: 422, Message: `ConfigMap "x" is invalid: metadata.labels: Invalid value: "-worse-": a valid label must be ...`}
 	patched := []PluginCall{{Name: "MutatingAdmissionWebhook", Webhooks: []CalledWebhook{{Name: "label.example.com", Configuration: "c", Mutated: true}}}}
 	unchanged := []PluginCall{{Name: "MutatingAdmissionWebhook", Webhooks: []CalledWebhook{{Name: "noop.example.com", Configuration: "c"}}}}
+	failing := []PluginCall{{Name: "MutatingAdmissionWebhook", Webhooks: []CalledWebhook{{Name: "test.example.com", Configuration: "c"}}}}
+	patchFailed := &metav1.Status{Code: 500, Reason: metav1.StatusReasonInternalError, Message: "Internal error occurred: testing value /metadata/name failed: test failed"}
 	twice := []PluginCall{{Name: "MutatingAdmissionWebhook", Webhooks: []CalledWebhook{
 		{Name: "noop.example.com"}, {Name: "label.example.com", Mutated: true}, {Name: "noop.example.com", Mutated: true}}}}
 	for _, tc := range []struct {
@@ -153,7 +155,12 @@ func TestMutatingWebhookAnswers(t *testing.T) {
 		{"refused alike by both", patched, invalid, record.StageValidation, 422, invalid, ""},
 		{"shed by the apiserver", patched, invalid, record.StageValidation, 429, &metav1.Status{Code: 429, Message: "Too many requests"}, ""},
 		{"no webhook called", nil, invalid, record.StageValidation, 201, nil, ""},
-		{"refused at mutating admission", patched, invalid, record.StageMutatingAdmission, 201, nil, ""},
+		{"refused at mutating admission by a webhook's denial", patched, &metav1.Status{Code: 403, Message: `admission webhook "label.example.com" denied the request: no`}, record.StageMutatingAdmission, 201, nil, ""},
+		{"the webhook's patch to kproxy's call could not be applied (a JSON-patch test)", failing, patchFailed, record.StageMutatingAdmission, 201, nil,
+			`the apiserver admitted the write (201), and the replay refuses it at mutating-admission (500: Internal error occurred: testing value /metadata/name failed: test failed) after mutating webhook "test.example.com" (its patch could not be applied) in kproxy's call`},
+		{"the webhook's patch failed alike in both", failing, patchFailed, record.StageMutatingAdmission, 500, patchFailed, ""},
+		{"refused at storage after a patch (renamed to an existing object)", patched, &metav1.Status{Code: 409, Reason: metav1.StatusReasonAlreadyExists, Message: `configmaps "exists" already exists`}, record.StageStorage, 201, nil,
+			`the replay refuses it at storage (409: configmaps "exists" already exists) after mutating webhook "label.example.com" (patched it)`},
 		{"refused at validating admission, a webhook left it unchanged", unchanged, invalid, record.StageValidatingAdmission, 201, nil,
 			`after mutating webhook "noop.example.com" (left it unchanged)`},
 		{"webhooks called again (reinvocation)", twice, invalid, record.StageValidation, 201, nil,
@@ -163,11 +170,19 @@ func TestMutatingWebhookAnswers(t *testing.T) {
 		{"admitted, no webhook called", nil, nil, "", 422, invalid, ""},
 		{"admitted, the store refused it in the apiserver", patched, nil, "", 409, &metav1.Status{Code: 409, Message: `configmaps "x" already exists`}, ""},
 		{"admitted, the apiserver's call failed", patched, nil, "", 500, &metav1.Status{Code: 500, Message: "etcdserver: leader changed"}, ""},
+		{"admitted, the apiserver could not apply a webhook's patch", patched, nil, "", 500, patchFailed,
+			`the apiserver failed the write (500: Internal error occurred: testing value /metadata/name failed: test failed), and the replay admits it after mutating webhook "label.example.com" (patched it) in kproxy's call: a mutating webhook's patch the apiserver's code could not apply gives such an answer`},
+		{"admitted, the apiserver's internal error, no webhook called", nil, nil, "", 500, patchFailed, ""},
+		{"admitted, the apiserver refused another object as existing (renamed by a webhook)", patched, nil, "", 409,
+			&metav1.Status{Code: 409, Message: `configmaps "exists" already exists`, Details: &metav1.StatusDetails{Name: "exists", Kind: "configmaps"}},
+			`the apiserver refused the write (409: configmaps "exists" already exists), and the replay admits it after mutating webhook "label.example.com" (patched it)`},
+		{"admitted, the apiserver refused the object read as existing", patched, nil, "", 409,
+			&metav1.Status{Code: 409, Message: `configmaps "x" already exists`, Details: &metav1.StatusDetails{Name: "x", Kind: "configmaps"}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &Run{Verb: "create", Resource: "configmaps", Plugins: tc.plugins, Status: tc.replay, Decided: tc.decided, actual: func(context.Context) (Answer, bool) {
 				return Answer{Status: tc.answered, Refusal: tc.refusal}, true
-			}}
+			}, Reads: []StorageRead{{Key: "/registry/configmaps/ns/x"}}}
 			var got string
 			if tc.replay != nil {
 				r.Code = int(tc.replay.Code)
