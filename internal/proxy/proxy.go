@@ -372,7 +372,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
-		p.finish(ex, rw, v)
+		p.finish(ex, rw, v, r.Context().Err() != nil)
 	}()
 	p.answer(rw, r, ex)
 }
@@ -586,10 +586,17 @@ func (ex *exchange) answeredHere(w http.ResponseWriter, why string) {
 // server span, at ex.end). v is a panic from the relay:
 // http.ErrAbortHandler (the client went away mid-stream) must reach
 // net/http so that it drops the connection instead of ending the stream
-// as if it were complete.
-func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any) {
+// as if it were complete. clientGone: the client's request had ended
+// (it closed its connection or stream), which the record says rather
+// than net/http's "abort Handler" (found by a probe: every watch a client
+// stopped read so).
+func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any, clientGone bool) {
 	abort := ""
-	if v != nil {
+	switch {
+	case v == nil:
+	case v == http.ErrAbortHandler && clientGone:
+		abort = "response aborted: " + errClientGone.Error()
+	default:
 		abort = fmt.Sprintf("response aborted: %v", v)
 	}
 	p.finishExchange(ex, rw, abort)
@@ -656,6 +663,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ex *exchange) {
 	detached := false
 	defer func() {
 		if !detached { // else the stream's relay ends the span
+			// A relay that panicked (http.ErrAbortHandler: the client
+			// went away mid-answer) still ends the upstream's time
+			// (it had said 0 for a watch held seconds).
+			if ex.upEnd.IsZero() {
+				ex.upEnd = p.clock.Now()
+			}
 			span.End()
 		}
 	}()

@@ -59,6 +59,12 @@ func streamUpstream(t *testing.T, lines <-chan string, gone chan<- struct{}) *ht
 // (NewHTTPServer), over HTTP/1.1 only.
 func streamProxy(t *testing.T, upstream *httptest.Server, sink record.Sink) (*httptest.Server, *http.Client) {
 	t.Helper()
+	return streamProxyOver(t, upstream, sink, false)
+}
+
+// streamProxyOver is streamProxy, serving its client HTTP/2 when h2.
+func streamProxyOver(t *testing.T, upstream *httptest.Server, sink record.Sink, h2 bool) (*httptest.Server, *http.Client) {
+	t.Helper()
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: upstream.Certificate().Raw})
 	up, err := proxy.NewUpstream(&rest.Config{Host: upstream.URL, TLSClientConfig: rest.TLSClientConfig{CAData: caPEM}})
 	if err != nil {
@@ -70,11 +76,12 @@ func streamProxy(t *testing.T, upstream *httptest.Server, sink record.Sink) (*ht
 	}
 	front := httptest.NewUnstartedServer(nil)
 	front.Config = proxy.NewHTTPServer(p, nil, slog.New(slog.DiscardHandler))
+	front.EnableHTTP2 = h2
 	front.StartTLS()
 	t.Cleanup(func() { front.Close(); p.Drain() })
 	pool := x509.NewCertPool()
 	pool.AddCert(front.Certificate())
-	return front, &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	return front, &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: h2}}
 }
 
 // recordOf waits for the one record sink gets.
@@ -217,4 +224,43 @@ func TestDetachedWatch(t *testing.T) {
 			t.Errorf("record: status %d, error %q", rec.Actual.Status, rec.Actual.Error)
 		}
 	})
+}
+
+// TestRelayedWatchClientGone: a watch over HTTP/2, which kproxy relays
+// through net/http, that its client stops reading says so in the record
+// ("the client closed its connection", not net/http's "abort Handler"),
+// with the upstream's time it ran (it had said 0; found by a probe:
+// every watch curl -m ended).
+func TestRelayedWatchClientGone(t *testing.T) {
+	lines, gone := make(chan string), make(chan struct{}, 1)
+	sink := &collect{}
+	front, client := streamProxyOver(t, streamUpstream(t, lines, gone), sink, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", front.URL+watchPath, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("the watch went over %s, want HTTP/2 (relayed, not detached)", resp.Proto)
+	}
+	lines <- "{\"type\":\"ADDED\"}\n"
+	if got, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	time.Sleep(20 * time.Millisecond) // the upstream's time, past a clock tick
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream watch is still open 10s after its client went away")
+	}
+	rec := recordOf(t, sink)
+	if want := "response aborted: the client closed its connection"; rec.Actual.Error != want {
+		t.Errorf("record error %q, want %q", rec.Actual.Error, want)
+	}
+	if rec.Actual.Status != 200 || rec.Latency.UpstreamNs < int64(20*time.Millisecond) {
+		t.Errorf("record: status %d, upstream %v; want 200 and the 20ms+ it ran", rec.Actual.Status, time.Duration(rec.Latency.UpstreamNs))
+	}
 }
