@@ -486,6 +486,15 @@ func PanicReport(v any, id string) (why, blame string) {
 	if err, ok := v.(runtime.Error); ok {
 		what = "a panic (" + err.Error() + ")"
 	}
+	// net/http panics on a status code it cannot write (a webhook's
+	// denial with code 1000, say): kube-apiserver's writer does so alike
+	// and aborts the request (found by a probe; it had been blamed on
+	// kproxy).
+	if s, ok := v.(string); ok && strings.HasPrefix(s, "invalid WriteHeader code ") {
+		return "the apiserver's handler writes a status code HTTP cannot carry (" + s + ": an admission webhook's or policy's refusal with such a code), " +
+				"on which kube-apiserver's net/http panics too: it aborts the request (its connection closed, or its HTTP/2 stream reset), with no answer to predict",
+			"in the apiserver's own handling, which kube-apiserver runs too"
+	}
 	if site := panicSite(v); upstreamCode(site) {
 		return "the replay failed on " + what + " in the apiserver's own code (" + site + "), which kube-apiserver runs for this request too: " +
 				"it likely fails the request alike (a Kubernetes bug: its handler panics and the request is aborted, with no answer to predict); " +

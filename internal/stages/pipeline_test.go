@@ -315,6 +315,8 @@ func TestPanicExplanation(t *testing.T) {
 		{"Kubernetes' code", func() { _ = meta.GetName() },
 			"the replay failed on a panic (runtime error: invalid memory address or nil pointer dereference) in the apiserver's own code (k8s.io/apimachinery/pkg/apis/meta/v1.(*ObjectMeta).GetName), which kube-apiserver runs for this request too",
 			"in Kubernetes' code"},
+		{"a status code HTTP cannot carry", func() { httptest.NewRecorder().WriteHeader(1000) },
+			"the apiserver's handler writes a status code HTTP cannot carry (invalid WriteHeader code 1000", "in the apiserver's own handling"},
 		{"kproxy's code", func() { var s []int; _ = s[len(s)] },
 			"the replay failed on a panic (runtime error: index out of range [0] with length 0), a kproxy bug: the stack is in kproxy's log under record r1", "a kproxy bug"},
 		{"carried over, Kubernetes' code", carried("k8s.io/apiextensions-apiserver/pkg/apiserver.schemaCoercingDecoder.Decode"),
