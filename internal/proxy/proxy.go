@@ -489,24 +489,30 @@ const smallBody = 64 << 10
 // the resourceVersion it answered with; for any request refused, the
 // Status it refused with.
 func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
+	// An answer already there is given even to a context already done
+	// (a caller asking without waiting: the replay's shedGuard).
 	select {
 	case <-ex.done:
-		ex.rvOnce.Do(func() {
-			// A dry run's resourceVersion the replay never reads.
-			switch {
-			case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !dryRunQuery(ex.replayReq.HTTP.URL.RawQuery):
-				ex.actualWrite.ResourceVersion = decode.ObjectResourceVersion(ex.okBody, ex.okEncoding)
-				if v := ex.info.Verb; v == "update" || v == "patch" {
-					ex.actualWrite.EmptiedFinalizers = decode.ObjectEmptiedFinalizers(ex.okBody, ex.okEncoding)
-				}
-			case ex.actualWrite.Status >= 400:
-				ex.actualWrite.Refusal, _ = ex.refusal()
-			}
-		})
-		return ex.actualWrite, true
-	case <-ctx.Done():
-		return stages.Answer{}, false
+	default:
+		select {
+		case <-ex.done:
+		case <-ctx.Done():
+			return stages.Answer{}, false
+		}
 	}
+	ex.rvOnce.Do(func() {
+		// A dry run's resourceVersion the replay never reads.
+		switch {
+		case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !dryRunQuery(ex.replayReq.HTTP.URL.RawQuery):
+			ex.actualWrite.ResourceVersion = decode.ObjectResourceVersion(ex.okBody, ex.okEncoding)
+			if v := ex.info.Verb; v == "update" || v == "patch" {
+				ex.actualWrite.EmptiedFinalizers = decode.ObjectEmptiedFinalizers(ex.okBody, ex.okEncoding)
+			}
+		case ex.actualWrite.Status >= 400:
+			ex.actualWrite.Refusal, _ = ex.refusal()
+		}
+	})
+	return ex.actualWrite, true
 }
 
 // refusal is the error answer's Status (false when its body is none),

@@ -526,6 +526,19 @@ func (r *Run) markUnknownAt(stage, why string) {
 	}
 }
 
+// answeredShed reports, without waiting, that the apiserver has answered
+// the request and shed it for load (a 429 with no Status: API Priority
+// and Fairness' or max-in-flight's plain text).
+func (r *Run) answeredShed() bool {
+	if r.actual == nil {
+		return false
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // only an answer already there
+	aw, ok := r.actual(ctx)
+	return ok && aw.Status == http.StatusTooManyRequests && aw.Refusal == nil
+}
+
 // markUnknownHere records the first reason the run cannot be trusted,
 // about the phase the handler is in (a webhook kproxy cannot dial).
 func (r *Run) markUnknownHere(why string) {

@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -587,7 +588,39 @@ func (w serviceDialWatcher) ClientConfigForService(name, namespace string, port 
 	if err != nil || cfg == nil {
 		return cfg, err
 	}
-	return watchDial(cfg, "served by Service "+namespace+"/"+name), nil
+	cfg = watchDial(cfg, "served by Service "+namespace+"/"+name)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return shedGuard{rt} })
+	return cfg, nil
+}
+
+func (w serviceDialWatcher) ClientConfigFor(hostPort string) (*rest.Config, error) {
+	cfg, err := w.AuthenticationInfoResolver.ClientConfigFor(hostPort)
+	if err != nil || cfg == nil {
+		return cfg, err
+	}
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return shedGuard{rt} })
+	return cfg, nil
+}
+
+// shedGuard keeps the replay from calling an admission webhook for a
+// request the apiserver already shed for load (its plain-text 429, from
+// API Priority and Fairness or max-in-flight): the apiserver never
+// called the webhook for it, and under overload kproxy's calls would add
+// load the cluster did not make (found by a probe: a slow webhook got
+// five 3 s calls from kproxy for shed requests). The run says so, unknown;
+// a replay that reaches the webhook before the answer calls it.
+type shedGuard struct{ rt http.RoundTripper }
+
+// shedWhy is the run's unknown for a webhook shedGuard did not call.
+const shedWhy = "kproxy did not call the admission webhook: the apiserver had already shed the request for load (429), so it never called it, " +
+	"and kproxy's replay makes no calls the apiserver did not"
+
+func (g shedGuard) RoundTrip(req *http.Request) (*http.Response, error) {
+	if run := runFrom(req.Context()); run != nil && run.answeredShed() {
+		run.markUnknownHere(shedWhy)
+		return nil, errors.New(shedWhy)
+	}
+	return g.rt.RoundTrip(req)
 }
 
 // watchDial makes a failed dial of a webhook the run's unknown.
