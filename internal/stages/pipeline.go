@@ -286,9 +286,10 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 }
 
 // lateDecision handles a refusal the resource handler makes on behalf of a
-// stage that ran before it: the RBAC registry's escalation check runs
-// after admission, inside the registry, yet the contract labels it
-// authorization (it is authorization logic). The authorization stage's
+// stage that ran before it: the RBAC registry's escalation check, and the
+// pods registry's check of create for a WebSocket exec, attach or
+// port-forward, run inside the registry, yet the contract labels them
+// authorization (they are authorization logic). The authorization stage's
 // verdict becomes that refusal, with what would allow the write; the
 // stages that ran before the registry keep their verdicts.
 func lateDecision(req *Request, run *apiserver.Run, results []record.StageResult) (*Result, string) {

@@ -64,7 +64,7 @@ func (r *Run) attribute(st *metav1.Status) string {
 		// authorized as get: AuthorizePodWebsocketUpgradeCreatePermission):
 		// authorization logic run inside the registry, as the escalation
 		// checks are (a probe found it labelled storage).
-		if upgradeCreateCheck(r.Resource, r.Subresource, r.Verb) && r.phase == PhaseStorage {
+		if UpgradeCreateCheck(r.Resource, r.Subresource, r.Verb) && r.phase == PhaseStorage {
 			return record.StageAuthorization
 		}
 	case metav1.StatusReasonRequestEntityTooLarge:
@@ -76,12 +76,12 @@ func (r *Run) attribute(st *metav1.Status) string {
 	return PhaseStage[r.phase]
 }
 
-// upgradeCreateCheck says whether the pods registry authorizes the request
+// UpgradeCreateCheck says whether the pods registry authorizes the request
 // again for the create verb before it connects it (pkg/registry/core/pod/
 // rest's ensureAuthorizedForVerb): an exec, attach or port-forward sent as
 // a GET (a WebSocket upgrade), which the authorization filter allowed as
 // get.
-func upgradeCreateCheck(resource, subresource, verb string) bool {
+func UpgradeCreateCheck(resource, subresource, verb string) bool {
 	if resource != "pods" || verb == "create" {
 		return false
 	}
@@ -90,9 +90,4 @@ func upgradeCreateCheck(resource, subresource, verb string) bool {
 		return true
 	}
 	return false
-}
-
-// UpgradeCreateCheck is upgradeCreateCheck for the stages' explanations.
-func UpgradeCreateCheck(resource, subresource, verb string) bool {
-	return upgradeCreateCheck(resource, subresource, verb)
 }

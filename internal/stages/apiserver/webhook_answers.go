@@ -233,10 +233,11 @@ func (r *Run) mutatingWebhooksCalled(failed bool) string {
 	if len(names) == 0 {
 		return ""
 	}
+	last := r.lastCalledWebhook() // reinvoked, it may be any of names
 	for i, n := range names {
 		did := "left it unchanged"
 		switch {
-		case failed && i == len(names)-1:
+		case failed && n == last:
 			did = "its patch could not be applied"
 		case mutated[n]:
 			did = "patched it"
@@ -248,6 +249,19 @@ func (r *Run) mutatingWebhooksCalled(failed bool) string {
 		noun = "mutating webhooks "
 	}
 	return noun + strings.Join(names, ", ")
+}
+
+// lastCalledWebhook is the mutating webhook the replay called last, or "".
+func (r *Run) lastCalledWebhook() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	last := ""
+	for _, p := range r.Plugins {
+		for _, w := range p.Webhooks {
+			last = w.Name
+		}
+	}
+	return last
 }
 
 // calledMutatingWebhook reports whether the replay called the mutating

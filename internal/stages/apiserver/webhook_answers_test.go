@@ -159,6 +159,9 @@ func TestMutatingWebhookAnswers(t *testing.T) {
 		{"the webhook's patch to kproxy's call could not be applied (a JSON-patch test)", failing, patchFailed, record.StageMutatingAdmission, 201, nil,
 			`the apiserver admitted the write (201), and the replay refuses it at mutating-admission (500: Internal error occurred: testing value /metadata/name failed: test failed) after mutating webhook "test.example.com" (its patch could not be applied) in kproxy's call`},
 		{"the webhook's patch failed alike in both", failing, patchFailed, record.StageMutatingAdmission, 500, patchFailed, ""},
+		{"the patch of a webhook called again failed", []PluginCall{{Name: "MutatingAdmissionWebhook", Webhooks: []CalledWebhook{
+			{Name: "test.example.com", Mutated: true}, {Name: "label.example.com", Mutated: true}, {Name: "test.example.com"}}}}, patchFailed, record.StageMutatingAdmission, 201, nil,
+			`mutating webhooks "test.example.com" (its patch could not be applied), "label.example.com" (patched it)`},
 		{"refused at storage after a patch (renamed to an existing object)", patched, &metav1.Status{Code: 409, Reason: metav1.StatusReasonAlreadyExists, Message: `configmaps "exists" already exists`}, record.StageStorage, 201, nil,
 			`the replay refuses it at storage (409: configmaps "exists" already exists) after mutating webhook "label.example.com" (patched it)`},
 		{"refused at validating admission, a webhook left it unchanged", unchanged, invalid, record.StageValidatingAdmission, 201, nil,
