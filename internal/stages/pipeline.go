@@ -366,7 +366,7 @@ func successStatus(req *Request, answer int) int {
 func (p *Pipeline) runStage(ctx context.Context, s Stage, req *Request) (res Result, start time.Time, d time.Duration) {
 	ctx, span := p.tracer.Start(ctx, s.Name())
 	start = p.clock.Now()
-	res = p.protect(s.Name(), req, func() Result { return s.Run(ctx, req) })
+	res = secretValuesOut(req, p.protect(s.Name(), req, func() Result { return s.Run(ctx, req) }))
 	d = p.clock.Since(start)
 	endStageSpan(span, res)
 	span.End()
@@ -387,6 +387,11 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 	}); r.Outcome == record.Error {
 		pre = &r
 	}
+	if run != nil && run.Status != nil && isSecrets(req) {
+		st := *run.Status
+		st.Message = record.RedactValueRenderings(st.Message)
+		run.Status = &st
+	}
 	steps := make([]step, 0, len(h.stages))
 	for i, s := range h.stages {
 		var res Result
@@ -395,6 +400,7 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 		} else {
 			res = p.protect(s.Name(), req, func() Result { return s.report(ctx, req, run) })
 		}
+		res = secretValuesOut(req, res)
 		at, d, spanless := p.recordSpans(ctx, s.Name(), res, now)
 		now = at.Add(d) // a stage that did not run sits where the last one ended
 		steps = append(steps, step{s.Name(), res, at, d, spanless})
@@ -403,6 +409,45 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 		}
 	}
 	return run, steps
+}
+
+// isSecrets says whether req is a request on Secrets.
+func isSecrets(req *Request) bool {
+	return req.Info != nil && req.Info.IsResourceRequest && req.Info.Resource == "secrets"
+}
+
+// secretValuesOut keeps the values a Secret write's errors quote (a
+// server-side apply's "got &value.valueUnstructured{Value:...}", found by
+// a probe) out of a stage's verdict, its children and its spans: they
+// are the Secret's data.
+func secretValuesOut(req *Request, res Result) Result {
+	if !isSecrets(req) {
+		return res
+	}
+	res.Explanation = record.RedactValueRenderings(res.Explanation)
+	if res.Status != nil {
+		st := *res.Status
+		st.Message = record.RedactValueRenderings(st.Message)
+		res.Status = &st
+	}
+	record.RedactExplanations(res.Children)
+	if len(res.Spans) > 0 {
+		spans := make([]childSpan, len(res.Spans))
+		for i, c := range res.Spans {
+			c.Err = record.RedactValueRenderings(c.Err)
+			attrs := make([]attribute.KeyValue, len(c.Attrs))
+			for j, kv := range c.Attrs {
+				if kv.Value.Type() == attribute.STRING {
+					kv = attribute.String(string(kv.Key), record.RedactValueRenderings(kv.Value.AsString()))
+				}
+				attrs[j] = kv
+			}
+			c.Attrs = attrs
+			spans[i] = c
+		}
+		res.Spans = spans
+	}
+	return res
 }
 
 // recordSpans makes a handler stage's span and its children's after the

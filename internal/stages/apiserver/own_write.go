@@ -498,7 +498,9 @@ func (r *Run) changedInFlight(ctx context.Context) string {
 		// same (two server-side applies a few milliseconds apart: 409
 		// answered, 200 predicted; found by a probe). The object's last
 		// write, in the second the request arrived or after, may be one.
-		if !found || read.lastWrite.IsZero() || read.lastWrite.Before(r.arrival.Truncate(time.Second)) {
+		// Only an update or patch: the store applies one to the newest
+		// object (an eviction's refusal has reasons of its own to read).
+		if !found || (r.Verb != "update" && r.Verb != "patch") || read.lastWrite.IsZero() || read.lastWrite.Before(r.arrival.Truncate(time.Second)) {
 			return ""
 		}
 		replay := "admits it"
