@@ -541,12 +541,8 @@ func (r *Run) changedBeforeOwnWrite(ctx context.Context) string {
 	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) || (r.Verb != "update" && r.Verb != "patch") {
 		return ""
 	}
-	aw, ok := r.actual(ctx)
-	if !ok || aw.Status < 200 || aw.Status >= 300 || aw.ResourceVersion == "" {
-		return ""
-	}
-	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
-	if err != nil || n < 2 {
+	aw, n, ok := r.admittedAt(ctx)
+	if !ok {
 		return ""
 	}
 	r.mu.Lock()

@@ -232,12 +232,8 @@ func (r *Run) noOpLate(ctx context.Context) string {
 	if r.Read || r.actual == nil || r.Status == nil || r.DryRun || momentary(r.Code) {
 		return ""
 	}
-	aw, ok := r.actual(ctx)
-	if !ok || aw.Status < 200 || aw.Status >= 300 || aw.ResourceVersion == "" {
-		return ""
-	}
-	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
-	if err != nil || n < 2 {
+	aw, n, ok := r.admittedAt(ctx)
+	if !ok {
 		return ""
 	}
 	before := strconv.FormatUint(n-1, 10)
@@ -252,6 +248,21 @@ func (r *Run) noOpLate(ctx context.Context) string {
 		}
 	}
 	return ""
+}
+
+// admittedAt is the apiserver's answer to a write it admitted and the
+// revision of the resourceVersion it answered with (2 or more, so that
+// the one before it is a revision); false for any other answer.
+func (r *Run) admittedAt(ctx context.Context) (Answer, uint64, bool) {
+	aw, ok := r.actual(ctx)
+	if !ok || aw.Status < 200 || aw.Status >= 300 || aw.ResourceVersion == "" {
+		return aw, 0, false
+	}
+	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
+	if err != nil || n < 2 {
+		return aw, 0, false
+	}
+	return aw, n, true
 }
 
 // answeredFound says what a refusal the apiserver gives only for an object

@@ -278,27 +278,30 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		// For a check after the answer (changedInFlight): the object as
 		// it is then, read the same way, into an object of its own.
 		typ := reflect.TypeOf(out).Elem()
-		read.latest = func(ctx context.Context) (bool, string, error) {
+		// again reads the key afresh, into an object of its own.
+		again := func() (objectSource, runtime.Object, error) {
 			obj, ok := reflect.New(typ).Interface().(runtime.Object)
 			if !ok {
-				return false, "", fmt.Errorf("%s: not an object", typ)
+				return nil, nil, fmt.Errorf("%s: not an object", typ)
 			}
-			var again objectSource = apiObjects{s: s, path: p, ns: ns, name: name}
 			if s.etcd != nil {
-				again = etcdObjects{s: s, key: key, read: &StorageRead{}}
+				return etcdObjects{s: s, key: key, read: &StorageRead{}}, obj, nil
 			}
-			return again.latest(ctx, obj)
+			return apiObjects{s: s, path: p, ns: ns, name: name}, obj, nil
+		}
+		read.latest = func(ctx context.Context) (bool, string, error) {
+			src, obj, err := again()
+			if err != nil {
+				return false, "", err
+			}
+			return src.latest(ctx, obj)
 		}
 		read.atRev = func(ctx context.Context, rev string) (bool, string, error) {
-			obj, ok := reflect.New(typ).Interface().(runtime.Object)
-			if !ok {
-				return false, "", fmt.Errorf("%s: not an object", typ)
+			src, obj, err := again()
+			if err != nil {
+				return false, "", err
 			}
-			var again objectSource = apiObjects{s: s, path: p, ns: ns, name: name}
-			if s.etcd != nil {
-				again = etcdObjects{s: s, key: key, read: &StorageRead{}}
-			}
-			found, err := again.at(ctx, rev, obj)
+			found, err := src.at(ctx, rev, obj)
 			if err != nil || !found {
 				return false, "", err
 			}
