@@ -1140,9 +1140,14 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	if n, ok := p.replayer.(apfNamer); ok {
 		rec.Actual.FlowSchema, rec.Actual.PriorityLevel = n.APFNames(rec.Actual.FlowSchemaUID, rec.Actual.PriorityLevelUID)
 	}
+	// The apiserver's words for a Secret's refusal may quote its data;
+	// the replay's own verdicts are redacted where they are made
+	// (stages.secretValuesOut).
+	if rec.Request.Resource == "secrets" {
+		rec.Actual.Message = record.RedactValueRenderings(rec.Actual.Message)
+	}
 	rec.Predicted = stages.OfTheMoment(rec.Predicted, rec.Actual)
 	rec.Request.Query = record.RedactQuery(rec.Request.Query)
-	record.RedactSecretMessages(rec)
 	// The span ends before the sinks see the record: whoever reads the
 	// record finds its trace complete.
 	endServerSpan(ex.span, rec, ex.end)

@@ -488,18 +488,6 @@ func closingBrace(s string, from int) int {
 	return -1
 }
 
-// RedactSecretMessages applies RedactValueRenderings to what a record of a
-// request on Secrets quotes from the apiserver and the replay: the
-// answer's and the prediction's messages and every stage's explanation.
-func RedactSecretMessages(rec *Record) {
-	if rec.Request.Resource != "secrets" {
-		return
-	}
-	rec.Actual.Message = RedactValueRenderings(rec.Actual.Message)
-	rec.Predicted.Message = RedactValueRenderings(rec.Predicted.Message)
-	RedactExplanations(rec.Stages)
-}
-
 // RedactExplanations applies RedactValueRenderings to stages'
 // explanations and their children's, in place.
 func RedactExplanations(stages []StageResult) {

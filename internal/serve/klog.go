@@ -2,7 +2,6 @@ package serve
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 
 	"github.com/go-logr/logr"
@@ -41,7 +40,8 @@ func (d debugOnly) Handle(ctx context.Context, r slog.Record) error {
 }
 
 // redactAttr applies record.RedactValueRenderings to an attribute's text:
-// a string, an error's message, anything else as it prints.
+// a string or an error's message (klog's "err"); other values pass as
+// they are.
 func redactAttr(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
 	switch v.Kind() {
@@ -51,10 +51,6 @@ func redactAttr(a slog.Attr) slog.Attr {
 		if err, ok := v.Any().(error); ok {
 			return slog.String(a.Key, record.RedactValueRenderings(err.Error()))
 		}
-		if s, ok := v.Any().(fmt.Stringer); ok {
-			return slog.String(a.Key, record.RedactValueRenderings(s.String()))
-		}
-		return slog.String(a.Key, record.RedactValueRenderings(fmt.Sprintf("%+v", v.Any())))
 	case slog.KindGroup:
 		attrs := v.Group()
 		out := make([]any, len(attrs))

@@ -300,9 +300,11 @@ func lateDecision(req *Request, run *apiserver.Run, results []record.StageResult
 		if results[i].Name != run.Decided || results[i].Outcome == record.Reject {
 			continue
 		}
-		why := "the " + req.Info.Resource + " registry refuses the write after admission (its privilege-escalation check, labelled authorization): " +
-			apiserver.StatusMessage(run.Status) + escalationAdvice(req)
-		if apiserver.UpgradeCreateCheck(req.Info.Resource, req.Info.Subresource, req.Info.Verb) {
+		var why string
+		if !apiserver.UpgradeCreateCheck(req.Info.Resource, req.Info.Subresource, req.Info.Verb) {
+			why = "the " + req.Info.Resource + " registry refuses the write after admission (its privilege-escalation check, labelled authorization): " +
+				apiserver.StatusMessage(run.Status) + escalationAdvice(req)
+		} else {
 			why = "the pods registry asks the authorizer again, for verb create on pods/" + req.Info.Subresource +
 				", before it connects a WebSocket " + req.Info.Subresource + " (sent as a GET, authorized above as get; kube-apiserver requires create for both protocols), and it is not allowed (labelled authorization): " +
 				apiserver.StatusMessage(run.Status) + "\nthe caller needs the create verb on pods/" + req.Info.Subresource + " in namespace " + req.Info.Namespace

@@ -492,6 +492,10 @@ func (r *Run) changedInFlight(ctx context.Context) string {
 	if err != nil {
 		return ""
 	}
+	replay := "admits it"
+	if r.Status != nil {
+		replay = fmt.Sprintf("refuses it otherwise (%d)", r.Status.Code)
+	}
 	if found == read.Found && rv == read.ResourceVersion {
 		// Unchanged since the replay read it; but a write that landed
 		// after the apiserver's read and before the replay's looks the
@@ -502,10 +506,6 @@ func (r *Run) changedInFlight(ctx context.Context) string {
 		// object (an eviction's refusal has reasons of its own to read).
 		if !found || (r.Verb != "update" && r.Verb != "patch") || read.lastWrite.IsZero() || read.lastWrite.Before(r.arrival.Truncate(time.Second)) {
 			return ""
-		}
-		replay := "admits it"
-		if r.Status != nil {
-			replay = fmt.Sprintf("refuses it otherwise (%d)", r.Status.Code)
 		}
 		return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay, which read the object at resourceVersion %s, %s: "+
 			"that version was written at %s (its managedFields' time, to the second), as this request arrived, so it may have landed after the apiserver's read "+
@@ -518,10 +518,6 @@ func (r *Run) changedInFlight(ctx context.Context) string {
 	}
 	if found {
 		now = "at resourceVersion " + rv
-	}
-	replay := "admits it"
-	if r.Status != nil {
-		replay = fmt.Sprintf("refuses it otherwise (%d)", r.Status.Code)
 	}
 	return fmt.Sprintf("the apiserver refused the write (%d: %s), and the replay, which %s, %s: the object changed while this request was in flight "+
 		"(it is now %s), before or after the apiserver's read, so the version the request met is not known", aw.Status, aw.Refusal.Message, then, replay, now)

@@ -149,7 +149,7 @@ func (r *Run) snapshotRevision(ctx context.Context, key string, found bool, rv s
 		// Nor does a refusal that names another object than key (a
 		// mutating webhook renamed the apiserver's: it had been said
 		// deleted between the two reads; found by a probe).
-		if st := aw.Refusal; st != nil && st.Details != nil && st.Details.Name != "" && key != "" && path.Base(key) != st.Details.Name {
+		if key != "" && namesOther(aw.Refusal, key) {
 			return "", ""
 		}
 		var meant string // what the refusal says of an object it found

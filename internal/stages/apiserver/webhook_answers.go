@@ -358,18 +358,21 @@ func (r *Run) mutatedByWebhookThere(aw Answer) string {
 // name) other than every one the replay read: the apiserver's object was
 // not kproxy's (a mutating webhook renamed one of them).
 func (r *Run) namesAnother(st *metav1.Status) bool {
-	if st == nil || st.Details == nil || st.Details.Name == "" {
-		return false
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if len(r.Reads) == 0 {
 		return false
 	}
 	for _, read := range r.Reads {
-		if read.List || path.Base(read.Key) == st.Details.Name {
+		if read.List || !namesOther(st, read.Key) {
 			return false
 		}
 	}
 	return true
+}
+
+// namesOther reports a refusal whose details name an object other than
+// the one stored at key.
+func namesOther(st *metav1.Status, key string) bool {
+	return st != nil && st.Details != nil && st.Details.Name != "" && path.Base(key) != st.Details.Name
 }
