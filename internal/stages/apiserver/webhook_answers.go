@@ -85,7 +85,11 @@ func (r *Run) webhookRefusedOnlyHere(ctx context.Context) string {
 		return fmt.Sprintf("admission webhook %q refused kproxy's call (%d: %s), and admission webhook %q the apiserver's (%d: %s): %s",
 			name, r.Code, r.Status.Message, theirs, aw.Status, aw.Refusal.Message, why)
 	case aw.Status >= 200 && aw.Status < 300:
-		return fmt.Sprintf("admission webhook %q refused kproxy's call (%d: %s), and the apiserver admitted the write (%d): %s",
+		// The apiserver may not have called it at all: a match condition
+		// on request.dryRun sends kproxy's dry-run call and not the
+		// apiserver's.
+		return fmt.Sprintf("admission webhook %q refused kproxy's call (%d: %s), and the apiserver admitted the write (%d; the webhook "+
+			"admitted the apiserver's call, or its rules or match conditions, which may test request.dryRun, did not send that call to it): %s",
 			name, r.Code, r.Status.Message, aw.Status, webhookOwnAnswer)
 	case aw.Refusal != nil && aw.Status != r.Code && aw.Status != http.StatusTooManyRequests:
 		return fmt.Sprintf("admission webhook %q refused kproxy's call (%d: %s), and the apiserver refused the write otherwise (%d: %s): %s",
@@ -103,7 +107,7 @@ func (r *Run) webhookRefusedOnlyThere(aw Answer) string {
 		return ""
 	}
 	return fmt.Sprintf("the apiserver's call to admission webhook %q refused the write (%d: %s), and the replay admits it "+
-		"(the webhook admitted kproxy's call, or its rules did not send kproxy's call to it): %s", name, aw.Status, aw.Refusal.Message, webhookOwnAnswer)
+		"(the webhook admitted kproxy's call, or its rules or match conditions, which may test request.dryRun, did not send kproxy's call to it): %s", name, aw.Status, aw.Refusal.Message, webhookOwnAnswer)
 }
 
 // A custom resource's conversion webhook answers kproxy's replay too: the

@@ -34,6 +34,8 @@ func TestWebhookAnswers(t *testing.T) {
 		why      string // what want's reason says: "a webhook's answer is its own" if ""
 	}{
 		{"denied in the replay, admitted by the apiserver", denied, 201, nil, `admission webhook "flip.example.com" refused kproxy's call (403`, "", ""},
+		// A match condition on request.dryRun sends kproxy's call only.
+		{"denied in the replay, admitted by the apiserver, which may not have called it", denied, 201, nil, "or its rules or match conditions, which may test request.dryRun, did not send that call to it", "", ""},
 		{"denied in the replay, refused otherwise by the apiserver", denied, 409, exists, "the apiserver refused the write otherwise (409", "", ""},
 		{"a failed call in the replay, admitted by the apiserver", failed, 201, nil, `admission webhook "slow.example.com" refused kproxy's call (500`, "", ""},
 		{"denied by both", denied, 403, denied, "", "", ""},
@@ -47,6 +49,7 @@ func TestWebhookAnswers(t *testing.T) {
 		{"a failed call in the replay, another webhook's denial in the apiserver", failed, 403, denied, `admission webhook "slow.example.com" refused kproxy's call (500`, "", "reports the refusal that comes back first"},
 		{"denied by a mutating webhook in the replay, by another in the apiserver", denied, 403, otherDenied, `and admission webhook "other.example.com" the apiserver's (403`, "mutating-admission", ""},
 		{"admitted in the replay, denied by the apiserver's call", nil, 403, denied, `the apiserver's call to admission webhook "flip.example.com" refused the write (403`, "", ""},
+		{"admitted in the replay, which may not have called it", nil, 403, denied, "or its rules or match conditions, which may test request.dryRun, did not send kproxy's call to it", "", ""},
 		{"admitted in the replay, the apiserver's call failed", nil, 500, failed, `admission webhook "slow.example.com"`, "", ""},
 		{"admitted in the replay, refused by another plugin", nil, 403, quota, "", "", ""},
 	} {
