@@ -211,3 +211,53 @@ func TestOpenAPIV2BuiltAtRequest(t *testing.T) {
 		t.Errorf("the conditional GET that built the document: predicted %d at %q (%s), the apiserver answered 200", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
 	}
 }
+
+// TestOpenAPIV3DocumentOfNewGroup: a CustomResourceDefinition's OpenAPI v3
+// document is listed in the aggregator's index a second or so after its
+// APIService appears. A replay that read the index in that second cached
+// it without the group, and every later request of the document was
+// predicted 404 until the next CRD change (a probe: 404 predicted, 200
+// answered, 7 minutes after the CRD was created). A read made before the
+// documents settled is no longer kept.
+func TestOpenAPIV3DocumentOfNewGroup(t *testing.T) {
+	recs, r, c := oneReplayWorker(t)
+	group := fmt.Sprintf("v3new%d.openapi.kproxy.test", time.Now().UnixNano())
+	direct := directRoute()
+	dc := direct.client(nil)
+	crd := `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.` + group + `"},
+"spec":{"group":"` + group + `","scope":"Namespaced","names":{"plural":"widgets","singular":"widget","kind":"Widget","listKind":"WidgetList"},
+"versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+	if got := do(t, dc, direct.base, request{method: "POST", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", user: "admin", body: crd}); got.status != 201 {
+		t.Fatalf("create the CRD: %d %s", got.status, got.body)
+	}
+	t.Cleanup(func() {
+		do(t, dc, direct.base, request{method: "DELETE", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets." + group, user: "admin"})
+	})
+	// The group's APIService is there and available: what the documents
+	// list changes no more, and the index lists the group a moment later.
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(string(do(t, dc, direct.base, request{method: "GET", path: "/apis/apiregistration.k8s.io/v1/apiservices/v1." + group, user: "admin"}).body),
+		`"type":"Available","status":"True"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("APIService v1.%s not available within a minute", group)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	doc := request{method: "GET", path: "/openapi/v3/apis/" + group + "/v1", user: "admin", accept: "application/json"}
+	first := do(t, c, r.base, doc)
+	rec := nextRecord(t, recs)
+	if rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status != first.status {
+		t.Errorf("the document as its group was added: the apiserver answered %d; predicted %d at %q (%s)", first.status, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+	}
+	if first.status != 404 {
+		t.Logf("the index listed the group at once (%d): the stale read this test is about was not made", first.status)
+	}
+	time.Sleep(32 * time.Second) // past discoverySettle: a kept read is used from now on
+	got := do(t, c, r.base, doc)
+	if got.status != 200 {
+		t.Fatalf("GET %s half a minute after its CRD: %d, want 200", doc.path, got.status)
+	}
+	if rec := nextRecord(t, recs); rec.Predicted.Status != 200 {
+		t.Errorf("GET %s half a minute after its CRD: the apiserver answered 200; predicted %d at %q (%s)", doc.path, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+	}
+}

@@ -39,7 +39,7 @@ type ServedDocs struct {
 	APIServicesSynced cache.InformerSynced
 
 	mu      sync.Mutex
-	docs    map[string]ServedDoc
+	docs    map[string]cachedDoc
 	changed time.Time // the last change of what the documents list
 	seen    map[string][]Seen
 }
@@ -65,6 +65,12 @@ type ServedDoc struct {
 	Body   []byte
 }
 
+// cachedDoc is a read kept, and when kproxy made it.
+type cachedDoc struct {
+	ServedDoc
+	read time.Time
+}
+
 // discoverySettle is how long after a change the documents are read anew
 // on every use.
 const discoverySettle = 30 * time.Second
@@ -77,7 +83,7 @@ func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexI
 	if err != nil {
 		return nil, fmt.Errorf("served documents: %w", err)
 	}
-	d := &ServedDocs{http: hc, base: strings.TrimSuffix(s.Config.Host, "/"), now: now, docs: map[string]ServedDoc{}}
+	d := &ServedDocs{http: hc, base: strings.TrimSuffix(s.Config.Host, "/"), now: now, docs: map[string]cachedDoc{}}
 	bump := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { d.invalidate() },
 		UpdateFunc: func(any, any) { d.invalidate() },
@@ -114,29 +120,42 @@ func (d *ServedDocs) SettledBefore(t time.Time) bool {
 func (d *ServedDocs) invalidate() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.docs = map[string]ServedDoc{}
+	d.docs = map[string]cachedDoc{}
 	d.changed = d.now()
 }
 
-// get returns the apiserver's answer to kproxy's GET of path with accept,
+// Get returns the apiserver's answer to kproxy's GET of path with accept,
 // from the cache while nothing it depends on changed.
 func (d *ServedDocs) Get(ctx context.Context, path, accept string) (ServedDoc, error) {
 	key := path + " " + accept
 	d.mu.Lock()
-	doc, ok := d.docs[key]
-	settled := d.now().Sub(d.changed) > discoverySettle
+	c, ok := d.docs[key]
 	d.mu.Unlock()
-	if ok && settled {
-		return doc, nil
+	if ok {
+		return c.ServedDoc, nil
 	}
+	read := d.now()
 	doc, err := d.Read(ctx, path, accept)
 	if err != nil {
 		return doc, err
 	}
-	d.mu.Lock()
-	d.docs[key] = doc
-	d.mu.Unlock()
+	d.keep(key, cachedDoc{ServedDoc: doc, read: read})
 	return doc, nil
+}
+
+// keep caches c when it was read after the documents settled: a read
+// made while the aggregator was still updating them (a new
+// CustomResourceDefinition's group missing from the OpenAPI v3 index a
+// second after its creation) would be served from the cache until the
+// next change, minutes later (probe M: a document predicted 404, 7
+// minutes after its CRD was created, that the apiserver served). A read
+// begun before the last change is not kept either.
+func (d *ServedDocs) keep(key string, c cachedDoc) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c.read.Sub(d.changed) > discoverySettle {
+		d.docs[key] = c
+	}
 }
 
 // Read GETs path from the apiserver with kproxy's identity, now.

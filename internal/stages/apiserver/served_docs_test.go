@@ -57,3 +57,26 @@ func TestSettledBefore(t *testing.T) {
 		}
 	}
 }
+
+// TestServedDocsKeep: a read is cached only if made once the documents
+// had settled after their last change; one made while the aggregator was
+// still updating them, or begun before a change, is read again next time.
+func TestServedDocsKeep(t *testing.T) {
+	changed := time.Date(2026, 12, 7, 3, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		read time.Time
+		kept bool
+	}{
+		{"read a second after the change", changed.Add(time.Second), false},
+		{"read just inside the settle window", changed.Add(discoverySettle), false},
+		{"read after it", changed.Add(discoverySettle + time.Second), true},
+		{"read begun before the change", changed.Add(-time.Minute), false},
+	} {
+		d := &ServedDocs{changed: changed, docs: map[string]cachedDoc{}}
+		d.keep("/openapi/v3 application/json", cachedDoc{ServedDoc: ServedDoc{Status: 200}, read: tc.read})
+		if _, got := d.docs["/openapi/v3 application/json"]; got != tc.kept {
+			t.Errorf("%s: kept %v, want %v", tc.name, got, tc.kept)
+		}
+	}
+}
