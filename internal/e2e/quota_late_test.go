@@ -140,3 +140,64 @@ func createQuota(t *testing.T, ns string, hard corev1.ResourceList) {
 		t.Fatal(err)
 	}
 }
+
+// TestQuotaCountedThenRefusedAtStorage: a create of a configmap that
+// exists, in a namespace whose quota has room for one more. The
+// apiserver's ResourceQuota admits it and counts it, and its storage then
+// refuses it (409 AlreadyExists); the count is not given back (no quota
+// controller runs here; one would recompute the usage later). The replay,
+// reading the usage after that, refused it over quota: 403 predicted for
+// the 409 (a probe, with kubectl create job). It now says unknown; a
+// replay that read the usage before the count predicts the 409.
+func TestQuotaCountedThenRefusedAtStorage(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	ns := lateNamespace(t, "quota-counted")
+	createQuota(t, ns, corev1.ResourceList{"count/configmaps": resource.MustParse("2")})
+	recs, r, c := oneReplayWorker(t)
+	create := request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps", user: "admin",
+		body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"there"}}`}
+	if got := do(t, c, r.base, create); got.status != 201 {
+		t.Fatalf("create: %d %s", got.status, got.body)
+	}
+	nextRecord(t, recs)
+	tookPath := false
+	for try := 1; try <= 3 && !tookPath; try++ {
+		q, err := cs.CoreV1().ResourceQuotas(ns).Get(ctx, "quota", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q.Status.Used = corev1.ResourceList{"count/configmaps": resource.MustParse("1")}
+		if _, err := cs.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// kproxy's informer has the usage of 1 before the create.
+		waitPredicted(t, recs, r, c, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps?dryRun=All", user: "admin",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe"}}`})
+		// Writes queued ahead: the create's replay reads the usage after
+		// the apiserver counted it.
+		queueWrites(t, r, c, 20*try)
+		if got := do(t, c, r.base, create); got.status != 409 {
+			t.Fatalf("the create again: the apiserver answered %d, want 409 AlreadyExists: %s", got.status, got.body)
+		}
+		for range 20*try + 1 {
+			rec := nextRecord(t, recs)
+			if rec.Request.Namespace != ns {
+				continue
+			}
+			p := rec.Predicted
+			switch {
+			case p.Stage == record.StageUnknown && strings.Contains(p.Message, "its storage then refused it (409") &&
+				strings.Contains(p.Message, "counting this very request"):
+				tookPath = true
+			case p.Stage == record.StageUnknown:
+				t.Errorf("the create of an existing configmap: unknown for another reason: %s", p.Message)
+			case p.Status != 409:
+				t.Errorf("the create of an existing configmap: predicted %d at %q (%s), the apiserver answered 409: confidently wrong", p.Status, p.Stage, p.Message)
+			}
+		}
+	}
+	if !tookPath {
+		t.Errorf("no replay read the usage after the apiserver counted the create, in 3 tries: the path under test was not taken")
+	}
+}

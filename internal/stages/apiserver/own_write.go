@@ -303,6 +303,16 @@ func (r *Run) refusedLate(ctx context.Context) string {
 	case !ok:
 	case aw.Status >= 200 && aw.Status < 300:
 		return why
+	case why == quotaRefusedLateWhy && aw.Status == http.StatusConflict && aw.Refusal != nil &&
+		(aw.Refusal.Reason == metav1.StatusReasonAlreadyExists || aw.Refusal.Reason == metav1.StatusReasonConflict):
+		// The apiserver's ResourceQuota, last of its validating plugins,
+		// admitted the write and counted it, and its storage refused it
+		// after (a create of an object that exists): the count is not
+		// given back until the quota controller recomputes the usage, and
+		// the replay read it before that (a probe: a create answered 409
+		// AlreadyExists predicted 403 exceeded quota, over a quota its own
+		// admission had filled).
+		return fmt.Sprintf(quotaCountedThenRefusedWhy, aw.Status, aw.Refusal.Message)
 	case budget && aw.Status == http.StatusConflict && aw.Refusal != nil:
 		// The eviction passed the budget, which the apiserver then
 		// decremented, and its delete of the pod failed (a precondition
@@ -617,6 +627,7 @@ const (
 	namespaceEndedEarlyWhy            = "the apiserver refused the create because the namespace is being terminated, and the replay's NamespaceLifecycle found it active in its informer: the deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up (or never saw a delete sent past kproxy), so the state on arrival is not known"
 	quotaAdmittedEarlyWhy             = "the apiserver's ResourceQuota refused the write (exceeded quota), and the replay's admits it: the replay reads the quota's usage from an informer, after the request, and found less used than the apiserver had counted (writes its informer had not seen yet, or objects deleted since), so the state on arrival is not known"
 	quotaRefusedLateWhy               = "the apiserver admitted the write, and the replay's ResourceQuota refuses it (exceeded quota): the apiserver's ResourceQuota adds each write it admits to the quota's usage before it stores it, so the usage the replay read after the request already counts this request (or later writes), so the state on arrival is not known"
+	quotaCountedThenRefusedWhy        = "the apiserver's ResourceQuota admitted the write and counted it in the quota's usage, and its storage then refused it (%d: %s); the usage is not given back until the quota controller recomputes it, and the replay's ResourceQuota read it before that, counting this very request, so the state on arrival is not known"
 	namespaceCreatedLateWhy           = "the apiserver refused the write because its namespace does not exist (404), and the replay's NamespaceLifecycle found the namespace: it was created after this request (as, for one, kubectl apply -f sends a directory's deployment.yaml before its namespace.yaml), before the replay read it, so the state on arrival is not known"
 	serviceAccountGoneLateWhy         = "the apiserver admitted the pod, so its ServiceAccount admission found the pod's ServiceAccount, and the replay's does not (in its informer, then live): the ServiceAccount was deleted after this request, before the replay read it, so the state on arrival is not known"
 	serviceAccountArrivedEarlyWhy     = "the apiserver's ServiceAccount admission refused the pod (error looking up service account), and the replay's found the ServiceAccount: it was created after this request (as, for one, kubectl apply -f sends a directory's pod.yaml before its serviceaccount.yaml), before the replay read it, so the state on arrival is not known"

@@ -189,6 +189,38 @@ func TestRefusedLate(t *testing.T) {
 	}
 }
 
+// TestQuotaCountedThenRefused: the apiserver's ResourceQuota counts a
+// write it admits before its storage refuses it (409 AlreadyExists) and
+// does not give the count back; the replay's quota refusal, over a usage
+// that counts the request, is then unknown. Any other refusal keeps it.
+func TestQuotaCountedThenRefused(t *testing.T) {
+	quota := &metav1.Status{Code: 403, Message: `jobs.batch "manual-1" is forbidden: exceeded quota: q, requested: count/jobs.batch=1, used: count/jobs.batch=3, limited: count/jobs.batch=3`}
+	exists := &metav1.Status{Code: 409, Reason: metav1.StatusReasonAlreadyExists, Message: `jobs.batch "manual-1" already exists`}
+	conflict := &metav1.Status{Code: 409, Reason: metav1.StatusReasonConflict, Message: `Operation cannot be fulfilled on pods "p": the object has been modified`}
+	webhook := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden, Message: `admission webhook "w.example.com" denied the request: no`}
+	for _, tc := range []struct {
+		name   string
+		dryRun bool
+		answer Answer
+		want   string // contains; "" keeps the refusal
+	}{
+		{"a create of an object that exists", false, Answer{Status: 409, Refusal: exists}, `its storage then refused it (409: jobs.batch "manual-1" already exists)`},
+		{"an update that conflicted", false, Answer{Status: 409, Refusal: conflict}, "counting this very request"},
+		{"a 409 without a Status", false, Answer{Status: 409}, ""},
+		{"refused before the quota", false, Answer{Status: 403, Refusal: webhook}, ""},
+		{"a dry run", true, Answer{Status: 409, Refusal: exists}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &Run{Verb: "create", Resource: "jobs", DryRun: tc.dryRun, Status: quota, PluginErrName: "ResourceQuota",
+				actual: func(context.Context) (Answer, bool) { return tc.answer, true }}
+			why := r.refusedLate(context.Background())
+			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+				t.Errorf("refusedLate = %q, want %q", why, tc.want)
+			}
+		})
+	}
+}
+
 // TestAdmittedEarly: a write the replay admits that the apiserver refused
 // for state the replay reads from an informer after the request (a
 // namespace being terminated, a quota's usage) is unknown. Any other
