@@ -92,7 +92,7 @@ func TestPolicyStateWrittenByTheRequest(t *testing.T) {
 		}
 	}
 	time.Sleep(time.Second) // the replay's informers see the writes
-	hold.releaseAndCheck(t, "its own write landed", params, params, "RBAC (which admission policies' authorizer checks read)")
+	hold.releaseAndCheck(t, "its own write landed", params, params, "RBAC (which admission's authorizer checks read)")
 }
 
 // TestPolicyReadsDrawnValues: a create's generated name and its uid are

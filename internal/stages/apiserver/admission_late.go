@@ -249,16 +249,46 @@ func (c *admissionChanges) refusalChangedSince(t time.Time, namespace, plugin, g
 			return p == plugin || mutates(p, group, resource)
 		})
 	})
-	if policyPlugin(plugin) {
+	if asksAuthorizer(plugin) {
 		changed = c.withAuthz(changed, t)
 	}
 	return changed
 }
 
-// policyPlugin reports the admission policy plugins, whose CEL may ask
+// asksAuthorizer reports the admission plugins that ask the authorizer
+// (RBAC) about the request's user: the admission policies' CEL, the
+// certificates plugins (approve, sign, attest on a signer), NodeRestriction
+// (a token's audience, a pod certificate's signer) and
+// OwnerReferencesPermissionEnforcement (delete, or update finalizers of,
+// an owner). RBAC changed after the request moves their verdicts as it
+// moves the authorization stage's (a probe: a CSR approval the apiserver
+// allowed, refused by the replay's CertificateApproval after the
+// approver's RoleBinding was deleted).
+func asksAuthorizer(p string) bool {
+	switch p {
+	case "ValidatingAdmissionPolicy", "MutatingAdmissionPolicy", "CertificateApproval", "CertificateSigning",
+		"ClusterTrustBundleAttest", "NodeRestriction", "OwnerReferencesPermissionEnforcement":
+		return true
+	}
+	return false
+}
+
+// authorizerRefusals are what the refusals of the plugins that ask the
+// authorizer (asksAuthorizer, the policies aside) say.
+var authorizerRefusals = []string{
+	"user not permitted to approve requests with signerName ",
+	"user not permitted to sign requests with signerName ",
+	"user not permitted to attest for signerName ",
+	" is not authorized to request tokens for audience ",
+	"cannot set an ownerRef on a resource you can't delete",
+	"cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on",
+}
+
+// authorizerRefusal reports an admission refusal that an authorizer's
+// answer decided: an admission policy's, or that of a plugin that asks
 // the authorizer.
-func policyPlugin(p string) bool {
-	return p == "ValidatingAdmissionPolicy" || p == "MutatingAdmissionPolicy"
+func authorizerRefusal(st *metav1.Status) bool {
+	return policyRefusal(st) || st != nil && slices.ContainsFunc(authorizerRefusals, func(m string) bool { return strings.Contains(st.Message, m) })
 }
 
 // policyRefusal reports an admission policy's refusal.
@@ -277,9 +307,9 @@ func (c *admissionChanges) withAuthz(changed string, t time.Time) string {
 	case authz == "":
 		return changed
 	case changed == "":
-		return authz + " (which admission policies' authorizer checks read)"
+		return authz + " (which admission's authorizer checks read)"
 	}
-	return authz + " (which admission policies' authorizer checks read), " + changed
+	return authz + " (which admission's authorizer checks read), " + changed
 }
 
 // mutates reports whether the admission plugin p mutates objects of the
@@ -366,7 +396,7 @@ func (r *Run) admittedByStateLate(aw Answer) string {
 		return ""
 	}
 	changed := r.changes.changedSince(r.arrival, r.namespace)
-	if policyRefusal(aw.Refusal) {
+	if authorizerRefusal(aw.Refusal) {
 		changed = r.changes.withAuthz(changed, r.arrival)
 	}
 	if changed == "" {

@@ -160,6 +160,48 @@ func TestAdmissionStateLate(t *testing.T) {
 			})
 		}
 	})
+	// RBAC changed after the request: the plugins that ask the authorizer.
+	rbacChanged := &admissionChanges{clock: clk, authz: func(t time.Time) string {
+		if t.Before(clk.Now()) {
+			return "RBAC"
+		}
+		return ""
+	}}
+	approval := &metav1.Status{Code: 403, Reason: metav1.StatusReasonForbidden,
+		Message: `certificatesigningrequests.certificates.k8s.io "race-6" is forbidden: user not permitted to approve requests with signerName "example.com/foo"`}
+	t.Run("the authorizer's state", func(t *testing.T) {
+		for _, tc := range []struct {
+			name    string
+			plugin  string
+			changes *admissionChanges
+			answer  Answer
+			refused bool // the replay refused (as plugin); else it admitted
+			want    string
+		}{
+			{"CertificateApproval refused, the apiserver allowed", "CertificateApproval", rbacChanged, Answer{Status: 200}, true,
+				"the replay's CertificateApproval refuses it: kproxy saw RBAC (which admission's authorizer checks read) change"},
+			{"CertificateApproval refused, RBAC unchanged", "CertificateApproval", unchanged, Answer{Status: 200}, true, ""},
+			{"OwnerReferencesPermissionEnforcement refused, the apiserver allowed", "OwnerReferencesPermissionEnforcement", rbacChanged, Answer{Status: 201}, true, "RBAC"},
+			{"LimitRanger refused, only RBAC changed", "LimitRanger", rbacChanged, Answer{Status: 201}, true, ""},
+			{"admitted, CertificateApproval refused the apiserver's", "", rbacChanged, Answer{Status: 403, Refusal: approval}, false, "RBAC (which admission's authorizer checks read)"},
+			{"admitted, Priority refused the apiserver's, only RBAC changed", "", rbacChanged, Answer{Status: 403, Refusal: priority}, false, ""},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				r := &Run{Verb: "update", Resource: "certificatesigningrequests", Subresource: "approval", group: "certificates.k8s.io", arrival: arrival, changes: tc.changes}
+				r.actual = func(context.Context) (Answer, bool) { return tc.answer, true }
+				var why string
+				if tc.refused {
+					r.Status, r.PluginErrName = approval, tc.plugin
+					why = r.refusedByStateLate(context.Background())
+				} else {
+					_, why = r.admittedEarly(context.Background())
+				}
+				if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
+					t.Errorf("%q, want %q", why, tc.want)
+				}
+			})
+		}
+	})
 	t.Run("admitted by the replay", func(t *testing.T) {
 		for _, tc := range []struct {
 			name    string
