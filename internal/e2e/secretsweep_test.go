@@ -239,6 +239,11 @@ func TestSecretSweep(t *testing.T) {
 			expectStatus(t, "TokenReview "+p, send(r, request{method: "POST", path: "/apis/authentication.k8s.io/v1/tokenreviews", user: "admin",
 				body: `{"apiVersion":"authentication.k8s.io/v1","kind":"TokenReview","spec":{"token":"` + rt + `"}}`}), 201)
 		}
+		// Misspelled: the apiserver reads spec.token alone and refuses it
+		// as missing, but the value is a token all the same.
+		misspelled := sw.fresh(label("TokenReview spec.Token, misspelled"))
+		expectStatus(t, "TokenReview spec.Token "+p, send(r, request{method: "POST", path: "/apis/authentication.k8s.io/v1/tokenreviews", user: "admin",
+			body: `{"apiVersion":"authentication.k8s.io/v1","kind":"TokenReview","spec":{"Token":"` + misspelled + `"}}`}), 400)
 
 		// access_token in the query, every spelling.
 		for _, q := range []struct{ label, query string }{

@@ -204,9 +204,16 @@ func RedactBody(resource string, v any) any {
 				}
 			}
 		case resource == "tokenreviews" || kind == "TokenReview":
-			if spec, ok := b["spec"].(map[string]any); ok {
-				if _, ok := spec["token"]; ok {
-					spec["token"] = Redacted
+			// Whatever the spelling: the apiserver reads spec.token alone
+			// (and refuses a "Token" as missing), but the value a client
+			// put there is a token all the same (a probe: "Token" kept).
+			for k, v := range b {
+				if spec, ok := v.(map[string]any); ok && strings.EqualFold(k, "spec") {
+					for f := range spec {
+						if strings.EqualFold(f, "token") {
+							spec[f] = Redacted
+						}
+					}
 				}
 			}
 		case resource == "configmaps" || kind == "ConfigMap":

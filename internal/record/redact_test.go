@@ -98,6 +98,8 @@ func TestRedactBody(t *testing.T) {
 		{"something else on secrets", "secrets", "opaque", Redacted},
 		{"a TokenReview", "tokenreviews", map[string]any{"kind": "TokenReview", "spec": map[string]any{"token": "abc"}},
 			map[string]any{"kind": "TokenReview", "spec": map[string]any{"token": Redacted}}},
+		{"a TokenReview's token misspelled", "tokenreviews", map[string]any{"kind": "TokenReview", "spec": map[string]any{"Token": "abc", "audiences": []any{"x"}}, "Spec": map[string]any{"TOKEN": "def"}},
+			map[string]any{"kind": "TokenReview", "spec": map[string]any{"Token": Redacted, "audiences": []any{"x"}}, "Spec": map[string]any{"TOKEN": Redacted}}},
 		{"a ConfigMap stays", "configmaps", map[string]any{"kind": "ConfigMap", "data": map[string]any{"k": "v"}},
 			map[string]any{"kind": "ConfigMap", "data": map[string]any{"k": "v"}}},
 		{"a JSON patch of a ConfigMap stays", "configmaps", []any{map[string]any{"op": "add", "value": "v"}}, []any{map[string]any{"op": "add", "value": "v"}}},
