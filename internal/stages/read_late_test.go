@@ -10,9 +10,13 @@ import (
 	"testing"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/apiserver/pkg/authentication/user"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -120,6 +124,54 @@ func TestChangeClockSince(t *testing.T) {
 		t.Errorf("the Node graph's change counted for alice: %q", got)
 	}
 }
+
+// TestChangeClockBeforeStore: a change is marked by the time the
+// informer's store (which the authorizers read) holds it, not when its
+// event handlers get round to it: a replay that reads the new state is
+// told it changed.
+func TestChangeClockBeforeStore(t *testing.T) {
+	start := time.Date(2026, 12, 7, 3, 30, 0, 0, time.UTC)
+	fake := clocktesting.NewFakePassiveClock(start)
+	w := watch.NewFake()
+	lw := &cache.ListWatch{
+		ListFunc: func(metav1.ListOptions) (runtime.Object, error) {
+			return &rbacv1.RoleList{ListMeta: metav1.ListMeta{ResourceVersion: "1"}}, nil
+		},
+		WatchFunc: func(metav1.ListOptions) (watch.Interface, error) { return w, nil },
+	}
+	inf := cache.NewSharedIndexInformer(listWatchOnly{lw}, &rbacv1.Role{}, 0, cache.Indexers{})
+	c := watchChanges(fake, inf)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go inf.RunWithContext(ctx)
+	syncCtx, syncCancel := context.WithTimeout(ctx, 30*time.Second)
+	defer syncCancel()
+	if !cache.WaitForCacheSync(syncCtx.Done(), inf.HasSynced) {
+		t.Fatal("the informer did not sync")
+	}
+	arrival := start.Add(time.Second)
+	fake.SetTime(arrival.Add(time.Second)) // the change comes after the request
+	w.Add(&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "r", Namespace: "ns", ResourceVersion: "2"}})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, ok, _ := inf.GetStore().GetByKey("ns/r"); ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the informer's store did not get the Role in 30s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !c.changedSince(arrival) {
+		t.Error("the store holds the change and the clock says nothing changed since the request")
+	}
+}
+
+// listWatchOnly is a ListWatch without the watch-list protocol (a fake
+// watch sends no initial-events bookmark).
+type listWatchOnly struct{ *cache.ListWatch }
+
+func (listWatchOnly) IsWatchListSemanticsUnSupported() bool { return true }
 
 // TestAuthenticatedLate: a token the replay refuses because what it is
 // bound to is gone, which the apiserver authenticated, is unknown; any
