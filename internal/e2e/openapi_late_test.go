@@ -145,18 +145,12 @@ func TestOpenAPIV2Conditional(t *testing.T) {
 	}
 	time.Sleep(1100 * time.Millisecond) // Last-Modified has whole seconds
 	group := fmt.Sprintf("v2late%d.openapi.kproxy.test", time.Now().UnixNano())
-	crd := `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.` + group + `"},
-"spec":{"group":"` + group + `","scope":"Namespaced","names":{"plural":"widgets","singular":"widget","kind":"Widget","listKind":"WidgetList"},
-"versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
 	direct := directRoute()
 	dc := direct.client(nil)
-	if got := do(t, dc, direct.base, request{method: "POST", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", user: "admin", body: crd}); got.status != 201 {
+	if got := createWidgetCRD(t, group); got.status != 201 {
 		hold.release()
 		t.Fatalf("create the CRD: %d %s", got.status, got.body)
 	}
-	t.Cleanup(func() {
-		do(t, dc, direct.base, request{method: "DELETE", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets." + group, user: "admin"})
-	})
 	deadline := time.Now().Add(time.Minute)
 	for do(t, dc, direct.base, request{method: "GET", path: "/openapi/v2", user: "admin", accept: proto, header: http.Header{"Range": {"bytes=0-0"}}}).header.Get("Etag") == etag {
 		if time.Now().After(deadline) {
@@ -183,17 +177,9 @@ func TestOpenAPIV2BuiltAtRequest(t *testing.T) {
 	etag := do(t, c, r.base, doc).header.Get("Etag")
 	nextRecord(t, recs)
 	group := fmt.Sprintf("v2built%d.openapi.kproxy.test", time.Now().UnixNano())
-	direct := directRoute()
-	dc := direct.client(nil)
-	crd := `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.` + group + `"},
-"spec":{"group":"` + group + `","scope":"Namespaced","names":{"plural":"widgets","singular":"widget","kind":"Widget","listKind":"WidgetList"},
-"versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
-	if got := do(t, dc, direct.base, request{method: "POST", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", user: "admin", body: crd}); got.status != 201 {
+	if got := createWidgetCRD(t, group); got.status != 201 {
 		t.Fatalf("create the CRD: %d %s", got.status, got.body)
 	}
-	t.Cleanup(func() {
-		do(t, dc, direct.base, request{method: "DELETE", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets." + group, user: "admin"})
-	})
 	// Nobody asks for the document meanwhile: the next request builds it.
 	time.Sleep(32 * time.Second)
 	asKubectl := doc
@@ -222,19 +208,13 @@ func TestOpenAPIV2BuiltAtRequest(t *testing.T) {
 func TestOpenAPIV3DocumentOfNewGroup(t *testing.T) {
 	recs, r, c := oneReplayWorker(t)
 	group := fmt.Sprintf("v3new%d.openapi.kproxy.test", time.Now().UnixNano())
-	direct := directRoute()
-	dc := direct.client(nil)
-	crd := `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.` + group + `"},
-"spec":{"group":"` + group + `","scope":"Namespaced","names":{"plural":"widgets","singular":"widget","kind":"Widget","listKind":"WidgetList"},
-"versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
-	if got := do(t, dc, direct.base, request{method: "POST", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", user: "admin", body: crd}); got.status != 201 {
+	if got := createWidgetCRD(t, group); got.status != 201 {
 		t.Fatalf("create the CRD: %d %s", got.status, got.body)
 	}
-	t.Cleanup(func() {
-		do(t, dc, direct.base, request{method: "DELETE", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets." + group, user: "admin"})
-	})
 	// The group's APIService is there and available: what the documents
 	// list changes no more, and the index lists the group a moment later.
+	direct := directRoute()
+	dc := direct.client(nil)
 	deadline := time.Now().Add(time.Minute)
 	for !strings.Contains(string(do(t, dc, direct.base, request{method: "GET", path: "/apis/apiregistration.k8s.io/v1/apiservices/v1." + group, user: "admin"}).body),
 		`"type":"Available","status":"True"`) {
@@ -260,4 +240,23 @@ func TestOpenAPIV3DocumentOfNewGroup(t *testing.T) {
 	if rec := nextRecord(t, recs); rec.Predicted.Status != 200 {
 		t.Errorf("GET %s half a minute after its CRD: the apiserver answered 200; predicted %d at %q (%s)", doc.path, rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
 	}
+}
+
+// createWidgetCRD creates, directly, a namespaced CustomResourceDefinition
+// of widgets in group, served at v1 with any fields, deleted after the
+// test; it returns the apiserver's answer.
+func createWidgetCRD(t *testing.T, group string) exchange {
+	t.Helper()
+	direct := directRoute()
+	dc := direct.client(nil)
+	crd := `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.` + group + `"},
+"spec":{"group":"` + group + `","scope":"Namespaced","names":{"plural":"widgets","singular":"widget","kind":"Widget","listKind":"WidgetList"},
+"versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+	got := do(t, dc, direct.base, request{method: "POST", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", user: "admin", body: crd})
+	if got.status == 201 {
+		t.Cleanup(func() {
+			do(t, dc, direct.base, request{method: "DELETE", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets." + group, user: "admin"})
+		})
+	}
+	return got
 }
