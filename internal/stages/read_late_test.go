@@ -134,10 +134,10 @@ func TestChangeClockBeforeStore(t *testing.T) {
 	fake := clocktesting.NewFakePassiveClock(start)
 	w := watch.NewFake()
 	lw := &cache.ListWatch{
-		ListFunc: func(metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(context.Context, metav1.ListOptions) (runtime.Object, error) {
 			return &rbacv1.RoleList{ListMeta: metav1.ListMeta{ResourceVersion: "1"}}, nil
 		},
-		WatchFunc: func(metav1.ListOptions) (watch.Interface, error) { return w, nil },
+		WatchFuncWithContext: func(context.Context, metav1.ListOptions) (watch.Interface, error) { return w, nil },
 	}
 	inf := cache.NewSharedIndexInformer(listWatchOnly{lw}, &rbacv1.Role{}, 0, cache.Indexers{})
 	c := watchChanges(fake, inf)
