@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -238,10 +239,11 @@ func (d decode) health(ctx context.Context, req *Request, p string) Result {
 // /openapi/v3/ is a 404 with no body.
 func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 	h := conditionalHeader(req.HTTP.Header)
+	byETag := h != "" && conditionalByETag(req.HTTP.Header)
 	switch {
 	case p == "/openapi/v3" && h != "":
 		return d.conditionalDocument(ctx, req, h, openAPIV3Index)
-	case h != "":
+	case h != "" && !byETag:
 		return Unknown("a conditional or partial request (" + h + ") of an OpenAPI document: the apiserver answers it from the document's modification time, which kproxy does not know: not modelled")
 	case p == "/openapi/v3":
 		return Pass("the apiserver's OpenAPI v3 index")
@@ -270,10 +272,67 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 	if !openAPINegotiates(req.HTTP.Header.Get("Accept"), openAPIV3Subtypes) {
 		return notAcceptable(req, "the OpenAPI v3 document of "+gv, openAPIV3Subtypes)
 	}
-	if hash := req.HTTP.URL.Query().Get("hash"); hash != "" {
-		return openAPIV3Hash(d.m.writer().Served().SettledBefore(req.Arrival), gv, hash, index.Paths[gv].ServerRelativeURL)
+	settled, link := d.m.writer().Served().SettledBefore(req.Arrival), index.Paths[gv].ServerRelativeURL
+	if hash := req.HTTP.URL.Query().Get("hash"); hash != "" && (!byETag || hash != linkHash(link)) {
+		// A hash that is not the current one is redirected before any
+		// condition is looked at.
+		return openAPIV3Hash(settled, gv, hash, link)
+	}
+	if byETag {
+		return openAPIV3ByETag(ctx, req, settled, gv, link)
 	}
 	return Pass("the apiserver serves the OpenAPI v3 document of " + gv)
+}
+
+// conditionalByETag reports a request whose conditions ServeContent
+// decides by the ETag alone: If-None-Match or If-Match, with no time
+// condition they do not override (If-Modified-Since is not looked at
+// beside If-None-Match, If-Unmodified-Since beside If-Match) and no
+// Range.
+func conditionalByETag(h http.Header) bool {
+	none, match := h.Get("If-None-Match") != "", h.Get("If-Match") != ""
+	return (none || match) && (none || h.Get("If-Modified-Since") == "") && (match || h.Get("If-Unmodified-Since") == "") &&
+		h.Get("Range") == "" && h.Get("If-Range") == ""
+}
+
+// linkHash is the hash an OpenAPI v3 index link names, or "".
+func linkHash(link string) string {
+	if u, err := url.Parse(link); err == nil {
+		return u.Query().Get("hash")
+	}
+	return ""
+}
+
+// openAPIV3ByETag predicts a request of an OpenAPI v3 document conditional
+// on its ETag (If-None-Match, as a client that cached it asks again): kube-
+// openapi's handler sets the document's ETag, its hash, which the index
+// links it by, and net/http's ServeContent answers 304 for a match, 412
+// for an If-Match that fails, the document otherwise (a probe: If-None-Match
+// had been "not modelled", said to hang on the modification time).
+func openAPIV3ByETag(ctx context.Context, req *Request, settled bool, gv, link string) Result {
+	current := linkHash(link)
+	conditions := "If-None-Match " + req.HTTP.Header.Get("If-None-Match")
+	if m := req.HTTP.Header.Get("If-Match"); m != "" {
+		conditions = "If-Match " + m
+	}
+	switch {
+	case current == "":
+		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index links the document of %s without a hash (%q): its ETag is not known", gv, link))
+	case !settled:
+		return Unknown(fmt.Sprintf("a request of the OpenAPI v3 document of %s conditional on its ETag (%s), and the apiserver's documents changed around its arrival: which version it answered from is not known", gv, conditions))
+	}
+	w := serveDocument(ctx, req, strconv.Quote(current), time.Time{}, nil)
+	what := fmt.Sprintf("the OpenAPI v3 document of %s has ETag %.12s… (its hash in the index); the request's %s", gv, current, conditions)
+	switch {
+	case w.Code == http.StatusNotModified:
+		res := Pass(what + ": the client's copy is current, 304 Not Modified")
+		res.Answer = http.StatusNotModified
+		return res
+	case w.Code < 300:
+		return Pass(what + ": the document is sent again")
+	}
+	st := &metav1.Status{Status: metav1.StatusFailure, Code: int32(w.Code), Message: strings.TrimSpace(w.Body.String())}
+	return Reject(st, what+": "+http.StatusText(w.Code))
 }
 
 // openAPIV3Hash predicts a request of an OpenAPI v3 document that names
@@ -283,10 +342,7 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 // link in the index read now; settled: the groups it lists had settled
 // by the arrival, so the index was the same then.
 func openAPIV3Hash(settled bool, gv, hash, link string) Result {
-	current := ""
-	if u, err := url.Parse(link); err == nil {
-		current = u.Query().Get("hash")
-	}
+	current := linkHash(link)
 	// The current hash was the document's at the arrival too: the client
 	// had it from an index listed before. Another one may have been
 	// current then, if the documents changed since.
