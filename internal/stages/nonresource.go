@@ -2,6 +2,7 @@ package stages
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -279,6 +280,14 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 		return openAPIV3Hash(settled, gv, hash, link)
 	}
 	if byETag {
+		// An aggregated API's server serves its own documents, with its
+		// own ETags: kube-openapi's rule is known for the apiserver's.
+		if group, version, ok := strings.Cut(strings.TrimPrefix(gv, "apis/"), "/"); ok && strings.HasPrefix(gv, "apis/") {
+			if s, found, why := aggregatedFor(d.m.writer(), group, version); why != "" || (found && s.Spec.Service != nil) {
+				return Unknown(fmt.Sprintf("a request of the OpenAPI v3 document of %s conditional on its ETag: %s", gv,
+					cmp.Or(why, "APIService "+s.Name+" sends it to an aggregated API's server, whose ETag is its own")))
+			}
+		}
 		return openAPIV3ByETag(ctx, req, settled, gv, link)
 	}
 	return Pass("the apiserver serves the OpenAPI v3 document of " + gv)
