@@ -222,6 +222,13 @@ func TestIdentityMatrix(t *testing.T) {
 						if got.norm != want.norm {
 							t.Errorf("%s: answer differs from direct\n direct: %s\n %s: %s", r.name, want.norm, r.name, got.norm)
 						}
+						// kproxy's own answers (a certificate it refuses, a
+						// certificate caller's impersonation) carry the
+						// headers the apiserver's do (an Audit-Id of its own).
+						if (got.header.Get("Audit-Id") == "") != (want.header.Get("Audit-Id") == "") || got.header.Get("Cache-Control") != want.header.Get("Cache-Control") {
+							t.Errorf("%s: Audit-Id %q and Cache-Control %q, directly %q and %q", r.name, got.header.Get("Audit-Id"), got.header.Get("Cache-Control"),
+								want.header.Get("Audit-Id"), want.header.Get("Cache-Control"))
+						}
 					}
 				})
 			}

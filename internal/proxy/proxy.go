@@ -558,14 +558,16 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 			return
 		}
 		if hasImpersonation(r.Header) {
-			filtered := false
-			p.withCallerImpersonation(rw, r, ex.info, ex.ident.user, func(w http.ResponseWriter, r *http.Request, u user.Info) {
-				filtered = true
-				p.forwardAs(w, r, ex, u)
+			// A refusal is kproxy's own answer, with the headers the
+			// apiserver's refusals carry (a probe: no Audit-Id, no
+			// Cache-Control); what passes is forwarded on rw as it is.
+			refusal := &answeredHereWriter{ResponseWriter: rw, ex: ex,
+				why: "answered by kproxy: its run of the apiserver's impersonation filter (kube-apiserver's own code, asking the apiserver's authorizer) refused the caller's Impersonate-* headers; " +
+					"kproxy forwards a certificate caller under its own identity, so the apiserver never sees this request"}
+			p.withCallerImpersonation(refusal, r, ex.info, ex.ident.user, func(_ http.ResponseWriter, r *http.Request, u user.Info) {
+				refusal.forwarded = true
+				p.forwardAs(rw, r, ex, u)
 			})
-			if !filtered {
-				ex.rec.Actual.Error = "answered by kproxy: the apiserver's impersonation filter refused the caller's Impersonate-* headers"
-			}
 			return
 		}
 		p.forwardAs(rw, r, ex, ex.ident.user)
@@ -575,6 +577,32 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 	// (HTTP/1.1 trims them, kproxy's server as the apiserver's).
 	ex.padded = r.ProtoMajor == 2 && paddedImpersonation(r.Header)
 	p.forward(rw, r, ex)
+}
+
+// answeredHereWriter writes kproxy's own answer to an exchange: the first
+// write marks it answered here (answeredHere), unless the request was
+// forwarded instead.
+type answeredHereWriter struct {
+	http.ResponseWriter
+	ex        *exchange
+	why       string
+	forwarded bool
+	written   bool
+}
+
+func (w *answeredHereWriter) WriteHeader(code int) {
+	if !w.written && !w.forwarded {
+		w.ex.answeredHere(w.ResponseWriter, w.why)
+	}
+	w.written = true
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *answeredHereWriter) Write(b []byte) (int, error) {
+	if !w.written {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
 }
 
 // answeredHere marks the exchange as answered by kproxy itself (why, the
