@@ -561,9 +561,12 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 			// A refusal is kproxy's own answer, with the headers the
 			// apiserver's refusals carry (a probe: no Audit-Id, no
 			// Cache-Control); what passes is forwarded on rw as it is.
-			refusal := &answeredHereWriter{ResponseWriter: rw, ex: ex,
-				why: "answered by kproxy: its run of the apiserver's impersonation filter (kube-apiserver's own code, asking the apiserver's authorizer) refused the caller's Impersonate-* headers; " +
-					"kproxy forwards a certificate caller under its own identity, so the apiserver never sees this request"}
+			why := "answered by kproxy: its run of the apiserver's impersonation filter (kube-apiserver's own code, asking the apiserver's authorizer) refused the caller's Impersonate-* headers; " +
+				"kproxy forwards a certificate caller under its own identity, so the apiserver never sees this request"
+			if p.impersonationFilter == nil {
+				why = "answered by kproxy: it cannot authorize a certificate caller's Impersonate-* headers without an authorizer (no upstream credentials to ask SubjectAccessReviews with)"
+			}
+			refusal := &answeredHereWriter{ResponseWriter: rw, ex: ex, why: why}
 			p.withCallerImpersonation(refusal, r, ex.info, ex.ident.user, func(_ http.ResponseWriter, r *http.Request, u user.Info) {
 				refusal.forwarded = true
 				p.forwardAs(rw, r, ex, u)

@@ -320,10 +320,13 @@ func linkHash(link string) string {
 // had been "not modelled", said to hang on the modification time).
 func openAPIV3ByETag(ctx context.Context, req *Request, settled bool, gv, link string) Result {
 	current := linkHash(link)
-	conditions := "If-None-Match " + req.HTTP.Header.Get("If-None-Match")
-	if m := req.HTTP.Header.Get("If-Match"); m != "" {
-		conditions = "If-Match " + m
+	var named []string
+	for _, k := range []string{"If-Match", "If-None-Match"} { // ServeContent's order
+		if v := req.HTTP.Header.Get(k); v != "" {
+			named = append(named, k+" "+v)
+		}
 	}
+	conditions := strings.Join(named, ", ")
 	switch {
 	case current == "":
 		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index links the document of %s without a hash (%q): its ETag is not known", gv, link))

@@ -305,7 +305,7 @@ func (r *Run) refusedLate(ctx context.Context) string {
 		return why
 	case why == quotaRefusedLateWhy && aw.Status == http.StatusConflict && aw.Refusal != nil &&
 		(aw.Refusal.Reason == metav1.StatusReasonAlreadyExists || aw.Refusal.Reason == metav1.StatusReasonConflict):
-		// The apiserver's ResourceQuota, last of its validating plugins,
+		// The apiserver's ResourceQuota, among the last validating plugins,
 		// admitted the write and counted it, and its storage refused it
 		// after (a create of an object that exists): the count is not
 		// given back until the quota controller recomputes the usage, and
