@@ -335,16 +335,7 @@ func openAPIV3ByETag(ctx context.Context, req *Request, settled bool, gv, link s
 	}
 	w := serveDocument(ctx, req, strconv.Quote(current), time.Time{}, nil)
 	what := fmt.Sprintf("the OpenAPI v3 document of %s has ETag %.12s… (its hash in the index); the request's %s", gv, current, conditions)
-	switch {
-	case w.Code == http.StatusNotModified:
-		res := Pass(what + ": the client's copy is current, 304 Not Modified")
-		res.Answer = http.StatusNotModified
-		return res
-	case w.Code < 300:
-		return Pass(what + ": the document is sent again")
-	}
-	st := &metav1.Status{Status: metav1.StatusFailure, Code: int32(w.Code), Message: strings.TrimSpace(w.Body.String())}
-	return Reject(st, what+": "+http.StatusText(w.Code))
+	return servedAnswer(w, what)
 }
 
 // openAPIV3Hash predicts a request of an OpenAPI v3 document that names
@@ -434,6 +425,12 @@ func (d decode) conditionalDocument(ctx context.Context, req *Request, header st
 	if why := sd.changedSinceArrival(ctx, req, doc, body, mod, w.Code, seen, ok); why != "" && !served.SettledBefore(req.Arrival) {
 		return Unknown(what + ": " + why)
 	}
+	return servedAnswer(w, what)
+}
+
+// servedAnswer is the result of ServeContent's answer w to a conditional
+// request of a document (what says which, and the request's condition).
+func servedAnswer(w *httptest.ResponseRecorder, what string) Result {
 	switch {
 	case w.Code == http.StatusNotModified:
 		res := Pass(what + ": the client's copy is current, 304 Not Modified")
