@@ -23,8 +23,6 @@ import (
 // third create, refused by both, is predicted. A fourth, refused, whose
 // replay reads the usage after it went down, says unknown too.
 func TestQuotaUsedByOwnWrite(t *testing.T) {
-	ctx := context.Background()
-	cs := adminClient()
 	ns := lateNamespace(t, "quota-late")
 	createQuota(t, ns, corev1.ResourceList{"count/configmaps": resource.MustParse("2")})
 	recs, r, c := oneReplayWorker(t)
@@ -71,17 +69,7 @@ func TestQuotaUsedByOwnWrite(t *testing.T) {
 	// the replay runs after kproxy's informer saw the change is up to
 	// the machine: a replay that ran before it predicts the 403 (right,
 	// but not the path under test), and the test tries again.
-	setUsed := func(n string) {
-		t.Helper()
-		q, err := cs.CoreV1().ResourceQuotas(ns).Get(ctx, "quota", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		q.Status.Used = corev1.ResourceList{"count/configmaps": resource.MustParse(n)}
-		if _, err := cs.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setUsed := func(n string) { setConfigMapsUsed(t, ns, n) }
 	tookPath := false
 	for try := 1; try <= 3 && !tookPath; try++ {
 		if try > 1 {
@@ -150,8 +138,6 @@ func createQuota(t *testing.T, ns string, hard corev1.ResourceList) {
 // the 409 (a probe, with kubectl create job). It now says unknown; a
 // replay that read the usage before the count predicts the 409.
 func TestQuotaCountedThenRefusedAtStorage(t *testing.T) {
-	ctx := context.Background()
-	cs := adminClient()
 	ns := lateNamespace(t, "quota-counted")
 	createQuota(t, ns, corev1.ResourceList{"count/configmaps": resource.MustParse("2")})
 	recs, r, c := oneReplayWorker(t)
@@ -163,14 +149,7 @@ func TestQuotaCountedThenRefusedAtStorage(t *testing.T) {
 	nextRecord(t, recs)
 	tookPath := false
 	for try := 1; try <= 3 && !tookPath; try++ {
-		q, err := cs.CoreV1().ResourceQuotas(ns).Get(ctx, "quota", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		q.Status.Used = corev1.ResourceList{"count/configmaps": resource.MustParse("1")}
-		if _, err := cs.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		setConfigMapsUsed(t, ns, "1")
 		// kproxy's informer has the usage of 1 before the create.
 		waitPredicted(t, recs, r, c, request{method: "POST", path: "/api/v1/namespaces/" + ns + "/configmaps?dryRun=All", user: "admin",
 			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"probe"}}`})
@@ -199,5 +178,21 @@ func TestQuotaCountedThenRefusedAtStorage(t *testing.T) {
 	}
 	if !tookPath {
 		t.Errorf("no replay read the usage after the apiserver counted the create, in 3 tries: the path under test was not taken")
+	}
+}
+
+// setConfigMapsUsed sets the usage of count/configmaps in ns's quota, as
+// the quota controller would (none runs here).
+func setConfigMapsUsed(t *testing.T, ns, n string) {
+	t.Helper()
+	ctx := context.Background()
+	cs := adminClient()
+	q, err := cs.CoreV1().ResourceQuotas(ns).Get(ctx, "quota", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q.Status.Used = corev1.ResourceList{"count/configmaps": resource.MustParse(n)}
+	if _, err := cs.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
