@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"net/http"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -45,6 +46,14 @@ func (r *Run) attribute(st *metav1.Status) string {
 	// request read it (a delete reads before admission).
 	if st.Code == 500 && strings.Contains(st.Message, corruptObject) {
 		return record.StageStorage
+	}
+	// A read's answer made into what the Accept header and the query
+	// ask (a Table and its includeObject, the objects' metadata alone):
+	// content negotiation, which the contract labels decode, though the
+	// handler checks it only once it holds what storage read.
+	if r.Read && (st.Code == http.StatusNotAcceptable || (st.Code == http.StatusBadRequest &&
+		(strings.HasPrefix(st.Message, "Unable to convert to Table as requested") || strings.HasPrefix(st.Message, "unrecognized includeObject value")))) {
+		return record.StageDecode
 	}
 	switch st.Reason {
 	case metav1.StatusReasonNotFound, metav1.StatusReasonAlreadyExists, metav1.StatusReasonConflict:

@@ -20,9 +20,18 @@ func TestNarrowList(t *testing.T) {
 		{"list", "limit=500&resourceVersion=42", "limit=1&resourceVersion=42", "limit=1 instead of 500"},
 		{"list", "limit=500&continue=abc", "continue=abc&limit=1", "limit=1 instead of 500"},
 		{"list", "limit=1", "limit=1", ""},
-		{"list", "limit=0", "limit=1", "limit=1"},
+		{"list", "limit=0", "limit=1", "limit=1 instead of 0"},
 		{"list", "limit=abc", "limit=abc", ""},
-		{"list", "limit=-3", "limit=-3", ""},
+		{"list", "limit=", "limit=", ""},
+		// A negative limit is none: the whole collection (probe S read
+		// 33 MB of etcd for it).
+		{"list", "limit=-3", "limit=1", "limit=1 instead of -3"},
+		{"list", "limit=-1&resourceVersion=42", "limit=1&resourceVersion=42&resourceVersionMatch=NotOlderThan", "limit=1 instead of -1, resourceVersionMatch=NotOlderThan"},
+		// The handler reads the first of several limits.
+		{"list", "limit=500&limit=abc", "limit=1", "limit=1 instead of 500"},
+		{"list", "limit=-1&limit=7", "limit=1", "limit=1 instead of -1"},
+		{"list", "limit=1&limit=7", "limit=1&limit=7", ""},
+		{"list", "limit=abc&limit=7", "limit=abc&limit=7", ""},
 		{"watch", "resourceVersion=42", "resourceVersion=42", ""},
 		{"get", "resourceVersion=42", "resourceVersion=42", ""},
 	}

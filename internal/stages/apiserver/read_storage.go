@@ -12,6 +12,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/features"
 	"k8s.io/apiserver/pkg/storage"
@@ -154,6 +156,17 @@ func (s *snapshotStorage) readList(ctx context.Context, run *Run, key string, op
 	read := StorageRead{Key: key, List: true, Start: s.clock.Now(), Options: rvOption(opts.ResourceVersion, string(opts.ResourceVersionMatch))}
 	if opts.Predicate.Continue != "" {
 		read.Options += ", continue token"
+	}
+	if run.Read && run.Verb == "list" && opts.Predicate.Limit == 1 && !opts.Predicate.Empty() {
+		// The list's read is narrowed to one item (narrowList). A
+		// selector decides which objects it holds, never its outcome
+		// (the etcd3 store files an object its predicate cannot judge
+		// as no match), but with one the store reads on, page after
+		// page, until a page holds a match: the whole collection for a
+		// selector that matches nothing (probe S: 180 to 280 ms of
+		// etcd reads where the apiserver's watch cache took 22 ms).
+		opts.Predicate.Label, opts.Predicate.Field = labels.Everything(), fields.Everything()
+		read.Options += ", its label and field selectors left out (they choose the items, not the outcome)"
 	}
 	read.Path, _ = s.listPath(key, opts)
 	read.NoEtcd = s.noEtcd
