@@ -181,6 +181,8 @@ func (r *Run) snapshotRevision(ctx context.Context, key string, found bool, rv s
 		switch {
 		case !found && r.Verb == "delete":
 			return lastExisting, "" // the answer was a Status
+		case r.Verb == "delete":
+			return beforeOwnMark, ""
 		case ownWriteOf(r) != nil:
 			return beforeOwnWrite, "" // a binding or an eviction: a Status
 		}
@@ -398,6 +400,14 @@ func (r *Run) createdHere(ctx context.Context) bool {
 // lastExisting asks for the object's last stored version before a
 // delete whose answer did not name it.
 const lastExisting = "last-existing"
+
+// beforeOwnMark asks for the object as the replay found it, or, where
+// that is the request's own mark for deletion with a grace period of 0
+// (ownDeleteMark), as it was before the mark: a delete answered without a
+// resourceVersion (a Status, or the marked object when another delete
+// removed it between the request's mark and its own deletion), whose
+// object the replay found still there.
+const beforeOwnMark = "before-own-mark"
 
 // beforeOwnWrite asks for the object as it was just before the request's
 // own write, for a write answered with a Status that names no

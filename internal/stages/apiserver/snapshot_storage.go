@@ -344,6 +344,19 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				return err
 			}
 			read.Snapshot, found = at, true
+			// The last state may be the request's own mark (grace period
+			// 0), as below: here another delete (a kubelet's) removed the
+			// object between the mark and the request's own deletion, and
+			// the apiserver answered 200 with the marked object and no
+			// resourceVersion (probe R: 409 had been predicted for it).
+			if err = readBeforeOwnMark(ctx, src, run, &read, out); err != nil {
+				return err
+			}
+		case at == beforeOwnMark:
+			// The same, read before the other delete removed it.
+			if err = readBeforeOwnMark(ctx, src, run, &read, out); err != nil {
+				return err
+			}
 		case at == beforeOwnWrite:
 			// The pod as the newest state that shows the request's
 			// write: as it is now, or as it last was before a delete.
@@ -442,12 +455,8 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				// 0) is marked, then deleted, in one request; its
 				// precondition holds against the state before the mark
 				// (the registry moves it onto the mark's resourceVersion).
-				if before, ok := ownDeleteMark(out, run.arrival); ok {
-					if found, err = src.at(ctx, before, out); err != nil {
-						read.Err = err
-						return err
-					}
-					read.Snapshot, read.MarkedForDelete = before, true
+				if err = readBeforeOwnMark(ctx, src, run, &read, out); err != nil {
+					return err
 				}
 			}
 		}
@@ -462,6 +471,26 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 	if m, err := meta.Accessor(out); err == nil {
 		read.ResourceVersion = m.GetResourceVersion()
 	}
+	return nil
+}
+
+// readBeforeOwnMark reads, into out, the object as it was before the
+// request's own mark for deletion, where out is that mark
+// (ownDeleteMark); otherwise it leaves out as it is.
+func readBeforeOwnMark(ctx context.Context, src objectSource, run *Run, read *StorageRead, out runtime.Object) error {
+	before, ok := ownDeleteMark(out, run.arrival)
+	if !ok {
+		return nil
+	}
+	found, err := src.at(ctx, before, out)
+	if err == nil && !found {
+		err = fmt.Errorf("absent as of resourceVersion %s, just before its mark for deletion", before)
+	}
+	if err != nil {
+		read.Err = err
+		return err
+	}
+	read.Snapshot, read.MarkedForDelete = before, true
 	return nil
 }
 
