@@ -3,15 +3,19 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 func issue(t *testing.T, ca *pki.CA, l pki.Leaf) *tls.Certificate {
@@ -113,6 +117,53 @@ func TestCertificateCaller(t *testing.T) {
 				if g, w := got.header.Get("Content-Type"), want.header.Get("Content-Type"); g != w {
 					t.Errorf("%s: Content-Type %q, direct %q", r.name, g, w)
 				}
+			}
+		})
+	}
+}
+
+// TestRecordedGroups: a record's request.groups are the caller's groups
+// as the apiserver resolves them, which a SelfSubjectReview answers: a
+// certificate's (and a front proxy's) had no system:authenticated, which
+// the apiserver's authentication adds (probe R: a flow filter on
+// ~g system:authenticated missed every certificate caller).
+func TestRecordedGroups(t *testing.T) {
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(64)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	r := reverseRoute(k)
+	dave := issue(t, cluster.CA, pki.Leaf{CommonName: "dave", Organization: []string{"devs"}})
+	fp, err := cluster.FrontProxyClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ssr := request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`}
+	cases := []struct {
+		name string
+		cert *tls.Certificate
+		user string
+		hdr  http.Header
+	}{
+		{"certificate", dave, "", nil},
+		{"token", nil, "alice", nil},
+		{"front proxy", &fp, "", http.Header{"X-Remote-User": {"frank"}, "X-Remote-Group": {"devs", "qa"}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			req := ssr
+			req.user, req.header = c.user, c.hdr
+			got := do(t, r.client(c.cert), r.base, req)
+			if got.status != 201 {
+				t.Fatalf("status %d: %s", got.status, got.body)
+			}
+			var review authenticationv1.SelfSubjectReview
+			if err := json.Unmarshal(got.body, &review); err != nil {
+				t.Fatal(err)
+			}
+			rec := waitRecord(t, recs, got.header.Get("Audit-Id"))
+			if want := review.Status.UserInfo.Groups; !slices.Equal(rec.Request.Groups, want) {
+				t.Errorf("recorded groups %q; the apiserver resolved %q", rec.Request.Groups, want)
 			}
 		})
 	}

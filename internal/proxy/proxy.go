@@ -448,7 +448,7 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 	ex.ident = p.identify(r)
 	ex.rec.Identity = ex.ident.kind
 	if u := ex.ident.user; u != nil {
-		ex.rec.Request.User, ex.rec.Request.Groups = u.GetName(), u.GetGroups()
+		ex.rec.Request.User, ex.rec.Request.Groups = u.GetName(), authenticatedGroups(u)
 	}
 	// A get's replay takes the object from a 200 answer instead of
 	// reading etcd again (stages/apiserver/answered.go): keep the body,
