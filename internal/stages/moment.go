@@ -64,6 +64,10 @@ func OfTheMoment(p record.Prediction, a record.Actual) record.Prediction {
 		return p
 	case a.Status == http.StatusTooManyRequests:
 		why = fmt.Sprintf("the apiserver refused the request with 429 (%q), a limit of that instant (a watch cache not ready or behind, a rate limit, a disruption budget) that kproxy's replay, run after it on kproxy's own state, does not meet", a.Message)
+	case a.Status == http.StatusGatewayTimeout && strings.HasPrefix(a.Message, "Too large resource version"):
+		// The watch cache waits up to 3 s for a revision it has not seen,
+		// then answers this; the replay, later, found etcd there (probe S).
+		why = fmt.Sprintf("the apiserver answered 504 (%q): its watch cache waited up to 3 seconds for a resourceVersion it had not yet seen, and the replay, run after it, found etcd at or past that revision, so whether the cache could have caught up in time was a matter of that instant", a.Message)
 	case a.Status == http.StatusInternalServerError || a.Status == http.StatusServiceUnavailable || a.Status == http.StatusGatewayTimeout:
 		why = fmt.Sprintf("the apiserver failed the request with %d (%q), a failure of that instant (etcd, a request out of time, a backend unavailable) that the same code, replayed after it, did not meet", a.Status, a.Message)
 	default:

@@ -42,6 +42,8 @@ func TestOfTheMoment(t *testing.T) {
 			want: `the apiserver failed the request with 500 ("etcdserver: request timed out"), a failure of that instant (etcd, a request out of time, a backend unavailable) that the same code, replayed after it, did not meet; the replay's stages allow the request (200)`, wantFS: "service-accounts"},
 		{name: "out of time (504)", p: allowed, a: record.Actual{Status: 504, Reason: "Timeout", Message: "Timeout: request did not complete within requested timeout - context deadline exceeded"},
 			want: "failed the request with 504", wantFS: "service-accounts"},
+		{name: "a resourceVersion the watch cache had not reached (504)", p: allowed, a: record.Actual{Status: 504, Reason: "Timeout", Message: "Too large resource version: 3041, current: 3040"},
+			want: `answered 504 ("Too large resource version: 3041, current: 3040"): its watch cache waited up to 3 seconds`, wantFS: "service-accounts"},
 		{name: "a backend gone (503)", p: allowed, a: record.Actual{Status: 503, Reason: "ServiceUnavailable", Message: "service unavailable"}, want: "failed the request with 503", wantFS: "service-accounts"},
 		{name: "a 500 the replay predicted (etcd's size limit)", p: record.Prediction{Status: 500, Stage: record.StageStorage}, a: record.Actual{Status: 500, Message: "etcdserver: request is too large"}},
 		{name: "a 500 the replay refused otherwise", p: record.Prediction{Status: 422, Stage: record.StageValidation}, a: record.Actual{Status: 500, Message: "x"}},
