@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/apimachinery/pkg/util/wait"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/generic"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -72,6 +73,8 @@ type serviceAllocation struct {
 	// write is the request whose write allocates now (under mu): the IP
 	// allocator calls the IPAddress client without its context.
 	write *allocatingWrite
+	// ready waits until the IP allocators hold the ServiceCIDRs.
+	ready func(context.Context)
 }
 
 // allocatingWrite is what the IPAddress client needs of the write the
@@ -92,6 +95,7 @@ func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, pri
 	write := &allocatingWrite{}
 	mem := memNetworking{NetworkingV1Interface: s.Client.NetworkingV1(), ips: nw.IPAddresses().Lister(), admit: s.admitRead, write: write}
 	ipAllocs := map[api.IPFamily]ipallocator.Interface{}
+	var metas []*ipallocator.MetaAllocator
 	for _, r := range []net.IPNet{primary, secondary} {
 		if r.IP == nil {
 			continue
@@ -102,7 +106,26 @@ func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, pri
 		}
 		if _, ok := ipAllocs[a.IPFamily()]; !ok {
 			ipAllocs[a.IPFamily()] = a
+			metas = append(metas, a)
 		}
+	}
+	cidrs := nw.ServiceCIDRs().Lister()
+	ready := func(ctx context.Context) {
+		// The MetaAllocator makes an allocator for each ServiceCIDR on
+		// its own goroutine, after its informers sync: until it has, an
+		// address in range is refused as out of it ("the provided
+		// network does not match the current range"). A replay run
+		// right after kproxy starts (the local engine's first case, on
+		// a busy machine) had met that: 422 predicted for a free
+		// clusterIP. Wait for it, as the apiserver is not ready before.
+		_ = wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+			for _, a := range metas {
+				if a.Free() == 0 && hasServiceCIDR(cidrs, a.IPFamily()) {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
 	}
 	family := api.IPv4Protocol
 	if netutils.IsIPv6CIDR(&primary) {
@@ -123,7 +146,27 @@ func newServiceAllocation(getter generic.RESTOptionsGetter, s *ClusterState, pri
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return &serviceAllocation{ports: ports, rest: svc, write: write}, status, px, nil
+	return &serviceAllocation{ports: ports, rest: svc, write: write, ready: ready}, status, px, nil
+}
+
+// hasServiceCIDR reports whether a ServiceCIDR not being deleted holds a
+// range of family.
+func hasServiceCIDR(cidrs networkinglisters.ServiceCIDRLister, family api.IPFamily) bool {
+	l, err := cidrs.List(labels.Everything())
+	if err != nil {
+		return false
+	}
+	for _, c := range l {
+		if c.DeletionTimestamp != nil {
+			continue
+		}
+		for _, r := range c.Spec.CIDRs {
+			if netutils.IsIPv6CIDRString(r) == (family == api.IPv6Protocol) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // probe reports whether a Service write's registry runs as a real
@@ -144,6 +187,7 @@ func (r allocatingREST) Create(ctx context.Context, obj runtime.Object, createVa
 	if !probe(ctx) {
 		return r.REST.Create(ctx, obj, createValidation, options)
 	}
+	r.a.ready(ctx)
 	r.a.mu.Lock()
 	defer r.a.mu.Unlock()
 	r.a.write.ctx, r.a.write.run = ctx, runFrom(ctx)
@@ -164,6 +208,7 @@ func (r allocatingREST) Update(ctx context.Context, name string, objInfo rest.Up
 	if !probe(ctx) {
 		return r.REST.Update(ctx, name, objInfo, createValidation, updateValidation, forceAllowCreate, options)
 	}
+	r.a.ready(ctx)
 	r.a.mu.Lock()
 	defer r.a.mu.Unlock()
 	r.a.write.ctx, r.a.write.run = ctx, runFrom(ctx)
