@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -19,10 +22,19 @@ func TestTimeoutAnswer(t *testing.T) {
 	defer cancel()
 	k := startKproxy(t, kproxyOptions{stream: stream})
 	c := reverseRoute(k).client(nil)
-	// A millisecond is less than the apiserver takes to list every
-	// ConfigMap of the shared cluster; the tries are for a quick machine.
+	// A millisecond is less than the apiserver takes to list 300
+	// ConfigMaps of 4 KiB (what the shared cluster happened to hold
+	// was not always enough: a clean-clone run on 2026-12-07 answered
+	// all 20 tries in time); the tries are for a quick machine.
+	ns := lateNamespace(t, "timeout-answer")
+	populate(t, adminClient(), ns, 300, 4<<10)
+	t.Cleanup(func() {
+		// No namespace controller runs here: the namespace's deletion
+		// would leave them for later tests' lists.
+		_ = adminClient().CoreV1().ConfigMaps(ns).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{})
+	})
 	for try := 1; try <= 20; try++ {
-		req, err := http.NewRequest("GET", "https://"+k.addr+"/api/v1/configmaps?timeout=1ms", nil)
+		req, err := http.NewRequest("GET", "https://"+k.addr+"/api/v1/namespaces/"+ns+"/configmaps?timeout=1ms", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
