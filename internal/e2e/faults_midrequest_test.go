@@ -70,9 +70,7 @@ func TestFaultsMidRequest(t *testing.T) {
 	// to tcp_rmem's maximum, 32 MiB on some hosts), so a client that
 	// stops reading keeps the LIST in flight.
 	began := time.Now()
-	fast := c.UserConfig("admin")
-	fast.QPS, fast.Burst = -1, 0 // client-go's default 5/s would take minutes
-	populate(t, kubernetes.NewForConfigOrDie(fast), ns, 1000, 64<<10)
+	populate(t, c, ns, 1000, 64<<10)
 	t.Logf("populated 1000 ConfigMaps of 64 KiB in %v", time.Since(began).Round(time.Millisecond))
 
 	capture := filepath.Join(t.TempDir(), "capture.jsonl")
@@ -380,9 +378,13 @@ func TestFaultsMidRequest(t *testing.T) {
 }
 
 // populate creates n ConfigMaps cm-000... of size bytes of data in ns,
-// directly (not through kproxy), 8 at a time.
-func populate(t *testing.T, cs kubernetes.Interface, ns string, n, size int) {
+// directly (not through kproxy) as admin, 8 at a time, unthrottled:
+// client-go's default of 5 a second would take minutes.
+func populate(t testing.TB, c *localcluster.Cluster, ns string, n, size int) {
 	t.Helper()
+	fast := c.UserConfig("admin")
+	fast.QPS, fast.Burst = -1, 0
+	cs := kubernetes.NewForConfigOrDie(fast)
 	data := strings.Repeat("k", size)
 	next := make(chan int)
 	errs := make(chan error, n)

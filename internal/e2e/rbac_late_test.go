@@ -165,7 +165,7 @@ func inNamespace(ns string) func(*record.Record) bool {
 
 // lateNamespace is a namespace of the test's own, named prefix-N, deleted
 // after it.
-func lateNamespace(t *testing.T, prefix string) string {
+func lateNamespace(t testing.TB, prefix string) string {
 	t.Helper()
 	ns := fmt.Sprintf("%s-%d", prefix, time.Now().UnixNano()%1e6)
 	if _, err := adminClient().CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, createOpts); err != nil {

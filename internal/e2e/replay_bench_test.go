@@ -31,7 +31,7 @@ import (
 //	KPROXY_BIN_DIR=$PWD/.cache/bin go test -run='^$' -bench=Replayed -benchtime=2000x ./internal/e2e/
 func BenchmarkReplayedGet(b *testing.B) {
 	path := benchPod(b, "bench-replayed-get")
-	benchReplayed(b, true, func(int) request { return request{method: "GET", path: path, user: "admin"} })
+	benchGets(b, true, path)
 }
 
 // BenchmarkForwardedGet is BenchmarkReplayedGet's GET through a kproxy
@@ -40,7 +40,7 @@ func BenchmarkReplayedGet(b *testing.B) {
 // is the hop's.
 func BenchmarkForwardedGet(b *testing.B) {
 	path := benchPod(b, "bench-forwarded-get")
-	benchReplayed(b, false, func(int) request { return request{method: "GET", path: path, user: "admin"} })
+	benchGets(b, false, path)
 }
 
 // benchPod creates a pod to GET, deleted after the benchmark, and returns
@@ -64,45 +64,25 @@ func benchPod(b *testing.B, name string) string {
 // size), so what the two share is the hop's cost of a big answer.
 func BenchmarkReplayedList(b *testing.B) {
 	path := benchList(b, "bench-replayed-list")
-	benchReplayed(b, true, func(int) request { return request{method: "GET", path: path, user: "admin"} })
+	benchGets(b, true, path)
 }
 
 func BenchmarkForwardedList(b *testing.B) {
 	path := benchList(b, "bench-forwarded-list")
-	benchReplayed(b, false, func(int) request { return request{method: "GET", path: path, user: "admin"} })
+	benchGets(b, false, path)
 }
 
-// benchList creates 1000 ConfigMaps of 1 KiB in testNS, labelled set,
-// deleted after the benchmark, and returns the path listing them.
-func benchList(b *testing.B, set string) string {
-	cs := adminClient()
-	ctx := context.Background()
-	value := strings.Repeat("x", 1024)
-	sem := make(chan struct{}, 8)
-	errs := make(chan error, 1000)
-	for i := range 1000 {
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem }()
-			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: set + "-" + strconv.Itoa(i), Labels: map[string]string{"bench-set": set}},
-				Data: map[string]string{"v": value}}
-			if _, err := cs.CoreV1().ConfigMaps(testNS).Create(ctx, cm, createOpts); err != nil {
-				errs <- err
-			}
-		}()
-	}
-	for range cap(sem) {
-		sem <- struct{}{}
-	}
-	close(errs)
-	if err := <-errs; err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cs.CoreV1().ConfigMaps(testNS).DeleteCollection(context.Background(), metav1.DeleteOptions{},
-			metav1.ListOptions{LabelSelector: "bench-set=" + set})
-	})
-	return "/api/v1/namespaces/" + testNS + "/configmaps?labelSelector=bench-set%3D" + set
+// benchList creates 1000 ConfigMaps of 1 KiB in a namespace of their
+// own, deleted after the benchmark, and returns the path listing them.
+func benchList(b *testing.B, prefix string) string {
+	ns := lateNamespace(b, prefix)
+	populate(b, cluster, ns, 1000, 1024)
+	return "/api/v1/namespaces/" + ns + "/configmaps"
+}
+
+// benchGets is benchReplayed of admin's GETs of path.
+func benchGets(b *testing.B, replayed bool, path string) {
+	benchReplayed(b, replayed, func(int) request { return request{method: "GET", path: path, user: "admin"} })
 }
 
 func BenchmarkReplayedCreate(b *testing.B) {

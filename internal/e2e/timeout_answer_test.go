@@ -27,7 +27,7 @@ func TestTimeoutAnswer(t *testing.T) {
 	// was not always enough: a clean-clone run on 2026-12-07 answered
 	// all 20 tries in time); the tries are for a quick machine.
 	ns := lateNamespace(t, "timeout-answer")
-	populate(t, adminClient(), ns, 300, 4<<10)
+	populate(t, cluster, ns, 300, 4<<10)
 	t.Cleanup(func() {
 		// No namespace controller runs here: the namespace's deletion
 		// would leave them for later tests' lists.
