@@ -93,6 +93,21 @@ func BenchmarkReplayedCreate(b *testing.B) {
 	})
 }
 
+// BenchmarkReplayedWrite is make bench's POST row in process: a create
+// written for real (BenchmarkReplayedCreate's is a dry run), whose replay
+// tells the request's own write from the state it met.
+func BenchmarkReplayedWrite(b *testing.B) {
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	b.Cleanup(func() {
+		_ = adminClient().CoreV1().ConfigMaps(testNS).DeleteCollection(context.Background(), metav1.DeleteOptions{},
+			metav1.ListOptions{LabelSelector: "bench-write=" + run})
+	})
+	benchReplayed(b, true, func(i int) request {
+		return request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "admin",
+			body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"bench-` + run + `-` + strconv.Itoa(i) + `","labels":{"bench-write":"` + run + `"}},"data":{"k":"v"}}`}
+	})
+}
+
 // benchReplayed sends req's requests one at a time and waits for each
 // record; replayed false filters every request out of the replay.
 func benchReplayed(b *testing.B, replayed bool, req func(int) request) {
