@@ -30,8 +30,7 @@ import (
 //
 //	KPROXY_BIN_DIR=$PWD/.cache/bin go test -run='^$' -bench=Replayed -benchtime=2000x ./internal/e2e/
 func BenchmarkReplayedGet(b *testing.B) {
-	path := benchPod(b, "bench-replayed-get")
-	benchGets(b, true, path)
+	benchGets(b, true, benchPod(b, "bench-replayed-get"))
 }
 
 // BenchmarkForwardedGet is BenchmarkReplayedGet's GET through a kproxy
@@ -39,8 +38,7 @@ func BenchmarkReplayedGet(b *testing.B) {
 // replayed. The difference between the two is the replay's cost; this one
 // is the hop's.
 func BenchmarkForwardedGet(b *testing.B) {
-	path := benchPod(b, "bench-forwarded-get")
-	benchGets(b, false, path)
+	benchGets(b, false, benchPod(b, "bench-forwarded-get"))
 }
 
 // benchPod creates a pod to GET, deleted after the benchmark, and returns
@@ -63,13 +61,11 @@ func benchPod(b *testing.B, name string) string {
 // replay reads one item (a list's storage outcome does not depend on its
 // size), so what the two share is the hop's cost of a big answer.
 func BenchmarkReplayedList(b *testing.B) {
-	path := benchList(b, "bench-replayed-list")
-	benchGets(b, true, path)
+	benchGets(b, true, benchList(b, "bench-replayed-list"))
 }
 
 func BenchmarkForwardedList(b *testing.B) {
-	path := benchList(b, "bench-forwarded-list")
-	benchGets(b, false, path)
+	benchGets(b, false, benchList(b, "bench-forwarded-list"))
 }
 
 // benchList creates 1000 ConfigMaps of 1 KiB in a namespace of their
