@@ -11,6 +11,7 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -98,9 +99,7 @@ func TestTokenCachedByTheApiserver(t *testing.T) {
 	}
 	r, recs := recordedKproxy(t)
 	c := r.client(nil)
-	ssr := request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-		body:   `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`,
-		header: http.Header{"Authorization": {"Bearer " + tr.Status.Token}, "Content-Type": {"application/json"}}}
+	ssr := selfSubjectReview(tr.Status.Token)
 	d := directRoute()
 	if got := do(t, d.client(nil), d.base, ssr); got.status != 201 {
 		t.Fatalf("the token, directly: answered %d, want 201: %s", got.status, got.body)
@@ -150,9 +149,7 @@ func TestBootstrapTokenCachedByTheApiserver(t *testing.T) {
 	})
 	r, recs := recordedKproxy(t)
 	c := r.client(nil)
-	ssr := request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews",
-		body:   `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`,
-		header: http.Header{"Authorization": {"Bearer " + id + ".0123456789abcdef"}, "Content-Type": {"application/json"}}}
+	ssr := selfSubjectReview(id + ".0123456789abcdef")
 	d := directRoute()
 	// Until the apiserver's informer has the Secret.
 	deadline := time.Now().Add(30 * time.Second)
@@ -167,4 +164,120 @@ func TestBootstrapTokenCachedByTheApiserver(t *testing.T) {
 	}
 	waitPredicted(t, recs, r, c, request{method: "GET", path: "/api/v1/namespaces/kube-system/secrets/" + secret.Name, user: "admin"})
 	sendFromTokenCache(t, recs, r, c, ssr, "bootstrap token")
+}
+
+// TestLegacyTokenInvalidatedWithinTheApiserversCache is
+// TestTokenCachedByTheApiserver for a legacy token, a Secret's (found by
+// a probe): used directly, its Secret then labelled invalid (the
+// legacy-token cleaner's mark) or deleted, the token sent through kproxy
+// within seconds is authenticated from the apiserver's token cache.
+// Before, kproxy predicted 401: the legacy validator's words ("Token has
+// been invalidated", "has been marked invalid") were not read as a change
+// of the token's objects.
+func TestLegacyTokenInvalidatedWithinTheApiserversCache(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	ns := lateNamespace(t, "legacy-cached")
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "legacy"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	r, recs := recordedKproxy(t)
+	c := r.client(nil)
+	d := directRoute()
+	for _, tc := range []struct {
+		name       string
+		invalidate func(secret string) error
+	}{
+		{"labelled-invalid", func(secret string) error {
+			_, err := cs.CoreV1().Secrets(ns).Patch(ctx, secret, types.MergePatchType,
+				[]byte(`{"metadata":{"labels":{"kubernetes.io/legacy-token-invalid-since":"2026-01-01"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"secret-deleted", func(secret string) error {
+			return cs.CoreV1().Secrets(ns).Delete(ctx, secret, metav1.DeleteOptions{})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			secret := "legacy-" + tc.name
+			ssr := selfSubjectReview(legacyToken(t, cs, ns, "legacy", secret, ""))
+			if got := do(t, d.client(nil), d.base, ssr); got.status != 201 {
+				t.Fatalf("the legacy token, directly: answered %d, want 201: %s", got.status, got.body)
+			}
+			if err := tc.invalidate(secret); err != nil {
+				t.Fatal(err)
+			}
+			sendFromTokenCache(t, recs, r, c, ssr, "legacy token")
+		})
+	}
+}
+
+// TestTokenCacheLapsedInTheApiserverFirst: a legacy token used through
+// kproxy, its replay run a few hundred ms after the apiserver checked it
+// (queued behind writes): each keeps the success for 10 s from its own
+// check. Its Secret then labelled invalid, the token sent again and
+// again around the 10 s mark: the apiserver checks afresh and refuses
+// (401) while the replay's younger entry still accepts it. Before, kproxy
+// predicted the success (found by a probe: 8 records in 7 runs, the
+// window a few ms there, widened here by the queue); it says unknown now,
+// naming the two caches.
+func TestTokenCacheLapsedInTheApiserverFirst(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	ns := lateNamespace(t, "legacy-lapsed")
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "legacy"}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	tok := legacyToken(t, cs, ns, "legacy", "legacy-lapsed", "")
+	recs, r, c := oneReplayWorker(t)
+	// The service account may not list configmaps: an authenticated
+	// request is answered 403, a refused token 401.
+	list := request{method: "GET", path: "/api/v1/namespaces/" + ns + "/configmaps", header: http.Header{"Authorization": {"Bearer " + tok}}}
+	queueWrites(t, r, c, 100)
+	first := time.Now()
+	if got := do(t, c, r.base, list); got.status != 403 {
+		t.Fatalf("the legacy token: answered %d, want 403 (authenticated, not allowed): %s", got.status, got.body)
+	}
+	// Its replay ran before the label: predicted as answered.
+	if _, seen := tallyLate(t, recs, 101, inNamespace(ns), "no unknown expected", "nothing"); seen != 1 {
+		t.Fatalf("%d records of the first request in %s", seen, ns)
+	}
+	if _, err := cs.CoreV1().Secrets(ns).Patch(ctx, "legacy-lapsed", types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"kubernetes.io/legacy-token-invalid-since":"2026-01-01"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(first.Add(10*time.Second - 200*time.Millisecond)))
+	lapsed, refused := 0, 0
+	for refused < 20 && time.Since(first) < 15*time.Second {
+		got := do(t, c, r.base, list)
+		rec := nextRecord(t, recs)
+		if got.status != 401 {
+			continue
+		}
+		refused++
+		switch p := rec.Predicted; {
+		case p.Stage == record.StageUnknown && strings.Contains(p.Message, "caches a token's success"):
+			lapsed++
+			saysAt(t, rec, "caches a token's success", record.StageAuthentication)
+		case p.Stage == record.StageAuthentication && p.Status == 401:
+			// Both caches had let the token go.
+		default:
+			t.Errorf("a request answered 401 %.0f ms after the token's first use: predicted %+v, want 401 or unknown naming the token caches",
+				float64(time.Since(first).Milliseconds()), p)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("%d requests answered 401, %d of them while the replay's cache still held the token", refused, lapsed)
+	if refused == 0 {
+		t.Fatal("the apiserver never refused the labelled token")
+	}
+	if lapsed == 0 {
+		t.Errorf("no request was answered 401 while the replay's cache held the token: the path under test was not taken")
+	}
+}
+
+// selfSubjectReview is a SelfSubjectReview sent with token.
+func selfSubjectReview(token string) request {
+	return request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+		body:   `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`,
+		header: http.Header{"Authorization": {"Bearer " + token}, "Content-Type": {"application/json"}}}
 }

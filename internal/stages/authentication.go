@@ -99,8 +99,12 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		req.User, req.Caller = u, u
 		// The front-proxy authenticator consumes its headers.
 		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
-		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy, passedChild(children)), credentialKind(req.HTTP), describeUser(u)))
+		member := passedChild(children)
+		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy, member), credentialKind(req.HTTP), describeUser(u)))
 		res.Children = children
+		if cachedTokenMembers[member] && a.m.tokenSuccessTTL > 0 {
+			res.Recheck = a.refusedPastCache(member)
+		}
 		return res
 	}
 	why := "no authenticator accepted the request's credentials"
@@ -118,6 +122,33 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		return unknownNow(res, late)
 	}
 	return res
+}
+
+// cachedTokenMembers are the authenticators whose verdicts kube-apiserver
+// keeps in its token cache (--token-success-cache-ttl, 10 s by default),
+// and whose verdict on a token can change meanwhile: its objects (a
+// service account, Secret, pod or node), a webhook's mind. The replay's
+// members keep a cache of their own alike. (A --token-auth-file token's
+// verdict does not change while both run.)
+var cachedTokenMembers = map[string]bool{"service-account": true, "bootstrap-token": true, "jwt": true, "token-webhook": true}
+
+// refusedPastCache is the Recheck of a token member accepted: the
+// apiserver refused the token (401) that the replay's member accepted.
+// Each caches a token's success from its own first check of it, the
+// replay's after the apiserver's, so the replay's can still hold a token
+// the apiserver has checked afresh and refused (found by a probe: a
+// legacy token labelled invalid, sent again as the apiserver's cached
+// success lapsed; the replay's, a few ms younger, predicted 200).
+func (a *authentication) refusedPastCache(member string) func(Answer) string {
+	return func(aw Answer) string {
+		if aw.Status != http.StatusUnauthorized {
+			return ""
+		}
+		return fmt.Sprintf("the apiserver refused the request's token (it answered 401), and the replay's %s authenticator accepts it: "+
+			"each caches a token's success (for %v) from its own check of it, the replay's after the apiserver's, so the replay's may still hold "+
+			"a token the apiserver checked again and refused (its service account, Secret, pod or node changed, or a legacy token's Secret was "+
+			"labelled invalid, since the first check), so the state on arrival is not known", member, a.m.tokenSuccessTTL)
+	}
 }
 
 // refusedTimeout runs kube-apiserver's WithRequestDeadline, which sits

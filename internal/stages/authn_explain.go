@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/apiserver/pkg/authentication/user"
+	legacysa "k8s.io/kubernetes/pkg/serviceaccount"
 
 	"github.com/kproxy/kproxy/internal/credential"
 )
@@ -120,13 +121,23 @@ func (m *machinery) describeToken(r *http.Request, now time.Time) string {
 			notes = append(notes, fmt.Sprintf("it is not valid before %s", nbf.Format(time.RFC3339)))
 		}
 	}
-	if len(m.apiAudiences) > 0 && !intersects(aud, m.apiAudiences) && strings.HasPrefix(c.Sub, serviceaccount.ServiceAccountUsernamePrefix) {
+	// A legacy token (a Secret's, issuer kubernetes/serviceaccount) has no
+	// audience, and the service-account authenticator gives it the
+	// apiserver's own: its audiences are never why it is refused (found by
+	// a probe, on every refused legacy token).
+	legacy := c.Iss == legacysa.LegacyIssuer
+	if len(m.apiAudiences) > 0 && !legacy && !intersects(aud, m.apiAudiences) && strings.HasPrefix(c.Sub, serviceaccount.ServiceAccountUsernamePrefix) {
 		notes = append(notes, fmt.Sprintf("none of its audiences is one the apiserver accepts (%v)", []string(m.apiAudiences)))
 	}
-	if len(m.saIssuers) > 0 && strings.HasPrefix(c.Sub, serviceaccount.ServiceAccountUsernamePrefix) && !contains(m.saIssuers, c.Iss) && c.Iss != "kubernetes/serviceaccount" {
+	if len(m.saIssuers) > 0 && strings.HasPrefix(c.Sub, serviceaccount.ServiceAccountUsernamePrefix) && !contains(m.saIssuers, c.Iss) && !legacy {
 		notes = append(notes, fmt.Sprintf("its issuer is not one of --service-account-issuer %v", m.saIssuers))
 	}
-	if strings.HasPrefix(c.Sub, serviceaccount.ServiceAccountUsernamePrefix) && len(notes) == 1 {
+	switch {
+	case !strings.HasPrefix(c.Sub, serviceaccount.ServiceAccountUsernamePrefix) || len(notes) > 1:
+	case legacy:
+		notes = append(notes, "it is a legacy token, a Secret's: if its signature is valid, the Secret or its service account no longer exists (or has another UID), "+
+			"the Secret holds another token, or it is labelled "+legacysa.InvalidSinceLabelKey+" (the legacy-token cleaner's mark)")
+	default:
 		notes = append(notes, "if its signature is valid, the service account, or the pod, secret or node it is bound to, no longer exists (or has another UID)")
 	}
 	return strings.Join(notes, "; ")

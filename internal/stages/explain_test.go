@@ -37,6 +37,8 @@ func TestDescribeToken(t *testing.T) {
 			[]string{"not one of --service-account-issuer"}, nil},
 		{"valid-looking service-account token", jwtWith(`{"iss":"https://kubernetes.default.svc","sub":"system:serviceaccount:a:b","aud":["https://kubernetes.default.svc"],"exp":3000}`),
 			[]string{"no longer exists"}, nil},
+		{"legacy token (no audience, its own issuer)", jwtWith(`{"iss":"kubernetes/serviceaccount","sub":"system:serviceaccount:a:default","kubernetes.io/serviceaccount/secret.name":"t"}`),
+			[]string{"legacy token", "kubernetes.io/legacy-token-invalid-since"}, []string{"none of its audiences", "--service-account-issuer"}},
 		{"not yet valid", jwtWith(`{"iss":"x","sub":"u","nbf":3000}`), []string{"not valid before"}, nil},
 		{"garbage claims", "a.!!!.c", []string{"not base64url"}, nil},
 	} {

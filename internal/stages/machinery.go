@@ -52,6 +52,10 @@ type machinery struct {
 	tracer          trace.Tracer
 	apiAudiences    authenticator.Audiences
 	saIssuers       []string
+	// tokenSuccessTTL is how long the token authenticators keep a
+	// success (--token-success-cache-ttl), the apiserver's and the
+	// replay's alike.
+	tokenSuccessTTL time.Duration
 	requestHeader   *authenticatorfactory.RequestHeaderConfig
 
 	authz    authorizer.Authorizer
@@ -292,7 +296,7 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *apiserver.Option
 		return err
 	}
 	m.authn, m.authnMembers = authn, members
-	m.requestHeader = ac.RequestHeaderConfig
+	m.requestHeader, m.tokenSuccessTTL = ac.RequestHeaderConfig, ac.TokenSuccessCacheTTL
 	m.apiAudiences = o.Authentication.APIAudiences
 	if sa := o.Authentication.ServiceAccounts; sa != nil {
 		m.saIssuers = sa.Issuers

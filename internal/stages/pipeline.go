@@ -204,7 +204,8 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		names = append(names, p.handler.names())
 	}
 	var spanless []string // stages in the record with no span of their own
-	var gated string      // why the Gate ended the replay
+	var rechecks []recheck
+	var gated string // why the Gate ended the replay
 	for i, element := range elements {
 		if gated != "" {
 			for _, name := range names[i] {
@@ -240,6 +241,9 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 				OffsetNs:    st.at.Sub(start).Nanoseconds(),
 				Explanation: res.Explanation, Children: recordedChildren(res),
 			})
+			if res.Recheck != nil {
+				rechecks = append(rechecks, recheck{at: len(out.Stages) - 1, f: res.Recheck})
+			}
 			switch {
 			case res.Outcome == record.Error:
 				unknown = append(unknown, fmt.Sprintf("%s failed: %s", st.name, res.Explanation))
@@ -271,6 +275,9 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 				decided, decidedBy = r, name
 			}
 		}
+		if len(unknown) == 0 {
+			unknown = askRechecks(ctx, req, rechecks, out.Stages)
+		}
 		out.Predicted = predict(req, out.answer, decided, decidedBy, unknown)
 	}
 	out.Predicted.FlowSchema, out.Predicted.PriorityLevel = req.FlowSchema, req.PriorityLevel
@@ -283,6 +290,36 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 		span.SetAttributes(attribute.String(skippedAttr, strings.Join(spanless, ", ")))
 	}
 	return out
+}
+
+// recheck is a stage's Recheck, and where its result is in the record.
+type recheck struct {
+	at int
+	f  func(Answer) string
+}
+
+// askRechecks asks the stages' rechecks with the apiserver's answer, once
+// the replay has run, and returns the unknowns they give, each stage's
+// result in the record made unknown with its reason.
+func askRechecks(ctx context.Context, req *Request, rechecks []recheck, results []record.StageResult) []string {
+	if len(rechecks) == 0 || !answerAwaited(req) {
+		return nil
+	}
+	aw, ok := req.Actual(ctx)
+	if !ok {
+		return nil
+	}
+	var unknown []string
+	for _, rc := range rechecks {
+		why := rc.f(aw)
+		if why == "" {
+			continue
+		}
+		st := &results[rc.at]
+		st.Outcome, st.Explanation = record.Skip, why+"; read now: "+st.Explanation
+		unknown = append(unknown, st.Name+": "+why)
+	}
+	return unknown
 }
 
 // lateDecision handles a refusal the resource handler makes on behalf of a

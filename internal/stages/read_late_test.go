@@ -191,6 +191,13 @@ func TestAuthenticatedLate(t *testing.T) {
 		{"pod replaced", errors.New("pod UID (a) does not match service account pod ref claim (b)"), 404, "it answered 404"},
 		{"pod deleted, answered 401", errors.New("service account token has been invalidated"), 401, ""},
 		{"pod deleted, kproxy's 502", errors.New("service account token has been invalidated"), 502, ""},
+		// A legacy token (a Secret's): its validator's own words.
+		{"legacy token's Secret deleted, answered 200", errors.New("[invalid bearer token, Token has been invalidated]"), 200, "within the apiserver's token cache"},
+		{"legacy token's service account deleted", errors.New("[invalid bearer token, ServiceAccount legacy/default has been deleted]"), 403, "it answered 403"},
+		{"legacy token's service account replaced", errors.New("ServiceAccount UID (a) does not match claim (b)"), 200, "deleted or replaced"},
+		{"legacy token's Secret holds another token", errors.New("Token does not match server's copy"), 200, "deleted or replaced"},
+		{"legacy token labelled invalid, answered 403", errors.New("[invalid bearer token, the token in secret legacy/t for service account legacy/default has been marked invalid. Use tokens from the TokenRequest API or manually created secret-based tokens, or remove the 'kubernetes.io/legacy-token-invalid-since' label from the secret to temporarily allow use of this token]"), 403, "labelled invalid"},
+		{"legacy token labelled invalid, answered 401", errors.New("the token in secret legacy/t for service account legacy/default has been marked invalid."), 401, ""},
 		{"expired, answered 200", errors.New("service account token has expired"), 200, ""},
 		{"a bad token", errors.New("invalid bearer token"), 200, ""},
 		{"no error", nil, 200, ""},

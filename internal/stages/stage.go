@@ -95,6 +95,13 @@ type Result struct {
 	// and duration take these times, and Spans its children's.
 	Began, Ended time.Time
 	Spans        []childSpan
+	// Recheck, when set, is asked with the apiserver's answer once the
+	// replay has run (a request whose answer is awaited): a non-empty
+	// reason makes the stage's verdict, and the prediction, unknown. It is
+	// for a verdict taken from state the replay keeps for itself (a token
+	// cache) that the apiserver's may not hold, which only the answer can
+	// show: asked at the end, it holds no replay worker waiting for it.
+	Recheck func(Answer) string
 }
 
 // childSpan is a span recorded after the fact: an admission plugin's
