@@ -766,7 +766,7 @@ func websocketRequest(t *testing.T, r route, path, token string) {
 	req.Header.Set("Sec-WebSocket-Key", base64.StdEncoding.EncodeToString([]byte(randomHex(8))))
 	protocols := "v4.channel.k8s.io"
 	if token != "" {
-		protocols = "base64url.bearer.authorization.k8s.io." + base64.RawURLEncoding.EncodeToString([]byte(token)) + ", " + protocols
+		protocols = bearerProtocol(token) + ", " + protocols
 	}
 	req.Header.Set("Sec-WebSocket-Protocol", protocols)
 	resp, err := r.client(nil).Do(req)

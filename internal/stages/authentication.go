@@ -99,6 +99,7 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		req.User, req.Caller = u, u
 		// The front-proxy authenticator consumes its headers.
 		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
+		tokenProtocolOut(req, out.req)
 		member := passedChild(children)
 		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy, member), credentialKind(req.HTTP), describeUser(u)))
 		res.Children = children
@@ -122,6 +123,25 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		return unknownNow(res, late)
 	}
 	return res
+}
+
+// tokenProtocolOut hands the stages after authentication the request
+// without the WebSocket subprotocol that carried its token, as the
+// apiserver's WebSocket authenticator leaves it (filtered, the
+// authentication filter's copy of the request, once it accepted the
+// token): the handshake is offered the others (found by a probe: a
+// browser's watch, "base64.binary.k8s.io" and the token's subprotocol,
+// answered 101 and predicted 400 for two subprotocols). The replay's own
+// copy is replaced, never the request kproxy forwards.
+func tokenProtocolOut(req *Request, filtered *http.Request) {
+	const protocol = "Sec-Websocket-Protocol"
+	kept := filtered.Header.Values(protocol)
+	if slices.Equal(kept, req.HTTP.Header.Values(protocol)) {
+		return
+	}
+	r := req.HTTP.Clone(req.HTTP.Context())
+	r.Header[protocol] = kept
+	req.HTTP = r
 }
 
 // cachedTokenMembers are the authenticators whose verdicts kube-apiserver
