@@ -33,7 +33,8 @@ import (
 // What the client sees is unchanged but for one thing: when the stream
 // ends, kproxy closes the connection instead of handing it back for the
 // client's next request (net/http cannot take a hijacked connection
-// back); a client reconnects, as it would after an idle timeout. A
+// back), and its answer says so (Connection: close); a client
+// reconnects, as it would after an idle timeout. A
 // request whose stream cannot be taken over (HTTP/2, HTTP/1.0, an error
 // answer, a writer that cannot hijack) is relayed as before, by the
 // reverse proxy.
@@ -86,6 +87,11 @@ func takeStream(resp *http.Response, ex *exchange) {
 		return
 	}
 	ex.detach.body, resp.Body = resp.Body, http.NoBody
+	// kproxy closes the connection when the stream ends: HTTP/1.1 says a
+	// server that will close says so, so that the client sends its next
+	// request on a new one (found by a probe: Python's http.client sent
+	// its next request on this one, which failed; the apiserver keeps it).
+	resp.Header.Set("Connection", "close")
 }
 
 // forwardStream forwards r like forward, and when the answer is a stream,
@@ -143,17 +149,25 @@ const chunkHead = 8
 func (p *Proxy) relayDetached(ctx context.Context, ex *exchange, span trace.Span) {
 	d := ex.detach
 	conn := d.conn
-	// Watch the client: on a watch's connection it sends nothing until
-	// the response ends, so any byte, EOF or error means it is done. The
-	// bare connection under TLS is read: a goroutine blocked there is
-	// shallow, and reading it takes nothing from what TLS writes.
+	// Watch the client: its connection ending (EOF or an error) means it
+	// is done. The bare connection under TLS is read: a goroutine blocked
+	// there is shallow, and reading it takes nothing from what TLS
+	// writes. What the client sends meanwhile (a request pipelined behind
+	// the watch) is read and dropped: the watch goes on, as it does at the
+	// apiserver (found by a probe: the watch had been cut at the first
+	// byte and recorded as the client gone); the response said the
+	// connection closes after it, so that request goes unanswered.
 	raw := conn
 	if tc, ok := conn.(*tls.Conn); ok {
 		raw = tc.NetConn()
 	}
 	go func() {
-		var b [1]byte
-		_, _ = raw.Read(b[:])
+		var b [64]byte
+		for {
+			if _, err := raw.Read(b[:]); err != nil {
+				break
+			}
+		}
 		d.cancel(errClientGone)
 	}()
 

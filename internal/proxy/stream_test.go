@@ -131,7 +131,11 @@ func TestDetachedWatch(t *testing.T) {
 	relay := func(t *testing.T, lines chan<- string, br *bufio.Reader, events ...string) {
 		t.Helper()
 		for _, ev := range events {
-			lines <- ev
+			select {
+			case lines <- ev:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("the upstream watch took no event for 10s: it ended early")
+			}
 			got, err := br.ReadString('\n')
 			if err != nil || got != ev {
 				t.Fatalf("read %q, %v; want %q", got, err, ev)
@@ -162,6 +166,9 @@ func TestDetachedWatch(t *testing.T) {
 		sink := &collect{}
 		front, client := streamProxy(t, streamUpstream(t, lines, gone), sink)
 		resp, br := open(t, client, front.URL, context.Background())
+		if !resp.Close {
+			t.Errorf("the answer does not say the connection closes after the stream (Connection: close): %v", resp.Header)
+		}
 		relay(t, lines, br, events...)
 		close(lines)
 		if rest, err := io.ReadAll(br); err != nil || len(rest) != 0 {
@@ -175,6 +182,42 @@ func TestDetachedWatch(t *testing.T) {
 		if rec.Request.Verb != "watch" || rec.Actual.Status != 200 || rec.Actual.ResponseBytes != size || rec.Actual.Error != "" {
 			t.Errorf("record: %s, status %d, %d bytes, error %q; want the watch's 200, %d bytes, no error",
 				rec.Request.Verb, rec.Actual.Status, rec.Actual.ResponseBytes, rec.Actual.Error, size)
+		}
+	})
+
+	// A request pipelined behind the watch on its connection: the watch
+	// goes on until the apiserver ends it, and its record does not say
+	// the client went away.
+	t.Run("the client sends while the stream is open", func(t *testing.T) {
+		lines, gone := make(chan string), make(chan struct{}, 1)
+		sink := &collect{}
+		front, client := streamProxy(t, streamUpstream(t, lines, gone), sink)
+		conn, err := tls.Dial("tcp", front.Listener.Addr().String(), client.Transport.(*http.Transport).TLSClientConfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := io.WriteString(conn, "GET "+watchPath+" HTTP/1.1\r\nHost: kproxy\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("watch answered %v, %v", resp, err)
+		}
+		body := bufio.NewReader(resp.Body)
+		relay(t, lines, body, events[0])
+		if _, err := io.WriteString(conn, "GET /api HTTP/1.1\r\nHost: kproxy\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // for kproxy to read it
+		relay(t, lines, body, events[1:]...)
+		close(lines)
+		if rest, err := io.ReadAll(body); err != nil || len(rest) != 0 {
+			t.Fatalf("after the last event: %q, %v; want a clean end", rest, err)
+		}
+		if rec := recordOf(t, sink); rec.Actual.Error != "" || rec.Actual.ResponseBytes != size {
+			t.Errorf("record: %d bytes, error %q; want %d bytes, no error", rec.Actual.ResponseBytes, rec.Actual.Error, size)
 		}
 	})
 
