@@ -123,6 +123,20 @@ func FuzzWatchStream(f *testing.F) {
 		if fmt.Sprint(whole.events) != fmt.Sprint(bytewise.events) || (whole.err == nil) != (bytewise.err == nil) {
 			t.Fatalf("%s stream %q reads differently a byte at a time:\nwhole:    %v %v\nbytewise: %v %v", ct, body, whole.events, whole.err, bytewise.events, bytewise.err)
 		}
+		// The tally of the stream as it reaches a client does not depend
+		// on the pieces it comes in either, and counts a protobuf
+		// stream's frames as WatchStream reads them.
+		tw, tb := NewWatchTally(ct), NewWatchTally(ct)
+		tw.Write(body)
+		for i := range body {
+			tb.Write(body[i : i+1])
+		}
+		if tw.Events() != tb.Events() || fmt.Sprint(tw.LastError()) != fmt.Sprint(tb.LastError()) {
+			t.Fatalf("%s stream %q tallies differently a byte at a time: %d %v, %d %v", ct, body, tw.Events(), tw.LastError(), tb.Events(), tb.LastError())
+		}
+		if protobuf && whole.err == nil && tw.Events() != int64(len(whole.events)) {
+			t.Fatalf("protobuf stream %q: tallied %d events, read %d", body, tw.Events(), len(whole.events))
+		}
 		// Render the events that decoded as a JSON stream, and read it.
 		var again bytes.Buffer
 		_ = WatchStream(bytes.NewReader(body), ct, func(e Event) error {

@@ -12,6 +12,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // cmState puts ConfigMap name into a known state before each route sends
@@ -188,5 +190,38 @@ func TestWatch(t *testing.T) {
 				t.Fatal("no watch event through kproxy within a minute")
 			}
 		})
+	}
+}
+
+// TestWatchEvents: a watch's record counts the events its client got,
+// over HTTP/1.1 (relayed off net/http) and HTTP/2, in JSON and protobuf:
+// three ConfigMaps listed as ADDED from resourceVersion 0, then the
+// stream ends at its timeout. (An ERROR event ending a stream, which the
+// record names too, is TestDetachedWatch's and TestWatchTally's: this
+// cluster's watch cache does not refuse an old resourceVersion on cue.)
+func TestWatchEvents(t *testing.T) {
+	ctx := context.Background()
+	for i := range 3 {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("t-events-%d", i), Labels: map[string]string{"case": "t-events"}}}
+		if _, err := adminClient().CoreV1().ConfigMaps(testNS).Create(ctx, cm, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+			t.Fatal(err)
+		}
+	}
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(16)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	for _, r := range []route{reverseRoute(k), reverseH2Route(k)} {
+		for _, accept := range []string{"application/json", "application/vnd.kubernetes.protobuf;stream=watch"} {
+			t.Run(r.name+" "+accept, func(t *testing.T) {
+				ex := do(t, r.client(nil), r.base, request{method: "GET", user: "admin", header: http.Header{"Accept": {accept}},
+					path: "/api/v1/namespaces/" + testNS + "/configmaps?watch=1&resourceVersion=0&labelSelector=case%3Dt-events&timeoutSeconds=1"})
+				rec := nextRecord(t, recs)
+				if ex.status != 200 || rec.Actual.Events != 3 || rec.Actual.StreamError != nil {
+					t.Errorf("watch answered %d: recorded %d events, stream error %+v; want 3 ADDED events and none (the stream: %q)",
+						ex.status, rec.Actual.Events, rec.Actual.StreamError, ex.body)
+				}
+			})
+		}
 	}
 }

@@ -659,6 +659,12 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 		ex.rec.Actual.Status = rw.status
 	}
 	ex.rec.Actual.ResponseBytes = rw.bytes
+	if rw.tally != nil {
+		ex.rec.Actual.Events = rw.tally.Events()
+		if st := rw.tally.LastError(); st != nil {
+			ex.rec.Actual.StreamError = &record.StreamStatus{Code: int(st.Code), Reason: string(st.Reason), Message: st.Message}
+		}
+	}
 	ex.rec.Actual.Headers = record.RedactHeaders(rw.Header())
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
 	ex.actualWrite, ex.okBody, ex.okEncoding = stages.Answer{Status: rw.status, LastModified: rw.Header().Get("Last-Modified"),
@@ -791,6 +797,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	a.PriorityLevelUID = resp.Header.Get("X-Kubernetes-Pf-Prioritylevel-Uid")
 	a.Warnings = resp.Header.Values("Warning")
 	a.RetryAfter = resp.Header.Get("Retry-After")
+	if ex.rw != nil && resp.StatusCode == http.StatusOK && ex.rec.Request.Verb == "watch" {
+		ex.rw.tally = decode.NewWatchTally(resp.Header.Get("Content-Type"))
+	}
 	takeStream(resp, ex)
 	if fillsReads(ex.info, resp) && resp.Body != http.NoBody {
 		resp.Body = fullReads{resp.Body}
@@ -1336,6 +1345,8 @@ type responseRecorder struct {
 	// unflushed: the answer is relayed in full reads (coalesce.go), with
 	// no flush after each.
 	unflushed bool
+	// tally counts a watch's events as they reach the client.
+	tally *decode.WatchTally
 }
 
 func (w *responseRecorder) WriteHeader(code int) {
@@ -1354,6 +1365,9 @@ func (w *responseRecorder) Write(b []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(b)
 	w.bytes += int64(n)
+	if w.tally != nil {
+		w.tally.Write(b[:n])
+	}
 	if w.status >= 400 && len(w.errBody) < maxStatusBody {
 		w.errBody = append(w.errBody, b[:min(n, maxStatusBody-len(w.errBody))]...)
 	} else if w.keepBody && w.status < 300 && len(w.okBody) < maxStatusBody {

@@ -188,6 +188,9 @@ func (p *Proxy) relayDetached(ctx context.Context, ex *exchange, span trace.Span
 				break
 			}
 			ex.rw.bytes += int64(n)
+			if ex.rw.tally != nil {
+				ex.rw.tally.Write(buf[chunkHead : chunkHead+n])
+			}
 		}
 		if err == io.EOF {
 			if _, werr := io.WriteString(conn, "0\r\n\r\n"); werr != nil {

@@ -155,7 +155,8 @@ func TestDetachedWatch(t *testing.T) {
 			t.Errorf("record error %q, want %q", rec.Actual.Error, wantErr)
 		}
 	}
-	events := []string{"{\"type\":\"ADDED\"}\n", string(make([]byte, 9000)) + "\n", "{\"type\":\"DELETED\"}\n"}
+	events := []string{"{\"type\":\"ADDED\"}\n", string(make([]byte, 9000)) + "\n", "{\"type\":\"DELETED\"}\n",
+		`{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too old resource version: 300 (1709)","reason":"Expired","code":410}}` + "\n"}
 	var size int64
 	for _, ev := range events {
 		size += int64(len(ev))
@@ -182,6 +183,11 @@ func TestDetachedWatch(t *testing.T) {
 		if rec.Request.Verb != "watch" || rec.Actual.Status != 200 || rec.Actual.ResponseBytes != size || rec.Actual.Error != "" {
 			t.Errorf("record: %s, status %d, %d bytes, error %q; want the watch's 200, %d bytes, no error",
 				rec.Request.Verb, rec.Actual.Status, rec.Actual.ResponseBytes, rec.Actual.Error, size)
+		}
+		// The stream's events, and the ERROR event that ended it.
+		if se := rec.Actual.StreamError; rec.Actual.Events != int64(len(events)) || se == nil || se.Code != 410 || se.Reason != "Expired" ||
+			se.Message != "too old resource version: 300 (1709)" {
+			t.Errorf("record: %d events, stream error %+v; want %d events, the 410 that ended the stream", rec.Actual.Events, se, len(events))
 		}
 	})
 

@@ -172,11 +172,25 @@ type Actual struct {
 	RetryAfter string `json:"retryAfter,omitempty"`
 	// ResponseBytes is how many body bytes reached the client.
 	ResponseBytes int64 `json:"responseBytes,omitempty"`
+	// Events is how many events a watch answered 200 over HTTP carried to
+	// the client (JSON or protobuf; a WebSocket watch's are not counted).
+	Events int64 `json:"events,omitempty"`
+	// StreamError is the last ERROR event of such a watch: the apiserver
+	// ends a watch it cannot go on with inside its 200 (410 Expired "too
+	// old resource version", a storage error).
+	StreamError *StreamStatus `json:"streamError,omitempty"`
 	// Error is set when no answer came from the upstream (kproxy answered).
 	Error string `json:"error,omitempty"`
 	// Headers are the response headers the client received, redacted as
 	// request headers are.
 	Headers map[string][]string `json:"headers,omitempty"`
+}
+
+// StreamStatus is a Status the apiserver sent inside a stream.
+type StreamStatus struct {
+	Code    int    `json:"code"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
 }
 
 // NoAnswer reports a record whose status kproxy wrote because the
