@@ -249,11 +249,20 @@ func bodyNote(q record.Request) string {
 func (m *Model) renderResponse(r *record.Record, w int) string {
 	a := r.Actual
 	var b strings.Builder
+	events := ""
+	if a.Events > 0 || a.StreamError != nil {
+		events = fmt.Sprint(a.Events)
+	}
 	b.WriteString(kv(w, "status", statusText(a.Status), "retry after", a.RetryAfter,
-		"body", sizeNote(a.ResponseBytes), "error", a.Error))
+		"body", sizeNote(a.ResponseBytes), "events", events, "error", a.Error))
 	if a.Reason != "" || a.Message != "" {
 		b.WriteString("\n" + m.st.header.Render("Status") + "\n")
 		b.WriteString(kv(w, "kind", "Status", "code", fmt.Sprint(a.Status), "reason", a.Reason, "message", a.Message))
+	}
+	if se := a.StreamError; se != nil {
+		// A watch the apiserver ended inside its 200.
+		b.WriteString("\n" + m.st.header.Render("Stream ended by an ERROR event") + "\n")
+		b.WriteString(kv(w, "kind", "Status", "code", fmt.Sprint(se.Code), "reason", se.Reason, "message", se.Message))
 	}
 	if len(a.Warnings) > 0 {
 		b.WriteString("\n" + m.st.header.Render("Warnings") + "\n")

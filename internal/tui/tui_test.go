@@ -166,6 +166,7 @@ func TestScreens(t *testing.T) {
 			keys(m, "2")
 		}},
 		{"detail-response", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "4") }},
+		{"detail-response-watch", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "4") }},
 		{"detail-trace", func(m *Model) {
 			m.opts.JaegerURL = "http://jaeger:16686"
 			openFlow(m, "/api/v1/namespaces/kube-system/secrets")
@@ -188,7 +189,12 @@ func TestScreens(t *testing.T) {
 			if tc.name == "detail-request-body" {
 				recs = withBody(recs, "/api/v1/namespaces/default/pods", `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"bad"},"spec":{"containers":[{"name":"c","image":"busybox","resources":{"limits":{"cpu":"-1"}}}]}}`)
 			}
-			send(m, eventsMsg{{Records: recs, Status: "reading"}, {Done: true}})
+			// Only this case's screen shows the watch.
+			shown := recs
+			if tc.name == "detail-response-watch" {
+				shown = asWatchEnded(recs, "/api/v1/namespaces/kube-system/secrets")
+			}
+			send(m, eventsMsg{{Records: shown, Status: "reading"}, {Done: true}})
 			tc.steps(m)
 			golden(t, tc.name, screen(m))
 		})
@@ -330,6 +336,23 @@ func withBody(recs []*record.Record, path, body string) []*record.Record {
 		if r.Request.Path == path && r.Request.Method == "POST" {
 			c := *r
 			c.Request.Body = json.RawMessage(body)
+			out[i] = &c
+		}
+	}
+	return out
+}
+
+// asWatchEnded makes the request to path a watch answered 200 whose
+// stream the apiserver ended with an ERROR event, after 12 events.
+func asWatchEnded(recs []*record.Record, path string) []*record.Record {
+	out := make([]*record.Record, len(recs))
+	for i, r := range recs {
+		out[i] = r
+		if r.Request.Path == path {
+			c := *r
+			c.Request.Verb, c.Request.Query = "watch", "watch=1&resourceVersion=300"
+			c.Actual.Status, c.Actual.Reason, c.Actual.Message, c.Actual.ResponseBytes, c.Actual.Events = 200, "", "", 48213, 12
+			c.Actual.StreamError = &record.StreamStatus{Code: 410, Reason: "Expired", Message: "too old resource version: 300 (1709)"}
 			out[i] = &c
 		}
 	}
