@@ -153,6 +153,11 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 			if a.Status != ex.status || p.Status != a.Status || p.Stage == record.StageUnknown {
 				t.Errorf("%s %s with %v: answered %d (recorded %d), predicted %+v", tc.method, tc.path, tc.header, ex.status, a.Status, p)
 			}
+			// What the client got after switching protocols (the stream's
+			// WebSocket frames, its close) is counted too.
+			if ex.status == http.StatusSwitchingProtocols && (a.ResponseBytes == 0 || a.ResponseBytes != int64(len(ex.body))) {
+				t.Errorf("%s %s: the client got %d bytes after switching protocols, recorded %d", tc.method, tc.path, len(ex.body), a.ResponseBytes)
+			}
 			continue
 		}
 		if a.Status != ex.status {

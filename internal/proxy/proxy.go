@@ -313,6 +313,10 @@ type exchange struct {
 	// errStatus is errBody decoded, once (refusal).
 	errStatus  *metav1.Status
 	statusOnce sync.Once
+	// switched counts what the apiserver sent on a connection it switched
+	// protocols on (a WebSocket watch, exec, attach, port-forward), which
+	// ReverseProxy copies to the client past the recorder.
+	switched *atomic.Int64
 	// actualWrite is the answer as the replay needs it; okBody the start
 	// of a write's or a get's successful body: a write's is decoded for
 	// the resourceVersion only when the replay asks (off the response's
@@ -659,6 +663,9 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 		ex.rec.Actual.Status = rw.status
 	}
 	ex.rec.Actual.ResponseBytes = rw.bytes
+	if ex.switched != nil {
+		ex.rec.Actual.ResponseBytes = ex.switched.Load()
+	}
 	if rw.tally != nil {
 		ex.rec.Actual.Events = rw.tally.Events()
 		if st := rw.tally.LastError(); st != nil {
@@ -800,6 +807,10 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	if ex.rw != nil && resp.StatusCode == http.StatusOK && ex.rec.Request.Verb == "watch" {
 		ex.rw.tally = decode.NewWatchTally(resp.Header.Get("Content-Type"))
 	}
+	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		ex.switched = new(atomic.Int64)
+		resp.Body = countedConn{rwc, ex.switched}
+	}
 	takeStream(resp, ex)
 	if fillsReads(ex.info, resp) && resp.Body != http.NoBody {
 		resp.Body = fullReads{resp.Body}
@@ -808,6 +819,21 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		}
 	}
 	return nil
+}
+
+// countedConn is the apiserver's side of a connection that switched
+// protocols, counting what is read from it (what the client is sent).
+// ReverseProxy asserts the body is an io.ReadWriteCloser to copy both
+// ways.
+type countedConn struct {
+	io.ReadWriteCloser
+	n *atomic.Int64
+}
+
+func (c countedConn) Read(p []byte) (int, error) {
+	n, err := c.ReadWriteCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // errBodyStalled ends a response to a request whose body kproxy cut.
