@@ -170,7 +170,8 @@ type Actual struct {
 	Warnings []string `json:"warnings,omitempty"`
 	// RetryAfter is the Retry-After header of a 429 (or 503), in seconds.
 	RetryAfter string `json:"retryAfter,omitempty"`
-	// ResponseBytes is how many body bytes reached the client.
+	// ResponseBytes is how many body bytes reached the client (after a
+	// switch of protocols, what the apiserver sent on the connection).
 	ResponseBytes int64 `json:"responseBytes,omitempty"`
 	// Events is how many events a watch answered 200 over HTTP carried to
 	// the client (JSON or protobuf; a WebSocket watch's are not counted).
