@@ -8,14 +8,20 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 )
 
-func TestStatus(t *testing.T) {
-	st := &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
-		Message: `pods "x" is forbidden`, Reason: metav1.StatusReasonForbidden, Code: 403}
-	pb := protobuf.NewSerializer(statusScheme, statusScheme)
-	pbBytes, err := runtime.Encode(pb, st)
+// protobufStatus is st as the apiserver writes it in protobuf.
+func protobufStatus(t *testing.T, st *metav1.Status) []byte {
+	t.Helper()
+	b, err := runtime.Encode(protobuf.NewSerializer(statusScheme, statusScheme), st)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return b
+}
+
+func TestStatus(t *testing.T) {
+	st := &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+		Message: `pods "x" is forbidden`, Reason: metav1.StatusReasonForbidden, Code: 403}
+	pbBytes := protobufStatus(t, st)
 	for _, tc := range []struct {
 		name, ct string
 		body     []byte

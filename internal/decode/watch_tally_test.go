@@ -7,7 +7,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 )
 
 // TestWatchTally: the events of a watch stream, fed in pieces of every
@@ -16,10 +15,7 @@ import (
 func TestWatchTally(t *testing.T) {
 	gone := &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
 		Message: "too old resource version: 300 (1709)", Reason: metav1.StatusReasonExpired, Code: 410}
-	pbStatus, err := runtime.Encode(protobuf.NewSerializer(statusScheme, statusScheme), gone)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pbStatus := protobufStatus(t, gone)
 	frame := func(typ string, raw []byte) string {
 		b, err := (&metav1.WatchEvent{Type: typ, Object: runtime.RawExtension{Raw: raw}}).Marshal()
 		if err != nil {

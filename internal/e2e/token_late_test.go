@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -26,10 +27,7 @@ import (
 func TestBoundTokenPodDeletedAfterRequest(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
-	ns := lateNamespace(t, "token-late")
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "worker"}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
+	ns := accountNamespace(t, "token-late", "worker")
 	recs, r, c := oneReplayWorker(t)
 	// kproxy's replay has synced the namespace (admin's dry-run create of
 	// a configmap in it is predicted).
@@ -89,10 +87,7 @@ func TestBoundTokenPodDeletedAfterRequest(t *testing.T) {
 func TestTokenCachedByTheApiserver(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
-	ns := lateNamespace(t, "token-cached")
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "cached"}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
+	ns := accountNamespace(t, "token-cached", "cached")
 	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "cached", &authnv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -177,10 +172,7 @@ func TestBootstrapTokenCachedByTheApiserver(t *testing.T) {
 func TestLegacyTokenInvalidatedWithinTheApiserversCache(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
-	ns := lateNamespace(t, "legacy-cached")
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "legacy"}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
+	ns := accountNamespace(t, "legacy-cached", "legacy")
 	r, recs := recordedKproxy(t)
 	c := r.client(nil)
 	d := directRoute()
@@ -188,11 +180,7 @@ func TestLegacyTokenInvalidatedWithinTheApiserversCache(t *testing.T) {
 		name       string
 		invalidate func(secret string) error
 	}{
-		{"labelled-invalid", func(secret string) error {
-			_, err := cs.CoreV1().Secrets(ns).Patch(ctx, secret, types.MergePatchType,
-				[]byte(`{"metadata":{"labels":{"kubernetes.io/legacy-token-invalid-since":"2026-01-01"}}}`), metav1.PatchOptions{})
-			return err
-		}},
+		{"labelled-invalid", func(secret string) error { return markLegacyInvalid(ctx, cs, ns, secret) }},
 		{"secret-deleted", func(secret string) error {
 			return cs.CoreV1().Secrets(ns).Delete(ctx, secret, metav1.DeleteOptions{})
 		}},
@@ -223,10 +211,7 @@ func TestLegacyTokenInvalidatedWithinTheApiserversCache(t *testing.T) {
 func TestTokenCacheLapsedInTheApiserverFirst(t *testing.T) {
 	ctx := context.Background()
 	cs := adminClient()
-	ns := lateNamespace(t, "legacy-lapsed")
-	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "legacy"}}, createOpts); err != nil {
-		t.Fatal(err)
-	}
+	ns := accountNamespace(t, "legacy-lapsed", "legacy")
 	tok := legacyToken(t, cs, ns, "legacy", "legacy-lapsed", "")
 	recs, r, c := oneReplayWorker(t)
 	// The service account may not list configmaps: an authenticated
@@ -241,8 +226,7 @@ func TestTokenCacheLapsedInTheApiserverFirst(t *testing.T) {
 	if _, seen := tallyLate(t, recs, 101, inNamespace(ns), "no unknown expected", "nothing"); seen != 1 {
 		t.Fatalf("%d records of the first request in %s", seen, ns)
 	}
-	if _, err := cs.CoreV1().Secrets(ns).Patch(ctx, "legacy-lapsed", types.MergePatchType,
-		[]byte(`{"metadata":{"labels":{"kubernetes.io/legacy-token-invalid-since":"2026-01-01"}}}`), metav1.PatchOptions{}); err != nil {
+	if err := markLegacyInvalid(ctx, cs, ns, "legacy-lapsed"); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Until(first.Add(10*time.Second - 200*time.Millisecond)))
@@ -280,4 +264,23 @@ func selfSubjectReview(token string) request {
 	return request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews",
 		body:   `{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`,
 		header: http.Header{"Authorization": {"Bearer " + token}, "Content-Type": {"application/json"}}}
+}
+
+// accountNamespace is a namespace of the test's own (lateNamespace) with
+// service account sa.
+func accountNamespace(t *testing.T, prefix, sa string) string {
+	t.Helper()
+	ns := lateNamespace(t, prefix)
+	if _, err := adminClient().CoreV1().ServiceAccounts(ns).Create(context.Background(), &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
+// markLegacyInvalid labels a legacy token's Secret as the legacy-token
+// cleaner does: the legacy validator refuses its token from then on.
+func markLegacyInvalid(ctx context.Context, cs kubernetes.Interface, ns, secret string) error {
+	_, err := cs.CoreV1().Secrets(ns).Patch(ctx, secret, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"kubernetes.io/legacy-token-invalid-since":"2026-01-01"}}}`), metav1.PatchOptions{})
+	return err
 }
