@@ -49,6 +49,24 @@ func TestCertificateCaller(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Anyone authenticated may impersonate "anyones-double": a grant to
+	// system:authenticated, which the apiserver's authentication adds to
+	// a certificate's groups (found by a probe: kproxy's run of the
+	// impersonation filter asked without it, and refused with 403 what
+	// the apiserver allows).
+	if err := localcluster.Apply(ctx, cs, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "impersonate-anyones-double"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}, ResourceNames: []string{"anyones-double"}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := localcluster.Apply(ctx, cs, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "authenticated-impersonate-anyones-double"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "impersonate-anyones-double"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	stranger, err := pki.NewCA("not-the-cluster-ca")
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +110,7 @@ func TestCertificateCaller(t *testing.T) {
 		{"untrusted certificate with a valid token", untrusted, request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: ssr, user: "alice"}, 201},
 		{"impersonation allowed", dave, request{method: "GET", path: ns + "/configmaps", header: h("Impersonate-User", "erin")}, 403},
 		{"impersonation allowed, who", dave, request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: ssr, header: h("Impersonate-User", "erin")}, 201},
+		{"impersonation allowed to every authenticated user", dave, request{method: "POST", path: "/apis/authentication.k8s.io/v1/selfsubjectreviews", body: ssr, header: h("Impersonate-User", "anyones-double")}, 201},
 		{"impersonation denied", dave, request{method: "GET", path: ns + "/configmaps", header: h("Impersonate-User", "frank")}, 403},
 		{"impersonation group denied", dave, request{method: "GET", path: ns + "/configmaps", header: h("Impersonate-User", "erin", "Impersonate-Group", "system:masters")}, 403},
 		{"impersonate group without user", dave, request{method: "GET", path: ns + "/configmaps", header: h("Impersonate-Group", "devs")}, 400},

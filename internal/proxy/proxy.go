@@ -571,7 +571,7 @@ func (p *Proxy) answer(rw *responseRecorder, r *http.Request, ex *exchange) {
 				why = "answered by kproxy: it cannot authorize a certificate caller's Impersonate-* headers without an authorizer (no upstream credentials to ask SubjectAccessReviews with)"
 			}
 			refusal := &answeredHereWriter{ResponseWriter: rw, ex: ex, why: why}
-			p.withCallerImpersonation(refusal, r, ex.info, ex.ident.user, func(_ http.ResponseWriter, r *http.Request, u user.Info) {
+			p.withCallerImpersonation(refusal, r, ex.info, authenticated(ex.ident.user), func(_ http.ResponseWriter, r *http.Request, u user.Info) {
 				refusal.forwarded = true
 				p.forwardAs(rw, r, ex, u)
 			})
