@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	jose "gopkg.in/go-jose/go-jose.v2"
@@ -32,6 +33,11 @@ type identityServers struct {
 	srv      []*http.Server
 	// Flags for kube-apiserver (and so for kproxy, which reads them).
 	flags []string
+	// Webhooks that change their minds, as a test says: the token
+	// webhook refuses "hook-flip" once flipToken is set (hook:flip
+	// otherwise), and the authorization webhook denies hook:flip the
+	// configmaps it reads once flipAuthz is set.
+	flipToken, flipAuthz atomic.Bool
 }
 
 const oidcAudience = "kproxy-e2e"
@@ -106,10 +112,14 @@ jwt:
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		if tr.Spec.Token == "hook-alice" {
+		switch {
+		case tr.Spec.Token == "hook-alice":
 			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true,
 				User: authenticationv1.UserInfo{Username: "hook:alice", UID: "hook-uid-1", Groups: []string{"hook-users"}}}
-		} else {
+		case tr.Spec.Token == "hook-flip" && !s.flipToken.Load():
+			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true,
+				User: authenticationv1.UserInfo{Username: "hook:flip", UID: "hook-uid-2", Groups: []string{"hook-users"}}}
+		default:
 			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: false, Error: "unknown token"}
 		}
 		json.NewEncoder(w).Encode(tr)
@@ -131,6 +141,8 @@ jwt:
 			isHook = isHook || g == "hook-users"
 		}
 		switch {
+		case sar.Spec.User == "hook:flip" && s.flipAuthz.Load() && ra != nil && ra.Resource == "configmaps":
+			sar.Status = authorizationv1.SubjectAccessReviewStatus{Denied: true, Reason: "the e2e webhook changed its mind about hook:flip"}
 		case isHook && ra != nil && ra.Resource == "configmaps" && (ra.Verb == "get" || ra.Verb == "list"):
 			sar.Status = authorizationv1.SubjectAccessReviewStatus{Allowed: true, Reason: "the e2e webhook lets hook users read configmaps"}
 		case isHook && ra != nil && ra.Resource == "secrets":

@@ -119,7 +119,7 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	}
 	res := Reject(out.status(), fmt.Sprintf("%s rejected: %s", credentialKind(req.HTTP), why))
 	res.Children = children
-	if late := a.authenticatedLate(ctx, req, tr.err); late != "" {
+	if late := a.authenticatedLate(ctx, req, tr.err, children); late != "" {
 		return unknownNow(res, late)
 	}
 	return res

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
@@ -85,6 +86,7 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 		if late := a.authorizedLate(ctx, req, true); late != "" {
 			return unknownNow(res, late)
 		}
+		res.Recheck = a.webhookCacheRecheck(children, true)
 		return res
 	}
 	st := out.status()
@@ -97,7 +99,43 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	if late := a.authorizedLate(ctx, req, false); late != "" {
 		return unknownNow(res, late)
 	}
+	res.Recheck = a.webhookCacheRecheck(children, false)
 	return res
+}
+
+// webhookCacheRecheck is the Recheck of a verdict (allowed, or not) that
+// asked a webhook authorizer, or nil when none was asked. The apiserver
+// keeps a webhook's verdicts (its authorizedTTL and unauthorizedTTL)
+// from its own calls, which kproxy's calls do not share: a request sent
+// past kproxy, to another replica, or before kproxy started filled it,
+// and the webhook may answer otherwise by the replay's call (found by a
+// probe: a webhook that changed its mind, the apiserver answering from
+// its cache for 40 s: predicted 403 for 200, and 200 for 403 for 20 s).
+// An answer that contradicts the replay's verdict is unknown.
+func (a *authorization) webhookCacheRecheck(children []record.StageResult, allowed bool) func(Answer) string {
+	var asked []string
+	for _, c := range children {
+		if a.m.webhookAuthorizers[c.Name] && c.Explanation != notAskedChild {
+			asked = append(asked, fmt.Sprintf("%q", c.Name))
+		}
+	}
+	if len(asked) == 0 {
+		return nil
+	}
+	return func(aw Answer) string {
+		var theirs, ours string
+		switch {
+		case allowed && aw.Status == http.StatusForbidden && authorizerRefusal(aw.Refusal) && !impersonationRefusal(aw.Refusal):
+			theirs, ours = "refused", "allows"
+		case !allowed && answeredAfterAuthorization(aw.Status):
+			theirs, ours = "allowed", "denies"
+		default:
+			return ""
+		}
+		return fmt.Sprintf("the apiserver's authorization %s the request (it answered %d), and the replay's %s it, having asked the webhook authorizer %s: "+
+			"the apiserver keeps a webhook's verdicts from its own calls (its authorizedTTL and unauthorizedTTL), which kproxy's calls do not share, "+
+			"and the webhook may answer otherwise now, so the verdict on arrival is not known", theirs, aw.Status, ours, strings.Join(asked, ", "))
+	}
 }
 
 // impersonates reports a request that runs as another identity than its

@@ -60,6 +60,9 @@ type machinery struct {
 
 	authz    authorizer.Authorizer
 	authzErr error // why authorization cannot be replayed
+	// webhookAuthorizers name the chain's webhook members, whose
+	// verdicts the apiserver caches from its own calls.
+	webhookAuthorizers map[string]bool
 	// rules is the chain's rule resolver (SelfSubjectRulesReview), the
 	// union of each authorizer's, as kube-apiserver builds it.
 	rules authorizer.RuleResolver
@@ -331,6 +334,12 @@ func (m *machinery) buildAuthorization(ctx context.Context, o *apiserver.Options
 		}
 		chain.members = append(chain.members, chainMember{name: a.Name, kind: string(a.Type), authz: authz})
 		resolvers = append(resolvers, rules)
+		if a.Type == authzconfig.AuthorizerType(authzmodes.ModeWebhook) {
+			if m.webhookAuthorizers == nil {
+				m.webhookAuthorizers = map[string]bool{}
+			}
+			m.webhookAuthorizers[a.Name] = true
+		}
 		switch {
 		case a.Type == authzconfig.AuthorizerType(authzmodes.ModeRBAC) && m.authzChanges.rbac == nil:
 			r := s.Informers.Rbac().V1()

@@ -16,6 +16,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kproxy/kproxy/internal/credential"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // The access stages read the cluster's state from informers, in the
@@ -217,15 +219,27 @@ func impersonationRefusal(st *metav1.Status) bool {
 // authenticatedLate says why the replay's refusal of a credential (err,
 // the authenticators'), read after the token's bound objects changed, is
 // not the request's, or "".
-func (a *authentication) authenticatedLate(ctx context.Context, req *Request, err error) string {
+func (a *authentication) authenticatedLate(ctx context.Context, req *Request, err error, children []record.StageResult) string {
 	serviceAccount := err != nil && boundObjectGone(err)
 	bootstrap := bootstrapTokenRE.FindStringSubmatch(credential.Inspect(req.HTTP).Token)
-	if (!serviceAccount && bootstrap == nil) || !answerAwaited(req) {
+	cached := refusingCachedMembers(children)
+	if (!serviceAccount && bootstrap == nil && cached == nil) || !answerAwaited(req) {
 		return ""
 	}
 	aw, ok := req.Actual(ctx)
 	if !ok || aw.Status == 0 || aw.Status == http.StatusUnauthorized || aw.Status >= 500 {
 		return ""
+	}
+	if !serviceAccount && bootstrap == nil {
+		// A token webhook's or a JWT issuer's verdict, which the
+		// apiserver keeps from its own check (found by a probe: a
+		// webhook token used directly, then revoked or the webhook down,
+		// answered 200 from the apiserver's cache, predicted 401).
+		return fmt.Sprintf("the apiserver authenticated the request (it answered %d, which only an authenticated request gets), "+
+			"and the replay's %s refuse its token (%v): the apiserver keeps a token's success from its own check of it "+
+			"(a token webhook's for --authentication-token-webhook-cache-ttl, 2m by default; any token's for --token-success-cache-ttl, 10 s), "+
+			"which kproxy's checks do not share (a request sent past kproxy, another replica, a restart), and the webhook or issuer "+
+			"may answer otherwise now, so the state on arrival is not known", aw.Status, strings.Join(cached, " and "), err)
 	}
 	if !serviceAccount {
 		// A bootstrap token's Secret, read from an informer (found by a
@@ -241,6 +255,19 @@ func (a *authentication) authenticatedLate(ctx context.Context, req *Request, er
 		"(its service account, secret, pod or node) was deleted or replaced after the request (a legacy token's Secret: or labelled invalid), before the replay read it, "+
 		"or shortly before the request, within the apiserver's token cache (a token it authenticated in the last 10 s, "+
 		"for any client, is not checked again), so the state on arrival is not known", aw.Status, err)
+}
+
+// refusingCachedMembers names the authenticators among children that
+// refused the request's token and whose verdicts the apiserver caches
+// from calls of its own (a token webhook, a JWT issuer), or nil.
+func refusingCachedMembers(children []record.StageResult) []string {
+	var out []string
+	for _, c := range children {
+		if c.Outcome == record.Reject && (c.Name == "token-webhook" || c.Name == "jwt") {
+			out = append(out, c.Name+" authenticator")
+		}
+	}
+	return out
 }
 
 // boundObjectGone reports the service-account token validators' refusal

@@ -18,6 +18,8 @@ import (
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/tools/cache"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // TestAuthorizedLate: an authorization verdict read after kproxy saw RBAC
@@ -182,29 +184,42 @@ func TestAuthenticatedLate(t *testing.T) {
 		err      error
 		answered int
 		want     string // contains; "" keeps the verdict
+		children []record.StageResult
 	}{
-		{"pod deleted, answered 403", errors.New("service account token has been invalidated"), 403, "the apiserver authenticated the request (it answered 403"},
-		{"service account deleted, answered 200", errors.New("[invalid bearer token, service account ns/worker has been deleted]"), 200, "was deleted or replaced after the request"},
-		{"service account gone, answered 201 (the apiserver's token cache)", errors.New(`[invalid bearer token, serviceaccounts "tok-sa" not found]`), 201, "within the apiserver's token cache"},
-		{"service account gone, answered 401", errors.New(`[invalid bearer token, serviceaccounts "tok-sa" not found]`), 401, ""},
-		{"service account replaced", errors.New("service account UID (a) does not match claim (b)"), 200, "deleted or replaced"},
-		{"pod replaced", errors.New("pod UID (a) does not match service account pod ref claim (b)"), 404, "it answered 404"},
-		{"pod deleted, answered 401", errors.New("service account token has been invalidated"), 401, ""},
-		{"pod deleted, kproxy's 502", errors.New("service account token has been invalidated"), 502, ""},
+		{"pod deleted, answered 403", errors.New("service account token has been invalidated"), 403, "the apiserver authenticated the request (it answered 403", nil},
+		{"service account deleted, answered 200", errors.New("[invalid bearer token, service account ns/worker has been deleted]"), 200, "was deleted or replaced after the request", nil},
+		{"service account gone, answered 201 (the apiserver's token cache)", errors.New(`[invalid bearer token, serviceaccounts "tok-sa" not found]`), 201, "within the apiserver's token cache", nil},
+		{"service account gone, answered 401", errors.New(`[invalid bearer token, serviceaccounts "tok-sa" not found]`), 401, "", nil},
+		{"service account replaced", errors.New("service account UID (a) does not match claim (b)"), 200, "deleted or replaced", nil},
+		{"pod replaced", errors.New("pod UID (a) does not match service account pod ref claim (b)"), 404, "it answered 404", nil},
+		{"pod deleted, answered 401", errors.New("service account token has been invalidated"), 401, "", nil},
+		{"pod deleted, kproxy's 502", errors.New("service account token has been invalidated"), 502, "", nil},
 		// A legacy token (a Secret's): its validator's own words.
-		{"legacy token's Secret deleted, answered 200", errors.New("[invalid bearer token, Token has been invalidated]"), 200, "within the apiserver's token cache"},
-		{"legacy token's service account deleted", errors.New("[invalid bearer token, ServiceAccount legacy/default has been deleted]"), 403, "it answered 403"},
-		{"legacy token's service account replaced", errors.New("ServiceAccount UID (a) does not match claim (b)"), 200, "deleted or replaced"},
-		{"legacy token's Secret holds another token", errors.New("Token does not match server's copy"), 200, "deleted or replaced"},
-		{"legacy token labelled invalid, answered 403", errors.New("[invalid bearer token, the token in secret legacy/t for service account legacy/default has been marked invalid. Use tokens from the TokenRequest API or manually created secret-based tokens, or remove the 'kubernetes.io/legacy-token-invalid-since' label from the secret to temporarily allow use of this token]"), 403, "labelled invalid"},
-		{"legacy token labelled invalid, answered 401", errors.New("the token in secret legacy/t for service account legacy/default has been marked invalid."), 401, ""},
-		{"expired, answered 200", errors.New("service account token has expired"), 200, ""},
-		{"a bad token", errors.New("invalid bearer token"), 200, ""},
-		{"no error", nil, 200, ""},
+		{"legacy token's Secret deleted, answered 200", errors.New("[invalid bearer token, Token has been invalidated]"), 200, "within the apiserver's token cache", nil},
+		{"legacy token's service account deleted", errors.New("[invalid bearer token, ServiceAccount legacy/default has been deleted]"), 403, "it answered 403", nil},
+		{"legacy token's service account replaced", errors.New("ServiceAccount UID (a) does not match claim (b)"), 200, "deleted or replaced", nil},
+		{"legacy token's Secret holds another token", errors.New("Token does not match server's copy"), 200, "deleted or replaced", nil},
+		{"legacy token labelled invalid, answered 403", errors.New("[invalid bearer token, the token in secret legacy/t for service account legacy/default has been marked invalid. Use tokens from the TokenRequest API or manually created secret-based tokens, or remove the 'kubernetes.io/legacy-token-invalid-since' label from the secret to temporarily allow use of this token]"), 403, "labelled invalid", nil},
+		{"legacy token labelled invalid, answered 401", errors.New("the token in secret legacy/t for service account legacy/default has been marked invalid."), 401, "", nil},
+		// A token webhook's or JWT issuer's refusal, the apiserver's
+		// answer from its cache.
+		{"token webhook refused, answered 200", errors.New("invalid bearer token"), 200, "the replay's token-webhook authenticator refuse its token",
+			[]record.StageResult{{Name: "token-webhook", Outcome: record.Reject, Explanation: "rejected: invalid bearer token"}}},
+		{"token webhook failing, answered 403", errors.New(`an error on the server ("unknown")`), 403, "--authentication-token-webhook-cache-ttl",
+			[]record.StageResult{{Name: "token-file", Outcome: record.Reject}, {Name: "token-webhook", Outcome: record.Reject}}},
+		{"JWT refused, answered 200", errors.New("token is expired"), 200, "the replay's jwt authenticator refuse",
+			[]record.StageResult{{Name: "jwt", Outcome: record.Reject}}},
+		{"token webhook refused, answered 401", errors.New("invalid bearer token"), 401, "",
+			[]record.StageResult{{Name: "token-webhook", Outcome: record.Reject}}},
+		{"token file refused, answered 200", errors.New("invalid bearer token"), 200, "",
+			[]record.StageResult{{Name: "token-file", Outcome: record.Reject}}},
+		{"expired, answered 200", errors.New("service account token has expired"), 200, "", nil},
+		{"a bad token", errors.New("invalid bearer token"), 200, "", nil},
+		{"no error", nil, 200, "", nil},
 		// A bootstrap token (its form is the credential's), whose Secret
 		// the replay's authenticator did not find: no error of its own.
-		{"bootstrap token refused, answered 200", nil, 200, "bootstrap-token-abc006 was deleted"},
-		{"bootstrap token refused, answered 401", nil, 401, ""},
+		{"bootstrap token refused, answered 200", nil, 200, "bootstrap-token-abc006 was deleted", nil},
+		{"bootstrap token refused, answered 401", nil, 401, "", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := &authentication{}
@@ -213,7 +228,7 @@ func TestAuthenticatedLate(t *testing.T) {
 				hr.Header.Set("Authorization", "Bearer abc006.0123456789abcdef")
 			}
 			req := &Request{HTTP: hr, Actual: func(context.Context) (Answer, bool) { return Answer{Status: tc.answered}, true }}
-			why := a.authenticatedLate(context.Background(), req, tc.err)
+			why := a.authenticatedLate(context.Background(), req, tc.err, tc.children)
 			if (tc.want == "") != (why == "") || !strings.Contains(why, tc.want) {
 				t.Errorf("authenticatedLate = %q, want %q", why, tc.want)
 			}
