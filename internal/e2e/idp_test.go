@@ -38,6 +38,10 @@ type identityServers struct {
 	// otherwise), and the authorization webhook denies hook:flip the
 	// configmaps it reads once flipAuthz is set.
 	flipToken, flipAuthz atomic.Bool
+	// The token webhook fails (500) every call for "hook-down" once
+	// downToken is set, and counts them in downCalls.
+	downToken atomic.Bool
+	downCalls atomic.Int64
 }
 
 const oidcAudience = "kproxy-e2e"
@@ -112,11 +116,16 @@ jwt:
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
+		if tr.Spec.Token == "hook-down" && s.downToken.Load() {
+			s.downCalls.Add(1)
+			http.Error(w, "the e2e token webhook is down", http.StatusInternalServerError)
+			return
+		}
 		switch {
 		case tr.Spec.Token == "hook-alice":
 			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true,
 				User: authenticationv1.UserInfo{Username: "hook:alice", UID: "hook-uid-1", Groups: []string{"hook-users"}}}
-		case tr.Spec.Token == "hook-flip" && !s.flipToken.Load():
+		case tr.Spec.Token == "hook-flip" && !s.flipToken.Load(), tr.Spec.Token == "hook-down":
 			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true,
 				User: authenticationv1.UserInfo{Username: "hook:flip", UID: "hook-uid-2", Groups: []string{"hook-users"}}}
 		default:

@@ -35,6 +35,37 @@ func TestTokenWebhookCachedByTheApiserver(t *testing.T) {
 	saysAt(t, rec, "--authentication-token-webhook-cache-ttl", record.StageAuthentication)
 }
 
+// TestTokenWebhookDownCalledOnce: a webhook token the apiserver has
+// cached, sent through kproxy while the webhook fails every call: the
+// apiserver answers from its cache, and the replay calls the webhook
+// once (the apiserver would retry a failing webhook five times over
+// seconds), then says unknown, naming the cache (found by a probe: the
+// replays of 40 requests called a down webhook about 85 times, 4.4 s
+// each, and predicted 401).
+func TestTokenWebhookDownCalledOnce(t *testing.T) {
+	idp.downToken.Store(false)
+	t.Cleanup(func() { idp.downToken.Store(false) })
+	list := request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps", header: http.Header{"Authorization": {"Bearer hook-down"}}}
+	d := directRoute()
+	if got := do(t, d.client(nil), d.base, list); got.status != 200 {
+		t.Fatalf("the webhook's token, directly: answered %d, want 200: %s", got.status, got.body)
+	}
+	idp.downToken.Store(true)
+	idp.downCalls.Store(0)
+	r, recs := recordedKproxy(t)
+	got := do(t, r.client(nil), r.base, list)
+	rec := nextRecord(t, recs)
+	if got.status != 200 {
+		t.Fatalf("through kproxy, the webhook down: answered %d, want 200 (the apiserver's webhook cache): %s", got.status, got.body)
+	}
+	if n := idp.downCalls.Load(); n != 1 {
+		t.Errorf("the down webhook was called %d times for one request (the replay's), want 1", n)
+	}
+	if p := rec.Predicted; p.Stage != record.StageUnknown || !strings.Contains(p.Message, "--authentication-token-webhook-cache-ttl") {
+		t.Errorf("a token the apiserver authenticated from its webhook cache, the webhook down: predicted %+v, want unknown naming the cache", p)
+	}
+}
+
 // TestAuthzWebhookChangedItsMind: the authorization webhook allows
 // hook:flip's list, then denies it before the request's replay (queued
 // behind writes) asks it. The apiserver answered 200; the replay's

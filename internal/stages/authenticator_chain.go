@@ -7,6 +7,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+	"k8s.io/apimachinery/pkg/util/wait"
 	apiserverconfig "k8s.io/apiserver/pkg/apis/apiserver"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/request/anonymous"
@@ -69,7 +70,7 @@ func buildAuthenticatorChain(ctx context.Context, ac kubeauthenticator.Config) (
 		}},
 		{"token-webhook", ac.WebhookTokenAuthnConfigFile != "", func(c *kubeauthenticator.Config) {
 			c.WebhookTokenAuthnConfigFile, c.WebhookTokenAuthnVersion = ac.WebhookTokenAuthnConfigFile, ac.WebhookTokenAuthnVersion
-			c.WebhookTokenAuthnCacheTTL, c.WebhookRetryBackoff = ac.WebhookTokenAuthnCacheTTL, ac.WebhookRetryBackoff
+			c.WebhookTokenAuthnCacheTTL, c.WebhookRetryBackoff = ac.WebhookTokenAuthnCacheTTL, onceBackoff(ac.WebhookRetryBackoff)
 		}},
 	}
 	var members []authenticatorMember
@@ -102,6 +103,23 @@ func buildAuthenticatorChain(ctx context.Context, ac kubeauthenticator.Config) (
 		a = union.NewFailOnError(a, tracedAuthenticator{authenticatorMember{name: "anonymous", authn: anonymous.NewAuthenticator(ac.Anonymous.Conditions)}})
 	}
 	return a, members, nil
+}
+
+// onceBackoff is b with a single try. The apiserver retries a failing
+// token webhook (five tries over a few seconds by default); the replay,
+// calling it again for a request the apiserver has judged, tries once
+// (found by a probe: with the webhook down, the apiserver answered from
+// its cache and called it 0 times, while kproxy's replays called it about
+// 85 times for 40 requests, 4.4 s each, and shed others). A failed call
+// refuses the token, and when the apiserver authenticated it the record
+// says unknown (authenticatedLate).
+func onceBackoff(b *wait.Backoff) *wait.Backoff {
+	if b == nil {
+		return nil
+	}
+	once := *b
+	once.Steps = 1
+	return &once
 }
 
 // authnChildrenKey carries the per-authenticator results of one request.
