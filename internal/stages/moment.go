@@ -37,7 +37,8 @@ const shedBody = "Too many requests, please try again later."
 //     disruption budget), where the replay predicted success.
 //   - A 500, 503 or 504 (etcd failing, a request out of time, an
 //     aggregated API gone unavailable), where the replay predicted
-//     success: the same code succeeded in the replay.
+//     success: the same code succeeded in the replay; or where it
+//     predicted a refusal that rests on what failed (failedUnder).
 //
 // An answer kproxy gave itself (actual.error) is not the apiserver's and
 // changes nothing.
@@ -60,7 +61,7 @@ func OfTheMoment(p record.Prediction, a record.Actual) record.Prediction {
 			by = "API Priority and Fairness, priority level uid " + a.PriorityLevelUID
 		}
 		why = "the apiserver shed the request for load (429 from " + by + "); whether a request is shed depends on the apiserver's load at that instant, which kproxy does not predict"
-	case p.Stage != "":
+	case p.Stage != "" && (p.Status == a.Status || !failedUnder(p.Stage, a.Status)):
 		return p
 	case a.Status == http.StatusTooManyRequests:
 		why = fmt.Sprintf("the apiserver refused the request with 429 (%q), a limit of that instant (a watch cache not ready or behind, a rate limit, a disruption budget) that kproxy's replay, run after it on kproxy's own state, does not meet", a.Message)
@@ -82,4 +83,23 @@ func OfTheMoment(p record.Prediction, a record.Actual) record.Prediction {
 	}
 	return record.Prediction{Stage: record.StageUnknown, FlowSchema: p.FlowSchema, PriorityLevel: p.PriorityLevel,
 		Message: "cannot predict: " + why + "; " + then}
+}
+
+// failedUnder reports a failure of the moment (status) that a refusal the
+// replay predicted at stage cannot be told from: the apiserver could not
+// finish what that refusal rests on. A 500, 503 or 504 where storage
+// refuses (a get's 404 rests on the etcd read the apiserver could not
+// finish; found by a probe: GETs answered 504 while etcd was down,
+// predicted 404 from a read made once etcd was back), and a 504, the
+// request out of time, where any stage after flowcontrol refuses (a
+// webhook, an admission plugin's read, etcd: all wait under the timeout).
+// The stages before flowcontrol answer at once.
+func failedUnder(stage string, status int) bool {
+	switch status {
+	case http.StatusGatewayTimeout:
+		return stage != record.StageAuthentication && stage != record.StageImpersonation && stage != record.StageFlowControl
+	case http.StatusInternalServerError, http.StatusServiceUnavailable:
+		return stage == record.StageStorage
+	}
+	return false
 }

@@ -47,6 +47,17 @@ func TestOfTheMoment(t *testing.T) {
 		{name: "a backend gone (503)", p: allowed, a: record.Actual{Status: 503, Reason: "ServiceUnavailable", Message: "service unavailable"}, want: "failed the request with 503", wantFS: "service-accounts"},
 		{name: "a 500 the replay predicted (etcd's size limit)", p: record.Prediction{Status: 500, Stage: record.StageStorage}, a: record.Actual{Status: 500, Message: "etcdserver: request is too large"}},
 		{name: "a 500 the replay refused otherwise", p: record.Prediction{Status: 422, Stage: record.StageValidation}, a: record.Actual{Status: 500, Message: "x"}},
+		// A refusal resting on what failed (probe W: GETs answered 504
+		// while etcd was down, predicted 404 from a read made after).
+		{name: "out of time (504), storage refusing", p: record.Prediction{Status: 404, Stage: record.StageStorage, Reason: "NotFound"},
+			a: record.Actual{Status: 504, Reason: "Timeout", Message: "request did not complete within the allotted timeout"}, want: "the stages after flowcontrol refuse it at storage (404)"},
+		{name: "out of time (504), a webhook refusing", p: record.Prediction{Status: 400, Stage: record.StageValidatingAdmission},
+			a: record.Actual{Status: 504, Message: "request did not complete within the allotted timeout"}, want: "failed the request with 504"},
+		{name: "out of time (504), authentication refusing", p: record.Prediction{Status: 401, Stage: record.StageAuthentication},
+			a: record.Actual{Status: 504, Message: "request did not complete within the allotted timeout"}},
+		{name: "etcd failing (500), storage refusing", p: record.Prediction{Status: 409, Stage: record.StageStorage},
+			a: record.Actual{Status: 500, Message: "etcdserver: request timed out"}, want: "failed the request with 500"},
+		{name: "a 504 the replay predicted", p: record.Prediction{Status: 504, Stage: record.StageStorage}, a: record.Actual{Status: 504, Message: "x"}},
 		{name: "a 501 (a fixed answer, not one of the moment)", p: allowed, a: record.Actual{Status: 501}},
 		{name: "kproxy's own 502", p: allowed, a: record.Actual{Status: 502, Error: "kproxy could not reach the apiserver at 127.0.0.1:6443"}},
 		{name: "kproxy's own answer, a 504", p: allowed, a: record.Actual{Status: 504, Error: "client canceled the request"}},
