@@ -80,6 +80,7 @@ func addServeFlags(f *pflag.FlagSet, o *serve.Options) {
 	f.StringVar(&o.TLSCertFile, "tls-cert-file", "", "serving certificate (default: made with kproxy's CA)")
 	f.StringVar(&o.TLSKeyFile, "tls-private-key-file", "", "serving certificate's key")
 	f.StringVar(&o.PKIDir, "pki-dir", serve.DefaultPKIDir(), "directory of kproxy's CA (ca.crt, ca.key), created on first use")
+	f.DurationVar(&o.ShutdownDelay, "shutdown-delay", 0, "told to stop, keep serving this long with /readyz answering 503 before refusing new connections, so a load balancer takes the replica out first (as kube-apiserver's --shutdown-delay-duration)")
 	f.StringVar(&o.DebugAddr, "debug-addr", "", "serve Go's pprof and expvar on this address (e.g. 127.0.0.1:6060); off by default")
 	f.StringVar(&o.Capture, "capture", "", "append one JSON record per request to this file (JSON Lines), or - for standard output (kproxy logs to standard error)")
 	f.DurationVar(&o.BodyIdleTimeout, "request-body-idle-timeout", time.Minute, "end a request whose body stops arriving for this long (a client that never finishes its body holds a connection otherwise); 0 for no limit")

@@ -121,6 +121,9 @@ type Config struct {
 
 // Proxy is an http.Handler that forwards to the apiserver and records.
 type Proxy struct {
+	// cutting: the server's drain is over, and the requests still in
+	// flight are being cut (CutInFlight).
+	cutting             atomic.Bool
 	upstream            *url.URL
 	passthrough         http.RoundTripper
 	impersonating       http.RoundTripper
@@ -635,6 +638,8 @@ func (p *Proxy) finish(ex *exchange, rw *responseRecorder, v any, clientGone boo
 	abort := ""
 	switch {
 	case v == nil:
+	case v == http.ErrAbortHandler && clientGone && p.cutting.Load():
+		abort = "response aborted: " + errCutAtShutdown.Error()
 	case v == http.ErrAbortHandler && clientGone:
 		abort = "response aborted: " + errClientGone.Error()
 	default:
@@ -852,9 +857,13 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-		// The client went away before the upstream answered.
+		// The client went away before the upstream answered, or kproxy,
+		// shutting down, closed its connection.
 		if ex != nil {
 			ex.rec.Actual.Error = "client canceled the request"
+			if p.cutting.Load() {
+				ex.rec.Actual.Error = errCutAtShutdown.Error()
+			}
 		}
 		w.WriteHeader(record.StatusClientCanceled) // never seen by the client; marks the record
 		return

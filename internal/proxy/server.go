@@ -71,6 +71,9 @@ func waitAndShutdown(ctx context.Context, srv *http.Server, errc <-chan error) e
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := srv.Shutdown(sctx); err != nil {
+			if c, ok := srv.Handler.(interface{ CutInFlight() }); ok {
+				c.CutInFlight()
+			}
 			return srv.Close()
 		}
 		return nil

@@ -52,6 +52,9 @@ type detachable struct {
 var (
 	errClientGone   = errors.New("the client closed its connection")
 	errShuttingDown = errors.New("kproxy is shutting down")
+	// errCutAtShutdown: kproxy, shutting down, closed the connections of
+	// the requests still in flight after its drain.
+	errCutAtShutdown = errors.New("kproxy is shutting down: the request outlasted its drain, and kproxy closed its connection")
 )
 
 // mayDetach says whether the response to r may be taken over: a watch
@@ -257,6 +260,12 @@ func (s *detachedStreams) remove(d *detachable) {
 	defer s.mu.Unlock()
 	delete(s.open, d)
 }
+
+// CutInFlight marks the requests still in flight as cut by kproxy's
+// shutdown: the server calls it when the drain is over, before it closes
+// their connections, so that their records say so rather than blame the
+// client (found by a probe).
+func (p *Proxy) CutInFlight() { p.cutting.Store(true) }
 
 // EndStreams cuts the streams kproxy relays off net/http (watches over
 // HTTP/1.1), and any taken over from now on: the server calls it when it

@@ -62,6 +62,11 @@ type Options struct {
 	CaptureRotation record.Rotation
 	Mode            string // reverse | forward
 	DebugAddr       string // pprof and expvar, off when empty
+	// ShutdownDelay is how long kproxy, told to stop, keeps serving with
+	// /readyz answering 503 before it stops accepting connections
+	// (--shutdown-delay, as kube-apiserver's --shutdown-delay-duration):
+	// time for a load balancer to take it out.
+	ShutdownDelay time.Duration
 
 	// APIServer are the mirrored kube-apiserver flags (parsed by its own
 	// option structs); nil means none were given.
@@ -582,12 +587,33 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.audit != nil {
 		go s.audit.serve()
 	}
-	go func() { <-ctx.Done(); s.stopping.Store(true) }()
+	// Told to stop, kproxy answers /readyz 503 at once, serves on for
+	// --shutdown-delay, then drains (a request still in flight after the
+	// drain is cut, and its record says so).
+	serving, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-serving.Done():
+			return
+		}
+		s.stopping.Store(true)
+		if d := s.opts.ShutdownDelay; d > 0 {
+			s.log.Info("kproxy is stopping: /readyz answers 503; serving on for --shutdown-delay so load balancers take this replica out", "delay", d)
+			select {
+			case <-time.After(d):
+			case <-serving.Done():
+			}
+		}
+		s.log.Info("kproxy is stopping: no new connections; requests in flight have up to 5s to finish, watches are ended")
+		stopServing()
+	}()
 	var err error
 	if s.forward != nil {
-		err = s.forward.Serve(ctx, s.ln)
+		err = s.forward.Serve(serving, s.ln)
 	} else {
-		err = proxy.ServeReverse(ctx, s.ln, proxy.NewHTTPServer(s.handler, s.tlsCfg, s.log))
+		err = proxy.ServeReverse(serving, s.ln, proxy.NewHTTPServer(s.handler, s.tlsCfg, s.log))
 	}
 	s.handler.Drain()
 	// An unresponsive trace collector must not hold the exit: flushing
