@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -53,7 +54,7 @@ exported.`,
 			// process-wide handler: one structured line per window, not
 			// one unstructured line per failed batch.
 			exportLog := slog.New(logging.RateLimit(o.Log.Handler(), logging.DefaultWindow, nil))
-			otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { exportLog.Warn("trace export failed", "error", err) }))
+			otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { exportLog.Warn(exportFailed(err), "error", err) }))
 			serve.RouteKlog(o.Log)
 			if err := a.load(o.Log, false); err != nil {
 				return err
@@ -200,4 +201,17 @@ func newLoggerTo(w io.Writer, level string) *slog.Logger {
 		l = slog.LevelInfo
 	}
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+// exportFailed says what an OpenTelemetry export error is about, and what
+// to check: the SDK's one handler hears the trace exporter's errors and
+// the record log exporter's alike (found by a probe: a collector without
+// a logs pipeline answered 404 to every record, logged as "trace export
+// failed").
+func exportFailed(err error) string {
+	what, flag := "trace", "--otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT)"
+	if strings.Contains(err.Error(), "logs") {
+		what, flag = "record (OTLP logs)", "--otlp-logs: the collector must accept OTLP logs (Jaeger does not; an OpenTelemetry Collector with a logs pipeline does)"
+	}
+	return what + " export failed: spans or records are dropped until the collector answers; check " + flag
 }
