@@ -78,7 +78,7 @@ func NewEtcdClient(o *Options) (*clientv3.Client, error) {
 	// An etcd kproxy cannot reach would leave a read to its deadline,
 	// unexplained: say so now.
 	if err := dialAny(o.EtcdServers); err != nil {
-		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v): check --etcd-servers (or the manifest's), and that kproxy runs where etcd can be reached", o.EtcdServers, err)
+		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v, when kproxy started; it reads through the apiserver until it restarts): check --etcd-servers (or the manifest's), that etcd is up, and that kproxy runs where etcd can be reached", o.EtcdServers, err)
 	}
 	// The client's own log (retries, a read cancelled as kproxy exits) is
 	// not for kproxy's users: kproxy says what a failed read means.
@@ -118,7 +118,7 @@ func newEtcdAccess(ctx context.Context, o *Options, transformers map[schema.Grou
 	defer cancel()
 	if _, err := raw.Get(pctx, o.EtcdPrefix, clientv3.WithCountOnly()); err != nil {
 		_ = raw.Close()
-		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v)", o.EtcdServers, err)
+		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v, when kproxy started; it reads through the apiserver until it restarts): check that etcd is up and answers kproxy's etcd client certificate", o.EtcdServers, err)
 	}
 	raw.KV = recordingKV{KV: raw.KV, clock: clk}
 	qps := o.ReplayEtcdQPS
