@@ -70,7 +70,17 @@ type FileSink struct {
 	retryAt     time.Time
 	rotations   uint64 // files rotated since the sink opened
 	failed      uint64 // rotations that failed
+
+	// now is the sink's clock; checkedAt when it last looked whether the
+	// path still names its file (followPath).
+	now       func() time.Time
+	checkedAt time.Time
 }
+
+// pathCheck is how often the sink looks whether its path still names the
+// file it writes (a stat of each): a file moved or removed underneath it
+// (logrotate without copytruncate, an rm) is replaced within it.
+const pathCheck = time.Second
 
 // rotationRetry is how long after a failed rotation the sink tries
 // again: a rotation that keeps failing (the backup's name taken, a
@@ -169,7 +179,7 @@ func newFileSink(f captureFile, path string, log *slog.Logger) *FileSink {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &FileSink{f: f, path: path, log: log}
+	s := &FileSink{f: f, path: path, log: log, now: time.Now}
 	s.q.cond.L = &s.q.mu
 	return s
 }
@@ -235,6 +245,7 @@ func (s *FileSink) writeLines(b []byte, n int) {
 	if s.rot.due(s.size, len(b)) && !s.rot.Now().Before(s.retryAt) {
 		s.rotate(len(b))
 	}
+	s.followPath()
 	written, err := s.f.Write(b)
 	s.size += int64(written)
 	if err != nil {
@@ -253,6 +264,42 @@ func (s *FileSink) writeLines(b []byte, n int) {
 		s.log.Warn("capture writing again", "file", s.path, "recordsLost", s.lost)
 		s.lost = 0
 	}
+}
+
+// followPath, at most once per pathCheck, makes sure the sink writes the
+// file its path names: one moved away or removed (logrotate without
+// copytruncate, an rm) would take every record after it where no reader
+// looks, or to a deleted file whose space is never freed (found by a
+// probe). The sink then opens a new file at the path, and says so.
+func (s *FileSink) followPath() {
+	f, ok := s.f.(*os.File)
+	if !ok || f == os.Stdout {
+		return
+	}
+	now := s.now()
+	if now.Sub(s.checkedAt) < pathCheck {
+		return
+	}
+	s.checkedAt = now
+	at, err := os.Stat(s.path)
+	if err == nil {
+		if mine, err := f.Stat(); err != nil || !mine.Mode().IsRegular() || os.SameFile(at, mine) {
+			return
+		}
+	} else if !os.IsNotExist(err) {
+		return
+	}
+	nf, err := openCapture(s.path)
+	if err != nil {
+		s.log.Error("capture file was moved or removed, and kproxy cannot open a new one at its path: records go on to the old file", "file", s.path, "error", err)
+		return
+	}
+	_ = f.Close()
+	s.f, s.size = nf, 0
+	if st, err := nf.Stat(); err == nil {
+		s.size = st.Size()
+	}
+	s.log.Warn("capture file was moved or removed (log rotation?): kproxy writes to a new file at its path", "file", s.path)
 }
 
 // lineBuffers hold records being encoded.

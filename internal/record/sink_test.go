@@ -304,3 +304,59 @@ func TestFileSinkGroupCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFileSinkFollowsItsPath: a capture file moved away (logrotate
+// without copytruncate) or removed underneath the sink is replaced by a
+// new file at its path within a pathCheck, and the records after go
+// there (they had gone on to the moved or deleted file).
+func TestFileSinkFollowsItsPath(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "capture.jsonl")
+	var logs bytes.Buffer
+	s, err := OpenFile(path, slog.New(slog.NewTextHandler(&logs, nil)), Rotation{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	s.now = func() time.Time { return now }
+	ids := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err.Error()
+		}
+		var out []string
+		for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			var r Record
+			if json.Unmarshal([]byte(l), &r) == nil {
+				out = append(out, r.ID)
+			}
+		}
+		return strings.Join(out, ",")
+	}
+	s.Write(&Record{ID: "a"})
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	s.Write(&Record{ID: "b"}) // within pathCheck of the last look: the old file
+	now = now.Add(2 * pathCheck)
+	s.Write(&Record{ID: "c"})
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(2 * pathCheck)
+	s.Write(&Record{ID: "d"})
+	now = now.Add(2 * pathCheck)
+	s.Write(&Record{ID: "e"}) // the path names the sink's file: kept
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := ids(path + ".1"); got != "a,b" {
+		t.Errorf("the moved file holds %q, want a,b", got)
+	}
+	if got := ids(path); got != "d,e" {
+		t.Errorf("the file at the path holds %q, want d,e (c went to the file removed)", got)
+	}
+	if n := strings.Count(logs.String(), "capture file was moved or removed"); n != 2 {
+		t.Errorf("%d log lines saying the file was replaced, want 2:\n%s", n, logs.String())
+	}
+}
