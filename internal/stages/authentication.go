@@ -101,6 +101,11 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
 		tokenProtocolOut(req, out.req)
 		member := passedChild(children)
+		if why := a.m.authnConfig.why(); why != "" && (member == "jwt" || member == "anonymous") {
+			// The file holds the JWT authenticators and the anonymous
+			// rules: other members' verdicts do not depend on it.
+			return withChildren(children, Unknown(why))
+		}
 		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy, member), credentialKind(req.HTTP), describeUser(u)))
 		res.Children = children
 		if cachedTokenMembers[member] && a.m.tokenSuccessTTL > 0 {
@@ -116,6 +121,11 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	}
 	if t := a.m.describeToken(req.HTTP, req.Arrival); t != "" {
 		why += "\n" + t
+	}
+	if why := a.m.authnConfig.why(); why != "" {
+		// A JWT authenticator (or the anonymous rules) of the file as the
+		// apiserver has it now may accept what the one kproxy read refuses.
+		return withChildren(children, Unknown(why))
 	}
 	res := Reject(out.status(), fmt.Sprintf("%s rejected: %s", credentialKind(req.HTTP), why))
 	res.Children = children

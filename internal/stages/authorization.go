@@ -62,6 +62,9 @@ func (a *authorization) Run(ctx context.Context, req *Request) Result {
 	if req.User == nil {
 		return Unknown("the caller is not known (authentication was not replayed)")
 	}
+	if why := a.m.authzConfig.why(); why != "" {
+		return Unknown(why)
+	}
 	tr := &authzTrace{}
 	var children []record.StageResult
 	var quiet quietMembers

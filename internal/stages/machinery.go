@@ -63,6 +63,9 @@ type machinery struct {
 	// webhookAuthorizers name the chain's webhook members, whose
 	// verdicts the apiserver caches from its own calls.
 	webhookAuthorizers map[string]bool
+	// authnConfig and authzConfig are --authentication-config and
+	// --authorization-config, which the apiserver reloads (nil: not given).
+	authnConfig, authzConfig *reloadedConfig
 	// rules is the chain's rule resolver (SelfSubjectRulesReview), the
 	// union of each authorizer's, as kube-apiserver builds it.
 	rules authorizer.RuleResolver
@@ -114,6 +117,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 		m.authnErr = fmt.Errorf("no cluster state to replay authentication against")
 	default:
 		m.authnErr = m.buildAuthentication(ctx, o, cfg.State)
+		m.authnConfig = watchReloaded(ctx, m.clock, "--authentication-config", o.Authentication.AuthenticationConfigFile)
 	}
 	switch {
 	case o == nil || !o.AuthorizationGiven():
@@ -122,6 +126,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 		m.authzErr = fmt.Errorf("no cluster state to replay authorization against")
 	default:
 		m.authzErr = m.buildAuthorization(ctx, o, cfg.State, tp)
+		m.authzConfig = watchReloaded(ctx, m.clock, "--authorization-config", o.Authorization.AuthorizationConfigurationFile)
 	}
 	switch {
 	case m.authzErr != nil:
@@ -315,7 +320,8 @@ func (m *machinery) buildAuthentication(ctx context.Context, o *apiserver.Option
 // authorizer.Config.New for each configured authorizer alone, so that the
 // chain (authorizerChain, system:masters first) can watch every member
 // decide. A changed --authorization-config file is read when kproxy
-// restarts (the apiserver reloads it every minute).
+// restarts (the apiserver reloads it every minute); until then the
+// authorization stage says unknown (reloadedConfig).
 func (m *machinery) buildAuthorization(ctx context.Context, o *apiserver.Options, s *apiserver.ClusterState, tp trace.TracerProvider) error {
 	azc, err := o.Authorization.ToAuthorizationConfig(s.Informers)
 	if err != nil {
