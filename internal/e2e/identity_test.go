@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"net/http"
@@ -11,9 +10,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
 	"github.com/kproxy/kproxy/internal/record"
 )
@@ -33,40 +30,14 @@ func issue(t *testing.T, ca *pki.CA, l pki.Leaf) *tls.Certificate {
 // certificate directly and through kproxy (which forwards it by
 // impersonation) and expects the same answers, denials and 401s included.
 func TestCertificateCaller(t *testing.T) {
-	ctx := context.Background()
-	cs := adminClient()
 	// dave may impersonate erin (and nobody else).
-	if err := localcluster.Apply(ctx, cs, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "impersonate-erin"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}, ResourceNames: []string{"erin"}}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := localcluster.Apply(ctx, cs, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "dave-impersonates-erin"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "impersonate-erin"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "dave"}},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	grantImpersonation(t, "impersonate-erin", "erin", userSubject("dave"))
 	// Anyone authenticated may impersonate "anyones-double": a grant to
 	// system:authenticated, which the apiserver's authentication adds to
 	// a certificate's groups (found by a probe: kproxy's run of the
 	// impersonation filter asked without it, and refused with 403 what
 	// the apiserver allows).
-	if err := localcluster.Apply(ctx, cs, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "impersonate-anyones-double"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"users"}, Verbs: []string{"impersonate"}, ResourceNames: []string{"anyones-double"}}},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := localcluster.Apply(ctx, cs, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "authenticated-impersonate-anyones-double"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "impersonate-anyones-double"},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"}},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	grantImpersonation(t, "impersonate-anyones-double", "anyones-double", rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: "system:authenticated"})
 	stranger, err := pki.NewCA("not-the-cluster-ca")
 	if err != nil {
 		t.Fatal(err)

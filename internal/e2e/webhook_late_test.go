@@ -17,18 +17,7 @@ import (
 func TestTokenWebhookCachedByTheApiserver(t *testing.T) {
 	idp.flipToken.Store(false)
 	t.Cleanup(func() { idp.flipToken.Store(false) })
-	list := request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps", header: http.Header{"Authorization": {"Bearer hook-flip"}}}
-	d := directRoute()
-	if got := do(t, d.client(nil), d.base, list); got.status != 200 {
-		t.Fatalf("the webhook's token, directly: answered %d, want 200: %s", got.status, got.body)
-	}
-	idp.flipToken.Store(true)
-	r, recs := recordedKproxy(t)
-	got := do(t, r.client(nil), r.base, list)
-	rec := nextRecord(t, recs)
-	if got.status != 200 {
-		t.Fatalf("the refused token through kproxy: answered %d, want 200 (the apiserver's webhook cache): %s", got.status, got.body)
-	}
+	rec := fromWebhookCache(t, "hook-flip", func() { idp.flipToken.Store(true) })
 	if p := rec.Predicted; p.Stage != record.StageUnknown || !strings.Contains(p.Message, "--authentication-token-webhook-cache-ttl") {
 		t.Errorf("a token the apiserver authenticated from its webhook cache: predicted %+v, want unknown naming the cache", p)
 	}
@@ -45,25 +34,34 @@ func TestTokenWebhookCachedByTheApiserver(t *testing.T) {
 func TestTokenWebhookDownCalledOnce(t *testing.T) {
 	idp.downToken.Store(false)
 	t.Cleanup(func() { idp.downToken.Store(false) })
-	list := request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps", header: http.Header{"Authorization": {"Bearer hook-down"}}}
-	d := directRoute()
-	if got := do(t, d.client(nil), d.base, list); got.status != 200 {
-		t.Fatalf("the webhook's token, directly: answered %d, want 200: %s", got.status, got.body)
-	}
-	idp.downToken.Store(true)
-	idp.downCalls.Store(0)
-	r, recs := recordedKproxy(t)
-	got := do(t, r.client(nil), r.base, list)
-	rec := nextRecord(t, recs)
-	if got.status != 200 {
-		t.Fatalf("through kproxy, the webhook down: answered %d, want 200 (the apiserver's webhook cache): %s", got.status, got.body)
-	}
+	rec := fromWebhookCache(t, "hook-down", func() { idp.downToken.Store(true); idp.downCalls.Store(0) })
 	if n := idp.downCalls.Load(); n != 1 {
 		t.Errorf("the down webhook was called %d times for one request (the replay's), want 1", n)
 	}
 	if p := rec.Predicted; p.Stage != record.StageUnknown || !strings.Contains(p.Message, "--authentication-token-webhook-cache-ttl") {
 		t.Errorf("a token the apiserver authenticated from its webhook cache, the webhook down: predicted %+v, want unknown naming the cache", p)
 	}
+}
+
+// fromWebhookCache lists configmaps with a webhook's token directly (the
+// apiserver caches the webhook's verdict), runs change (the webhook
+// refuses it, or fails), then sends the list through a new kproxy: the
+// apiserver answers from its cache (200). It returns the record.
+func fromWebhookCache(t *testing.T, token string, change func()) *record.Record {
+	t.Helper()
+	list := request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/configmaps", header: http.Header{"Authorization": {"Bearer " + token}}}
+	d := directRoute()
+	if got := do(t, d.client(nil), d.base, list); got.status != 200 {
+		t.Fatalf("the webhook's token, directly: answered %d, want 200: %s", got.status, got.body)
+	}
+	change()
+	r, recs := recordedKproxy(t)
+	got := do(t, r.client(nil), r.base, list)
+	rec := nextRecord(t, recs)
+	if got.status != 200 {
+		t.Fatalf("the token through kproxy: answered %d, want 200 (the apiserver's webhook cache): %s", got.status, got.body)
+	}
+	return rec
 }
 
 // TestAuthzWebhookChangedItsMind: the authorization webhook allows
