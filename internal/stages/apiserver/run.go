@@ -595,8 +595,19 @@ func (r *Run) addRead(read StorageRead) {
 	defer r.mu.Unlock()
 	r.Reads = append(r.Reads, read)
 	if read.Err != nil && r.Unknown == "" {
-		r.Unknown, r.unknownStage = fmt.Sprintf("could not read %s: %v", read.Path, read.Err), record.StageStorage
+		r.Unknown, r.unknownStage = readFailedWhy(read), record.StageStorage
 	}
+}
+
+// readFailedWhy says why a read failed: a read of etcd out of time says
+// etcd is slow, stalled or out of reach (found by a probe: while etcd was
+// stopped, the records said only "context deadline exceeded").
+func readFailedWhy(read StorageRead) string {
+	why := fmt.Sprintf("could not read %s: %v", read.Path, read.Err)
+	if read.NoEtcd == "" && strings.Contains(read.Err.Error(), "context deadline exceeded") {
+		why += " (kproxy's read of etcd did not finish within the replay's budget: etcd is slow, stalled or out of kproxy's reach)"
+	}
+	return why
 }
 
 func (r *Run) addPlugin(c PluginCall) {
