@@ -60,6 +60,10 @@ func ServeReverse(ctx context.Context, ln net.Listener, srv *http.Server) error 
 	return waitAndShutdown(ctx, srv, errc)
 }
 
+// DrainTimeout is how long requests in flight have to finish once kproxy
+// stops accepting connections; those still in flight are then cut.
+const DrainTimeout = 5 * time.Second
+
 func waitAndShutdown(ctx context.Context, srv *http.Server, errc <-chan error) error {
 	select {
 	case err := <-errc:
@@ -68,7 +72,7 @@ func waitAndShutdown(ctx context.Context, srv *http.Server, errc <-chan error) e
 		}
 		return err
 	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		sctx, cancel := context.WithTimeout(context.Background(), DrainTimeout)
 		defer cancel()
 		if err := srv.Shutdown(sctx); err != nil {
 			if c, ok := srv.Handler.(interface{ CutInFlight() }); ok {

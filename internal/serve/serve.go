@@ -606,7 +606,7 @@ func (s *Server) Run(ctx context.Context) error {
 			case <-serving.Done():
 			}
 		}
-		s.log.Info("kproxy is stopping: no new connections; requests in flight have up to 5s to finish, watches are ended")
+		s.log.Info("kproxy is stopping: no new connections; requests in flight have until the drain's end to finish, watches are ended", "drain", proxy.DrainTimeout)
 		stopServing()
 	}()
 	var err error

@@ -29,6 +29,9 @@ type authentication struct {
 	m        *machinery
 	f        *filter
 	deadline *filter
+	// pastCache are the Rechecks of a pass by each token member behind
+	// the token cache (refusedPastCache), made once.
+	pastCache map[string]func(Answer) string
 }
 
 // authnTrace records what the authenticator union said for one request.
@@ -49,6 +52,12 @@ func newAuthentication(m *machinery) Stage {
 	})}
 	if m.authn == nil {
 		return a
+	}
+	if m.tokenSuccessTTL > 0 {
+		a.pastCache = map[string]func(Answer) string{}
+		for member := range cachedTokenMembers {
+			a.pastCache[member] = a.refusedPastCache(member)
+		}
 	}
 	traced := authenticator.RequestFunc(func(r *http.Request) (*authenticator.Response, bool, error) {
 		resp, ok, err := m.authn.AuthenticateRequest(r)
@@ -101,17 +110,20 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
 		tokenProtocolOut(req, out.req)
 		member := passedChild(children)
-		if why := a.m.authnConfig.why(); why != "" && (member == "jwt" || member == "anonymous") {
+		if changed := a.m.authnConfig.why(); changed != "" && (member == "jwt" || member == "anonymous") {
 			// The file holds the JWT authenticators and the anonymous
 			// rules: other members' verdicts do not depend on it.
-			return withChildren(children, Unknown(why))
+			return withChildren(children, Unknown(changed))
 		}
 		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy, member), credentialKind(req.HTTP), describeUser(u)))
 		res.Children = children
-		if cachedTokenMembers[member] && a.m.tokenSuccessTTL > 0 {
-			res.Recheck = a.refusedPastCache(member)
-		}
+		res.Recheck = a.pastCache[member]
 		return res
+	}
+	if changed := a.m.authnConfig.why(); changed != "" {
+		// A JWT authenticator (or the anonymous rules) of the file as the
+		// apiserver has it now may accept what the one kproxy read refuses.
+		return withChildren(children, Unknown(changed))
 	}
 	why := "no authenticator accepted the request's credentials"
 	if tr.err != nil {
@@ -121,11 +133,6 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 	}
 	if t := a.m.describeToken(req.HTTP, req.Arrival); t != "" {
 		why += "\n" + t
-	}
-	if why := a.m.authnConfig.why(); why != "" {
-		// A JWT authenticator (or the anonymous rules) of the file as the
-		// apiserver has it now may accept what the one kproxy read refuses.
-		return withChildren(children, Unknown(why))
 	}
 	res := Reject(out.status(), fmt.Sprintf("%s rejected: %s", credentialKind(req.HTTP), why))
 	res.Children = children
