@@ -331,6 +331,19 @@ func TestFaultsMidRequest(t *testing.T) {
 		t.Logf("goroutines after the apiserver's deaths: %d", after.goroutines)
 	}
 
+	// The spans the refusing collector never took are counted, as lost.
+	// Its exporter gives a batch up after OTEL_EXPORTER_OTLP_TIMEOUT (10 s).
+	var spans map[string]float64
+	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(context.Context) (bool, error) {
+		spans = scrapeSeries(t, k.metricsAddr, "kproxy_otlp_items_total")
+		return spans[`{result="failed",signal="traces"}`] > 0, nil
+	})
+	if err != nil || spans[`{result="exported",signal="traces"}`] != 0 {
+		t.Errorf("spans sent to a refusing collector, kproxy_otlp_items_total: %v, want some failed and none exported", spans)
+	} else {
+		t.Logf("spans sent to a refusing collector: %v", spans)
+	}
+
 	// (e) SIGTERM: kproxy exits promptly, though its trace collector
 	// refuses every connection.
 	took := k.stop(t, serve.ShutdownTimeout+25*time.Second)

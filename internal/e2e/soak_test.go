@@ -226,6 +226,32 @@ func kproxyState(t *testing.T, pid int, metricsAddr string) state {
 	return s
 }
 
+// scrapeSeries reads a metric's series from kproxy's /metrics, by their
+// labels as Prometheus's text format writes them ({a="x",b="y"}).
+func scrapeSeries(t *testing.T, metricsAddr, name string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	series := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 || !strings.HasPrefix(f[0], name) {
+			continue
+		}
+		labels := strings.TrimPrefix(f[0], name)
+		if labels != "" && labels[0] != '{' {
+			continue // another metric, named longer
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		series[labels] = v
+	}
+	return series
+}
+
 // ensureNamespaceThrough creates a namespace through kproxy (201, or 409
 // when it is there already).
 func ensureNamespaceThrough(t *testing.T, send func(context.Context, string, string, string) (int, error), name string) {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/servertrace"
+	"github.com/kproxy/kproxy/internal/telemetry"
 )
 
 // The parts of kproxy that keep their own counts are read at each scrape
@@ -172,4 +173,43 @@ func (m *Metrics) ReplayBodies(held func() int64, budget int64) {
 			Name: "kproxy_replay_body_budget_bytes",
 			Help: "Bound on kproxy_replay_body_bytes (--replay-body-budget-mib); past it, a write's replay is shed.",
 		}, func() float64 { return float64(budget) }))
+}
+
+// Exports exposes what became of the spans (signal "traces") or the
+// records exported as logs (signal "logs") kproxy handed to its OTLP
+// exporter; e nil (that signal is not exported) registers nothing.
+func (m *Metrics) Exports(signal string, e *telemetry.Exports) {
+	if m == nil || e == nil {
+		return
+	}
+	m.reg.MustRegister(&exportsCollector{signal: signal, e: e})
+}
+
+var (
+	otlpItemsDesc = prometheus.NewDesc("kproxy_otlp_items_total",
+		"Spans (signal traces) and records exported as OTLP logs (signal logs) kproxy handed to its OTLP exporter, by result: exported (the collector took them), failed (the collector refused them or did not answer in time: lost), dropped (the export queue, OTEL_BSP_MAX_QUEUE_SIZE or OTEL_BLRP_MAX_QUEUE_SIZE, was full: lost; forwarding is never slowed).",
+		[]string{"signal", "result"}, nil)
+	otlpQueuedDesc = prometheus.NewDesc("kproxy_otlp_items_queued",
+		"Spans (signal traces) or records (signal logs) waiting for export now.",
+		[]string{"signal"}, nil)
+)
+
+type exportsCollector struct {
+	signal string
+	e      *telemetry.Exports
+}
+
+// Describe is unchecked: one collector per signal shares the two
+// descriptors, told apart by the signal label.
+func (c *exportsCollector) Describe(chan<- *prometheus.Desc) {}
+
+func (c *exportsCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.e.Stats()
+	for _, r := range []struct {
+		result string
+		n      uint64
+	}{{"exported", s.Exported}, {"failed", s.Failed}, {"dropped", s.Dropped}} {
+		ch <- prometheus.MustNewConstMetric(otlpItemsDesc, prometheus.CounterValue, float64(r.n), c.signal, r.result)
+	}
+	ch <- prometheus.MustNewConstMetric(otlpQueuedDesc, prometheus.GaugeValue, float64(s.Queued), c.signal)
 }

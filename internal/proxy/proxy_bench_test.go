@@ -60,11 +60,12 @@ func BenchmarkProxyGetTraced(b *testing.B) {
 		io.Copy(io.Discard, r.Body)
 	}))
 	b.Cleanup(sink.Close)
-	tp, shutdown, err := telemetry.Setup(context.Background(), telemetry.Options{Endpoint: sink.URL}, func(string) string { return "" })
+	tracing, err := telemetry.Setup(context.Background(), telemetry.Options{Endpoint: sink.URL}, func(string) string { return "" })
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { shutdown(context.Background()) })
+	b.Cleanup(func() { tracing.Shutdown(context.Background()) })
+	tp := tracing.Provider
 	up := smallUpstream(b)
 	addr, pool := startProxyWith(b, up, &collect{}, tp)
 	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}

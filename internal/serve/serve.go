@@ -413,11 +413,13 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		return nil, err
 	}
 
-	tp, shutdownTP, err := telemetry.Setup(ctx, o.Telemetry, nil)
+	tracing, err := telemetry.Setup(ctx, o.Telemetry, nil)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}
-	s.shutdown = append(s.shutdown, shutdownTP)
+	s.shutdown = append(s.shutdown, tracing.Shutdown)
+	tp := tracing.Provider
+	m.Exports("traces", tracing.Spans)
 
 	var sinks record.Sinks
 	logs, err := telemetry.SetupRecordLogs(ctx, o.Telemetry, telemetry.LogsOptions{On: o.OTLPLogs}, nil)
@@ -425,6 +427,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		return nil, err
 	}
 	if logs != nil {
+		m.Exports("logs", logs.Exports)
 		s.shutdown = append(s.shutdown, logs.Shutdown)
 		sinks = append(sinks, logs)
 	}

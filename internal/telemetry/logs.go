@@ -82,6 +82,9 @@ func DescribeLogs(o Options, l LogsOptions, getenv func(string) string) string {
 type RecordLogs struct {
 	provider *sdklog.LoggerProvider
 	logger   otellog.Logger
+	// Exports counts the records handed to the exporter, and what
+	// became of them.
+	Exports *Exports
 }
 
 // SetupRecordLogs returns the records' log exporter, or nil (no error)
@@ -109,8 +112,12 @@ func SetupRecordLogs(ctx context.Context, o Options, l LogsOptions, getenv func(
 	res := resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(name), semconv.ServiceVersion(o.Version))
 	// The batch processor holds a bounded queue and drops past it: a
 	// slow collector never slows forwarding or grows kproxy.
-	p := sdklog.NewLoggerProvider(sdklog.WithResource(res), sdklog.WithProcessor(sdklog.NewBatchProcessor(exp)))
-	return &RecordLogs{provider: p, logger: p.Logger("github.com/kproxy/kproxy")}, nil
+	// It holds what Exports.admit lets through (exports.go).
+	size := queueSize(getenv, "OTEL_BLRP_MAX_QUEUE_SIZE")
+	counts := newExports(size)
+	bp := sdklog.NewBatchProcessor(countedLogExporter{Exporter: exp, e: counts}, sdklog.WithMaxQueueSize(size))
+	p := sdklog.NewLoggerProvider(sdklog.WithResource(res), sdklog.WithProcessor(bp))
+	return &RecordLogs{provider: p, logger: p.Logger("github.com/kproxy/kproxy"), Exports: counts}, nil
 }
 
 // Shutdown flushes the records not yet exported, within ctx.
@@ -118,8 +125,13 @@ func (r *RecordLogs) Shutdown(ctx context.Context) error { return r.provider.Shu
 
 // Write implements record.Sink.
 func (r *RecordLogs) Write(rec *record.Record) {
+	// A full queue drops the record before any work is spent on it.
+	if !r.Exports.admit() {
+		return
+	}
 	body, err := json.Marshal(rec)
 	if err != nil {
+		r.Exports.done(1, err)
 		return
 	}
 	var lr otellog.Record

@@ -38,11 +38,21 @@ type Options struct {
 	Version string
 }
 
+// Tracing is what Setup made.
+type Tracing struct {
+	Provider *sdktrace.TracerProvider
+	// Shutdown flushes the spans not yet exported, within its context.
+	Shutdown func(context.Context) error
+	// Spans counts the spans handed to the exporter and what became of
+	// them; nil when nothing is exported.
+	Spans *Exports
+}
+
 // Setup returns a tracer provider and a shutdown func that flushes it.
 // Exporting is on when an endpoint is given (flag or OTEL_EXPORTER_OTLP_*)
 // or OTEL_TRACES_EXPORTER=otlp; OTEL_TRACES_EXPORTER=none turns it off.
 // Spans are made either way so every record carries a trace ID.
-func Setup(ctx context.Context, o Options, getenv func(string) string) (*sdktrace.TracerProvider, func(context.Context) error, error) {
+func Setup(ctx context.Context, o Options, getenv func(string) string) (*Tracing, error) {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
@@ -58,13 +68,19 @@ func Setup(ctx context.Context, o Options, getenv func(string) string) (*sdktrac
 
 	exp, err := exporter(ctx, o, getenv)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
+	var spans *Exports
 	if exp != nil {
-		opts = append(opts, sdktrace.WithBatcher(exp))
+		// The batch processor's queue holds what spans.admit lets
+		// through, so it never drops one uncounted (exports.go).
+		size := queueSize(getenv, "OTEL_BSP_MAX_QUEUE_SIZE")
+		spans = newExports(size)
+		bsp := sdktrace.NewBatchSpanProcessor(countedSpanExporter{SpanExporter: exp, e: spans}, sdktrace.WithMaxQueueSize(size))
+		opts = append(opts, sdktrace.WithSpanProcessor(boundedSpans{SpanProcessor: bsp, e: spans}))
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
-	return tp, tp.Shutdown, nil
+	return &Tracing{Provider: tp, Shutdown: tp.Shutdown, Spans: spans}, nil
 }
 
 // Propagator is W3C trace context plus baggage, as the apiserver uses.

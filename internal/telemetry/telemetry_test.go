@@ -52,14 +52,17 @@ func TestExporterSelection(t *testing.T) {
 // and starts a span on it.
 func startSpan(t *testing.T) (trace.TracerProvider, trace.Span) {
 	t.Helper()
-	tp, shutdown, err := Setup(context.Background(), Options{}, env(nil))
+	tracing, err := Setup(context.Background(), Options{}, env(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = shutdown(context.Background()) })
-	_, span := tp.Tracer("t").Start(context.Background(), "x")
+	t.Cleanup(func() { _ = tracing.Shutdown(context.Background()) })
+	if tracing.Spans != nil {
+		t.Errorf("export counts %v with nothing exported", tracing.Spans)
+	}
+	_, span := tracing.Provider.Tracer("t").Start(context.Background(), "x")
 	t.Cleanup(func() { span.End() })
-	return tp, span
+	return tracing.Provider, span
 }
 
 func TestSetupWithoutExporterStillMakesTraceIDs(t *testing.T) {
