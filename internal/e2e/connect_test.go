@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/base64"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -182,4 +187,67 @@ func withOrigin(h http.Header, origin string) http.Header {
 	h = h.Clone()
 	h.Set("Origin", origin)
 	return h
+}
+
+// TestWebSocketWatchEnds: a watch over WebSocket (a browser's, a
+// dashboard's) switches protocols, and the record then tells who ended
+// the connection: the apiserver (its timeoutSeconds ran out: no error),
+// or the client, which dropped it (found by a probe: such a record said
+// nothing of it, where an HTTP/2 watch the client stopped says so).
+func TestWebSocketWatchEnds(t *testing.T) {
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(16)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	for _, tc := range []struct {
+		name    string
+		timeout int
+		drop    bool
+		want    string
+	}{
+		{"ended by the apiserver", 1, false, ""},
+		{"dropped by the client", 60, true, "the client closed its connection after the switch of protocols, before the apiserver closed its side"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := tls.Dial("tcp", k.addr, &tls.Config{RootCAs: k.ca, NextProtos: []string{"http/1.1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			path := "/api/v1/namespaces/" + testNS + "/configmaps?watch=true&timeoutSeconds=" + strconv.Itoa(tc.timeout)
+			fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nOrigin: https://dashboard.example\r\n"+
+				"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"+
+				"Sec-WebSocket-Protocol: base64.binary.k8s.io\r\n\r\n", path, k.addr, tokenOf("admin"))
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("status %d, want 101", resp.StatusCode)
+			}
+			if tc.drop {
+				conn.Close()
+			} else {
+				// Read to the end (the apiserver closes the connection
+				// once the watch times out), then close, as clients do.
+				conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+				if _, err := io.Copy(io.Discard, br); err != nil {
+					t.Fatalf("reading the watch to its end: %v", err)
+				}
+				conn.Close()
+			}
+			select {
+			case rec := <-recs:
+				if rec.Actual.Status != http.StatusSwitchingProtocols || rec.Actual.Error != tc.want {
+					t.Errorf("recorded status %d, error %q; want 101, %q", rec.Actual.Status, rec.Actual.Error, tc.want)
+				}
+				if rec.Predicted.Status != http.StatusSwitchingProtocols {
+					t.Errorf("predicted %+v, want 101", rec.Predicted)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("no record")
+			}
+		})
+	}
 }

@@ -316,10 +316,10 @@ type exchange struct {
 	// errStatus is errBody decoded, once (refusal).
 	errStatus  *metav1.Status
 	statusOnce sync.Once
-	// switched counts what the apiserver sent on a connection it switched
-	// protocols on (a WebSocket watch, exec, attach, port-forward), which
+	// switched watches a connection the apiserver switched protocols on
+	// (a WebSocket watch, exec, attach, port-forward), which
 	// ReverseProxy copies to the client past the recorder.
-	switched *atomic.Int64
+	switched *switchedConn
 	// actualWrite is the answer as the replay needs it; okBody the start
 	// of a write's or a get's successful body: a write's is decoded for
 	// the resourceVersion only when the replay asks (off the response's
@@ -669,7 +669,10 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	}
 	ex.rec.Actual.ResponseBytes = rw.bytes
 	if ex.switched != nil {
-		ex.rec.Actual.ResponseBytes = ex.switched.Load()
+		ex.rec.Actual.ResponseBytes = ex.switched.n.Load()
+		if ex.switched.clientFirst() && ex.rec.Actual.Error == "" {
+			ex.rec.Actual.Error = "the client closed its connection after the switch of protocols, before the apiserver closed its side"
+		}
 	}
 	if rw.tally != nil {
 		ex.rec.Actual.Events = rw.tally.Events()
@@ -813,8 +816,8 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		ex.rw.tally = decode.NewWatchTally(resp.Header.Get("Content-Type"))
 	}
 	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
-		ex.switched = new(atomic.Int64)
-		resp.Body = countedConn{rwc, ex.switched}
+		ex.switched = &switchedConn{ReadWriteCloser: rwc}
+		resp.Body = ex.switched
 	}
 	takeStream(resp, ex)
 	if fillsReads(ex.info, resp) && resp.Body != http.NoBody {
@@ -826,20 +829,39 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// countedConn is the apiserver's side of a connection that switched
-// protocols, counting what is read from it (what the client is sent).
-// ReverseProxy asserts the body is an io.ReadWriteCloser to copy both
-// ways.
-type countedConn struct {
+// switchedConn is the apiserver's side of a connection that switched
+// protocols: it counts what is read from it (what the client is sent),
+// and tells which side ended the connection. ReverseProxy asserts the
+// body is an io.ReadWriteCloser to copy both ways; its handler returns
+// once either copy ends, and closes this side afterwards, on a goroutine
+// of its own. A WebSocket closed by its close handshake ends on the
+// apiserver's side: the server closes the TCP connection.
+type switchedConn struct {
 	io.ReadWriteCloser
-	n *atomic.Int64
+	n atomic.Int64
+	// upstreamEnded: a read from the apiserver failed (EOF included)
+	// before kproxy closed this side.
+	upstreamEnded, closed atomic.Bool
 }
 
-func (c countedConn) Read(p []byte) (int, error) {
+func (c *switchedConn) Read(p []byte) (int, error) {
 	n, err := c.ReadWriteCloser.Read(p)
 	c.n.Add(int64(n))
+	if err != nil && !c.closed.Load() {
+		c.upstreamEnded.Store(true)
+	}
 	return n, err
 }
+
+func (c *switchedConn) Close() error {
+	c.closed.Store(true)
+	return c.ReadWriteCloser.Close()
+}
+
+// clientFirst says, once ReverseProxy's handler has returned, that the
+// client's side ended the connection (it closed it, or stopped taking
+// what it was sent) while the apiserver's was still open.
+func (c *switchedConn) clientFirst() bool { return !c.upstreamEnded.Load() }
 
 // errBodyStalled ends a response to a request whose body kproxy cut.
 var errBodyStalled = errors.New("the request body stopped arriving, and kproxy ended the request")

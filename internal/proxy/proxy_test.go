@@ -60,7 +60,23 @@ func upgradeUpstream(t testing.TB, seen chan<- http.Header) *httptest.Server {
 		}
 		brw.WriteString("\r\n")
 		brw.Flush()
-		_, _ = io.Copy(conn, brw)
+		// Echo until the client closes, or sends "bye" (the process
+		// ends, and the apiserver closes the connection).
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := brw.Read(buf)
+			if n > 0 {
+				if string(buf[:n]) == "bye" {
+					return
+				}
+				if _, err := conn.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
 	}))
 	srv.EnableHTTP2 = false
 	srv.StartTLS()
@@ -100,15 +116,20 @@ func TestUpgrades(t *testing.T) {
 	cases := []struct {
 		name, method, path string
 		headers            map[string]string
+		// upstreamEnds: the apiserver's side closes the connection
+		// first; otherwise the client does.
+		upstreamEnds bool
 	}{
 		{"exec over SPDY", "POST", "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true&stdout=true",
-			map[string]string{"Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": "v4.channel.k8s.io"}},
+			map[string]string{"Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": "v4.channel.k8s.io"}, false},
+		{"exec over SPDY, ended by the apiserver", "POST", "/api/v1/namespaces/default/pods/p/exec?command=true&stdout=true",
+			map[string]string{"Upgrade": "SPDY/3.1", "X-Stream-Protocol-Version": "v4.channel.k8s.io"}, true},
 		{"attach over WebSocket", "GET", "/api/v1/namespaces/default/pods/p/attach?stdin=true&stdout=true",
 			map[string]string{"Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-				"Sec-WebSocket-Protocol": "v5.channel.k8s.io, v4.channel.k8s.io"}},
+				"Sec-WebSocket-Protocol": "v5.channel.k8s.io, v4.channel.k8s.io"}, false},
 		{"port-forward tunnelled over WebSocket", "GET", "/api/v1/namespaces/default/pods/p/portforward?ports=8080",
 			map[string]string{"Upgrade": "websocket", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-				"Sec-WebSocket-Protocol": "SPDY/3.1+portforward.k8s.io"}},
+				"Sec-WebSocket-Protocol": "SPDY/3.1+portforward.k8s.io"}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -168,6 +189,15 @@ func TestUpgrades(t *testing.T) {
 			}
 			// The record says the apiserver switched protocols (the 101 is
 			// written on the hijacked connection, past the recorder).
+			if tc.upstreamEnds {
+				if _, err := io.WriteString(conn, "bye"); err != nil {
+					t.Fatal(err)
+				}
+				conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+				if n, err := br.Read(make([]byte, 1)); err != io.EOF {
+					t.Errorf("after the apiserver ended: read %d bytes, %v; want EOF", n, err)
+				}
+			}
 			conn.Close()
 			deadline := time.Now().Add(30 * time.Second)
 			for {
@@ -182,8 +212,18 @@ func TestUpgrades(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			if got := sink.recs[0].Actual.Status; got != http.StatusSwitchingProtocols {
-				t.Errorf("recorded status %d, want 101", got)
+			a := sink.recs[0].Actual
+			if a.Status != http.StatusSwitchingProtocols {
+				t.Errorf("recorded status %d, want 101", a.Status)
+			}
+			// Which side ended the connection (a client that drops its
+			// watch or exec, or the apiserver ending it).
+			wantErr := "the client closed its connection after the switch of protocols, before the apiserver closed its side"
+			if tc.upstreamEnds {
+				wantErr = ""
+			}
+			if a.Error != wantErr {
+				t.Errorf("recorded error %q, want %q", a.Error, wantErr)
 			}
 		})
 	}
