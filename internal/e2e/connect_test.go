@@ -9,8 +9,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
+	"github.com/kproxy/kproxy/internal/serve"
 )
 
 // TestConnectNeverReachesKubelets: the replay of logs, exec, attach,
@@ -250,4 +253,170 @@ func TestWebSocketWatchEnds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLongStreamHoldsNoReplayWorker: a log followed (as kubectl logs -f
+// does) is answered at once and streams for as long as the kubelet
+// sends; its replay takes the answer's status and goes (found by a
+// probe: a proxied 30 s stream held one of the two replay workers for
+// its whole life, and every other request's prediction was late or
+// shed). A stand-in kubelet streams the log for 20 s; with one replay
+// worker, gets sent meanwhile are predicted, each while the stream runs.
+func TestLongStreamHoldsNoReplayWorker(t *testing.T) {
+	streaming := streamingKubelet(t, "kubelet-streamer", "on-streamer", 100)
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(64)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream, set: func(o *serve.Options) { o.ReplayWorkers, o.ReplayQueue = 1, 16 }})
+	r := reverseH2Route(k)
+	c := r.client(nil)
+	req, err := http.NewRequest("GET", r.base+"/api/v1/namespaces/"+testNS+"/pods/on-streamer/log?follow=true", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tokenOf("admin"))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("log follow: %d", resp.StatusCode)
+	}
+	go func() { _, _ = io.Copy(io.Discard, resp.Body) }()
+	select {
+	case <-streaming:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the apiserver never reached the stand-in kubelet")
+	}
+	// The log's replay has begun (one worker): gets behind it.
+	const gets = 5
+	for range gets {
+		ex := do(t, c, r.base, request{method: "GET", path: "/api/v1/namespaces/" + testNS + "/pods/on-streamer", user: "admin"})
+		if ex.status != http.StatusOK {
+			t.Fatalf("get: %d", ex.status)
+		}
+	}
+	deadline := time.After(10 * time.Second)
+	for got := 0; got < gets; {
+		select {
+		case rec := <-recs:
+			if rec.Request.Subresource == "log" {
+				t.Fatalf("the log's record came before the gets': %+v", rec.Actual)
+			}
+			if rec.Predicted.Status != http.StatusOK || rec.Predicted.Stage == record.StageUnknown {
+				t.Errorf("a get while a log streams: predicted %+v", rec.Predicted)
+			}
+			got++
+		case <-deadline:
+			t.Fatalf("%d of %d gets recorded within 10 s while a log streamed: their replays wait behind the log's", got, gets)
+		}
+	}
+}
+
+// streamingKubelet starts a stand-in kubelet that streams any log asked
+// of it, a line every 200 ms, lines of them; a Node of that name on it,
+// and a pod of that name on the node. The channel closes once the first
+// line is out.
+func streamingKubelet(t *testing.T, nodeName, podName string, lines int) <-chan struct{} {
+	t.Helper()
+	ctx := context.Background()
+	streaming := make(chan struct{})
+	var once sync.Once
+	kubelet := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		for i := range lines {
+			if _, err := fmt.Fprintf(w, "line %d\n", i); err != nil {
+				return
+			}
+			_ = rc.Flush()
+			once.Do(func() { close(streaming) })
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}))
+	t.Cleanup(kubelet.Close)
+	port := kubelet.Listener.Addr().(*net.TCPAddr).Port
+	cs := adminClient()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	node.Status = corev1.NodeStatus{
+		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}},
+		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(port)}},
+	}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	noToken := false
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName}, Spec: corev1.PodSpec{NodeName: nodeName,
+		AutomountServiceAccountToken: &noToken, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, pod, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	return streaming
+}
+
+// TestConnectStateChangedAfterRequest: a log followed, its node's
+// addresses taken away right after the kubelet began answering, replayed
+// behind 100 queued writes: the replay's registry finds no address to
+// connect to, and the apiserver had connected (found by a probe: proxied
+// GETs replayed after an endpoint became unready, or a pod's IP changed,
+// predicted 503 and 400 for the apiserver's 200). It says unknown.
+func TestConnectStateChangedAfterRequest(t *testing.T) {
+	ctx := context.Background()
+	node := fmt.Sprintf("kubelet-moved-%d", time.Now().UnixNano())
+	streaming := streamingKubelet(t, node, "on-"+node, 5)
+	recs, r, c := oneReplayWorker(t)
+	var wg sync.WaitGroup
+	const writes = 100
+	for i := range writes {
+		wg.Go(func() {
+			body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"%s-%d"}}`, node, i)
+			_ = do(t, c, r.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/configmaps", user: "admin", body: body})
+		})
+	}
+	// Their replays queue behind the one worker; the log's, a read's,
+	// waits for them.
+	wg.Wait()
+	logPath := "/api/v1/namespaces/" + testNS + "/pods/on-" + node + "/log?follow=true"
+	wg.Go(func() {
+		<-streaming
+		cs := adminClient()
+		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		n.Status.Addresses = nil
+		if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Error(err)
+		}
+	})
+	if got := do(t, c, r.base, request{method: "GET", path: logPath, user: "admin"}); got.status != http.StatusOK {
+		t.Fatalf("log: %d %s", got.status, got.body)
+	}
+	wg.Wait()
+	for range writes + 1 {
+		rec := nextRecord(t, recs)
+		if rec.Request.Subresource != "log" {
+			continue
+		}
+		p := rec.Predicted
+		switch {
+		case p.Stage != record.StageUnknown:
+			t.Errorf("the log, its node's addresses gone after it: predicted %+v, the apiserver answered %d", p, rec.Actual.Status)
+		case !strings.Contains(p.Message, "may have changed since") && !strings.Contains(p.Message, "answers from here"):
+			t.Errorf("the log, its node's addresses gone after it: unknown, but %q", p.Message)
+		default:
+			t.Logf("the log's prediction: %s", p.Message)
+		}
+		return
+	}
+	t.Fatal("no record of the log")
 }

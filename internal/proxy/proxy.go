@@ -316,6 +316,11 @@ type exchange struct {
 	// errStatus is errBody decoded, once (refusal).
 	errStatus  *metav1.Status
 	statusOnce sync.Once
+	// headed is closed once a long-running request's answer has begun
+	// (headStatus its status): its end waits on the stream, the replay
+	// does not (actualAnswer). nil for the others.
+	headed     chan struct{}
+	headStatus int
 	// switched watches a connection the apiserver switched protocols on
 	// (a WebSocket watch, exec, attach, port-forward), which
 	// ReverseProxy copies to the client past the recorder.
@@ -416,6 +421,8 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 	if !stages.IsLongRunning(r, info) {
 		ex.answering = true
 		p.burst.begin()
+	} else {
+		ex.headed = make(chan struct{})
 	}
 	// The apiserver uses a client-supplied Audit-ID; otherwise kproxy sets
 	// one so its trace, the apiserver's trace and the audit log join up.
@@ -501,12 +508,56 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 	select {
 	case <-ex.done:
 	default:
+		if ex.headed != nil {
+			return ex.streamAnswer(ctx)
+		}
 		select {
 		case <-ex.done:
 		case <-ctx.Done():
 			return stages.Answer{}, false
 		}
 	}
+	return ex.wholeAnswer(), true
+}
+
+// streamRefusalWait is how long the replay waits, once a long-running
+// request is answered with a refusal, for the refusal's body to end.
+const streamRefusalWait = 2 * time.Second
+
+// streamAnswer is a long-running request's answer as soon as it has begun
+// (a log followed, a proxied stream, an exec: their exchange ends with the
+// stream, and a replay waiting for it held a replay worker as long, found
+// by a probe: every prediction shed or late behind two 30 s streams).
+// Its status is all the replay gets, unless it is a refusal whose body
+// ends soon after.
+func (ex *exchange) streamAnswer(ctx context.Context) (stages.Answer, bool) {
+	select {
+	case <-ex.done:
+		return ex.wholeAnswer(), true
+	case <-ex.headed:
+	case <-ctx.Done():
+		return stages.Answer{}, false
+	}
+	if ex.headStatus >= 300 {
+		t := time.NewTimer(streamRefusalWait)
+		defer t.Stop()
+		select {
+		case <-ex.done:
+			return ex.wholeAnswer(), true
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	select {
+	case <-ex.done:
+		return ex.wholeAnswer(), true
+	default:
+		return stages.Answer{Status: ex.headStatus}, true
+	}
+}
+
+// wholeAnswer is the answer once the exchange has ended.
+func (ex *exchange) wholeAnswer() stages.Answer {
 	ex.rvOnce.Do(func() {
 		// A dry run's resourceVersion the replay never reads.
 		switch {
@@ -519,7 +570,7 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 			ex.actualWrite.Refusal, _ = ex.refusal()
 		}
 	})
-	return ex.actualWrite, true
+	return ex.actualWrite
 }
 
 // refusal is the error answer's Status (false when its body is none),
@@ -807,6 +858,10 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	a := &ex.rec.Actual
 	a.Status = resp.StatusCode
+	if ex.headed != nil {
+		ex.headStatus = resp.StatusCode
+		close(ex.headed)
+	}
 	a.AuditID = resp.Header.Get("Audit-Id")
 	a.FlowSchemaUID = resp.Header.Get("X-Kubernetes-Pf-Flowschema-Uid")
 	a.PriorityLevelUID = resp.Header.Get("X-Kubernetes-Pf-Prioritylevel-Uid")

@@ -12,6 +12,8 @@ import (
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/server/egressselector"
 	kubeletclient "k8s.io/kubernetes/pkg/kubelet/client"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // Connect subresources (pods/log, exec, attach, portforward, and the proxy
@@ -87,6 +89,29 @@ func refusingTransport() *http.Transport {
 // reachedBackend reports a handler answer that carries the refusal (when
 // the context did not reach the dialer).
 func reachedBackend(msg string) bool { return strings.Contains(msg, backendRefusal) }
+
+// connectedLate says why the registry's refusal of a connect request (a
+// log, exec, attach, port-forward or proxy: no endpoints ready, an
+// address not allowed, a pod without an IP or a node) is not the
+// request's, or "": the apiserver answered otherwise. The registry finds
+// where to connect from state the replay reads after the request arrived,
+// from its informers (endpoints) or the latest objects (the Service, the
+// pod, the node), and that state moves all the time: a probe made an
+// endpoint unready, or changed a pod's IP, 50 ms after a burst of proxied
+// GETs, and the replays behind a queue predicted 503 and 400 for the
+// apiserver's 200.
+func (r *Run) connectedLate(ctx context.Context) string {
+	if r.actual == nil || r.Status == nil || r.Decided != record.StageStorage || (!connectSubresource(r.Subresource) && r.Subresource != "log") {
+		return ""
+	}
+	aw, ok := r.actual(ctx)
+	if !ok || aw.Status == 0 || aw.Status == int(r.Status.Code) {
+		return ""
+	}
+	return fmt.Sprintf("the apiserver answered %d, and the replay's registry refused the %s (%d: %s): it finds where to connect from state read after the request arrived "+
+		"(the Service's endpoints, the pod's IP and node, the node's addresses), which may have changed since, so the state the request met is not known",
+		aw.Status, r.Subresource, r.Status.Code, r.Status.Message)
+}
 
 // connectAsDryRun makes a CONNECT look like a dry run to admission: the
 // apiserver never marks CONNECT requests as dry runs, so the webhook
