@@ -327,3 +327,76 @@ func TestOpenAPIV3DocumentByETag(t *testing.T) {
 	}
 	t.Errorf("the documents were said to be changing for 31s: the path under test was not taken")
 }
+
+// TestOpenAPIV3LinkedHashRedirected: for a moment after a CRD joins a
+// group that holds another, the apiserver's OpenAPI v3 index still links
+// the group's document by its old hash, which the document's handler
+// already redirects (301) to the new one (helm asks for it so, right
+// after installing a chart's CRDs: a probe had 50 of 51 such 301s
+// predicted 200). Asked for by the hash the index links while the
+// documents change, the answer is unknown; it is never predicted 200 for
+// a 301.
+func TestOpenAPIV3LinkedHashRedirected(t *testing.T) {
+	stream := record.NewStream()
+	recs, _, cancel := stream.Subscribe(1024)
+	defer cancel()
+	k := startKproxy(t, kproxyOptions{stream: stream})
+	r := reverseH2Route(k)
+	c := r.client(nil)
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	group := fmt.Sprintf("v3hash%d.openapi.kproxy.test", time.Now().UnixNano())
+	if got := createWidgetCRD(t, group); got.status != 201 {
+		t.Fatalf("create the CRD: %d %s", got.status, got.body)
+	}
+	gv := "apis/" + group + "/v1"
+	link := func() string {
+		var index struct {
+			Paths map[string]struct {
+				ServerRelativeURL string `json:"serverRelativeURL"`
+			} `json:"paths"`
+		}
+		got := do(t, c, r.base, request{method: "GET", path: "/openapi/v3", user: "admin", accept: "application/json"})
+		if err := json.Unmarshal(got.body, &index); err != nil {
+			t.Fatalf("the index: %v", err)
+		}
+		return index.Paths[gv].ServerRelativeURL
+	}
+	deadline := time.Now().Add(time.Minute)
+	for link() == "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not in the OpenAPI v3 index within a minute", gv)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// A second CRD in the group changes its document.
+	direct := directRoute()
+	crd := `{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"gadgets.` + group + `"},
+"spec":{"group":"` + group + `","scope":"Namespaced","names":{"plural":"gadgets","singular":"gadget","kind":"Gadget","listKind":"GadgetList"},
+"versions":[{"name":"v1","served":true,"storage":true,"schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}}`
+	if got := do(t, direct.client(nil), direct.base, request{method: "POST", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", user: "admin", body: crd}); got.status != 201 {
+		t.Fatalf("create the second CRD: %d %s", got.status, got.body)
+	}
+	t.Cleanup(func() {
+		do(t, direct.client(nil), direct.base, request{method: "DELETE", path: "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gadgets." + group, user: "admin"})
+	})
+	statuses := map[int]int{}
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); {
+		if l := link(); l != "" {
+			statuses[do(t, c, r.base, request{method: "GET", path: l, user: "admin", accept: "application/json"}).status]++
+		}
+	}
+	t.Logf("the linked document answered: %v", statuses)
+	for {
+		select {
+		case rec := <-recs:
+			if !strings.HasPrefix(rec.Request.Path, "/openapi/v3/"+gv) {
+				continue
+			}
+			if p := rec.Predicted; p.Stage != record.StageUnknown && p.Status != rec.Actual.Status {
+				t.Errorf("GET %s?%s: the apiserver answered %d; predicted %d (%s)", rec.Request.Path, rec.Request.Query, rec.Actual.Status, p.Status, p.Message)
+			}
+		case <-time.After(5 * time.Second):
+			return
+		}
+	}
+}

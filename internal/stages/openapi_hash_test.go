@@ -24,7 +24,9 @@ func TestOpenAPIV3Hash(t *testing.T) {
 		{"the current hash", true, current, link, http.StatusOK},
 		{"another hash", true, "0123456789ABCDEF", link, http.StatusMovedPermanently},
 		{"another hash, the documents changing around the arrival", false, "0123456789ABCDEF", link, 0},
-		{"the current hash, the documents changing around the arrival (it was current then too)", false, current, link, http.StatusOK},
+		// The index links the old hash for a moment after the handler
+		// redirects it.
+		{"the current hash, the documents changing around the arrival", false, current, link, 0},
 		{"an entry without a hash", true, current, "/openapi/v3/apis/apps/v1", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
