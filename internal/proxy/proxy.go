@@ -999,7 +999,7 @@ func (p *Proxy) submitReplay(ex *exchange) {
 		return
 	}
 	if p.shedLine.Open(p.clock.Now(), logging.DefaultWindow) {
-		p.perRequestLog.Warn("replay shed: the replay workers and their queue are full; the request is forwarded and recorded, its prediction unknown (raise --replay-workers or --replay-queue, or give kproxy more CPU)",
+		p.perRequestLog.Warn("replay shed: the replay workers and their queue are full; the request is forwarded and recorded, its prediction unknown (raise --replay-workers or --replay-queue: a replay waiting on etcd, the apiserver or a webhook holds its worker without using CPU; or give kproxy more CPU)",
 			"id", ex.rec.ID, "workers", p.pool.workers, "queue", p.pool.capacity, "shedTotal", p.pool.stats().Shed)
 	}
 	p.recordUnreplayed(ex, shedQueueOutcome)
