@@ -23,7 +23,18 @@ import (
 // copy of the request.
 func captureBody(rec *record.Request, req *stages.Request) {
 	rec.Impersonate = impersonateHeaders(req.HTTP.Header)
-	if !stages.IsWrite(req.Info) || len(req.Body) == 0 {
+	if len(req.Body) == 0 {
+		return
+	}
+	if req.Info != nil && (req.Info.Subresource == "proxy" || req.Info.Verb == "proxy") {
+		// What a proxy subresource carries is its backend's (a login
+		// form, an API's JSON), not a Kubernetes object: kproxy cannot
+		// tell what in it is secret (found by a probe: a password posted
+		// through services/proxy was captured).
+		rec.BodyNote = "not captured: the body of a proxy subresource is its backend's, not a Kubernetes object, and kproxy cannot tell what in it is secret"
+		return
+	}
+	if !stages.IsWrite(req.Info) {
 		return
 	}
 	if req.BodyTruncated {

@@ -101,6 +101,39 @@ var credentialHeaders = map[string]bool{
 	"Set-Cookie":          true,
 }
 
+// redactHelmRelease redacts the release a Helm ConfigMap (helm's
+// HELM_DRIVER=configmap, labelled owner=helm) holds: the chart's rendered
+// manifests, Secrets and values included, gzipped in data.release (a
+// probe recovered a Secret's value from a capture). helm's Secret driver's
+// is a Secret's data, redacted as any.
+func redactHelmRelease(b map[string]any) {
+	md, _ := b["metadata"].(map[string]any)
+	labels, _ := md["labels"].(map[string]any)
+	if owner, _ := labels["owner"].(string); owner != "helm" {
+		return
+	}
+	if data, ok := b["data"].(map[string]any); ok {
+		if _, ok := data["release"]; ok {
+			data["release"] = Redacted
+		}
+	}
+}
+
+// credentialName reports a header named as credentials are: the
+// apiserver reads none but Authorization, but a proxy subresource
+// (services/proxy, pods/proxy, nodes/proxy) passes every header to its
+// backend, and backends take keys and tokens in headers of their own (a
+// probe's X-Api-Key was captured verbatim).
+func credentialName(ck string) bool {
+	l := strings.ToLower(ck)
+	for _, w := range []string{"token", "secret", "passw", "apikey", "api-key", "api_key", "auth", "credential", "signature"} {
+		if strings.Contains(l, w) {
+			return true
+		}
+	}
+	return false
+}
+
 // bearerProtocol is the WebSocket subprotocol prefix that carries a bearer
 // token (the apiserver's authenticator reads it from there).
 const bearerProtocol = "base64url.bearer.authorization.k8s.io."
@@ -138,7 +171,7 @@ func RedactHeaders(h http.Header) map[string][]string {
 		c := make([]string, len(vs))
 		for i, v := range vs {
 			switch {
-			case credentialHeaders[ck]:
+			case credentialHeaders[ck] || credentialName(ck):
 				c[i] = Redacted
 				if scheme, _, ok := strings.Cut(v, " "); ok && knownScheme(scheme) {
 					c[i] = scheme + " " + Redacted
@@ -218,6 +251,7 @@ func RedactBody(resource string, v any) any {
 			}
 		case resource == "configmaps" || kind == "ConfigMap":
 			redactKubeconfigs(b)
+			redactHelmRelease(b)
 		}
 		return b
 	case []any:
