@@ -217,11 +217,20 @@ func TestWatchEvents(t *testing.T) {
 				ex := do(t, r.client(nil), r.base, request{method: "GET", user: "admin", header: http.Header{"Accept": {accept}},
 					path: "/api/v1/namespaces/" + testNS + "/configmaps?watch=1&resourceVersion=0&labelSelector=case%3Dt-events&timeoutSeconds=1"})
 				rec := nextRecord(t, recs)
-				if ex.status != 200 || rec.Actual.Events != 3 || rec.Actual.StreamError != nil {
+				if ex.status != 200 || rec.Actual.Events == nil || *rec.Actual.Events != 3 || rec.Actual.StreamError != nil {
 					t.Errorf("watch answered %d: recorded %d events, stream error %+v; want 3 ADDED events and none (the stream: %q)",
-						ex.status, rec.Actual.Events, rec.Actual.StreamError, ex.body)
+						ex.status, deref(rec.Actual.Events), rec.Actual.StreamError, ex.body)
 				}
 			})
 		}
 	}
+}
+
+// deref is *p, or 0 for nil.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }

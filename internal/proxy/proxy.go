@@ -726,7 +726,8 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 		}
 	}
 	if rw.tally != nil {
-		ex.rec.Actual.Events = rw.tally.Events()
+		n := rw.tally.Events()
+		ex.rec.Actual.Events = &n
 		if st := rw.tally.LastError(); st != nil {
 			ex.rec.Actual.StreamError = &record.StreamStatus{Code: int(st.Code), Reason: string(st.Reason), Message: st.Message}
 		}

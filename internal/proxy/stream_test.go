@@ -185,9 +185,9 @@ func TestDetachedWatch(t *testing.T) {
 				rec.Request.Verb, rec.Actual.Status, rec.Actual.ResponseBytes, rec.Actual.Error, size)
 		}
 		// The stream's events, and the ERROR event that ended it.
-		if se := rec.Actual.StreamError; rec.Actual.Events != int64(len(events)) || se == nil || se.Code != 410 || se.Reason != "Expired" ||
+		if se := rec.Actual.StreamError; rec.Actual.Events == nil || *rec.Actual.Events != int64(len(events)) || se == nil || se.Code != 410 || se.Reason != "Expired" ||
 			se.Message != "too old resource version: 300 (1709)" {
-			t.Errorf("record: %d events, stream error %+v; want %d events, the 410 that ended the stream", rec.Actual.Events, se, len(events))
+			t.Errorf("record: %v events, stream error %+v; want %d events, the 410 that ended the stream", rec.Actual.Events, se, len(events))
 		}
 	})
 

@@ -250,8 +250,8 @@ func (m *Model) renderResponse(r *record.Record, w int) string {
 	a := r.Actual
 	var b strings.Builder
 	events := ""
-	if a.Events > 0 || a.StreamError != nil {
-		events = fmt.Sprint(a.Events)
+	if a.Events != nil {
+		events = fmt.Sprint(*a.Events)
 	}
 	b.WriteString(kv(w, "status", statusText(a.Status), "retry after", a.RetryAfter,
 		"body", sizeNote(a.ResponseBytes), "events", events, "error", a.Error))

@@ -351,7 +351,7 @@ func asWatchEnded(recs []*record.Record, path string) []*record.Record {
 		if r.Request.Path == path {
 			c := *r
 			c.Request.Verb, c.Request.Query = "watch", "watch=1&resourceVersion=300"
-			c.Actual.Status, c.Actual.Reason, c.Actual.Message, c.Actual.ResponseBytes, c.Actual.Events = 200, "", "", 48213, 12
+			c.Actual.Status, c.Actual.Reason, c.Actual.Message, c.Actual.ResponseBytes, c.Actual.Events = 200, "", "", 48213, new(int64(12))
 			c.Actual.StreamError = &record.StreamStatus{Code: 410, Reason: "Expired", Message: "too old resource version: 300 (1709)"}
 			out[i] = &c
 		}
