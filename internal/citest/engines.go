@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,12 +17,12 @@ import (
 
 	certutil "k8s.io/client-go/util/cert"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apiserver/pkg/authentication/user"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kproxy/kproxy/internal/decode"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/stages"
 	"github.com/kproxy/kproxy/internal/testfile"
@@ -291,8 +290,10 @@ func answerVerdict(resp *http.Response) Verdict {
 		return v
 	}
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	var st metav1.Status
-	if json.Unmarshal(b, &st) == nil && st.Kind == "Status" {
+	// In the encoding the case asked for: typed clients (kubectl create)
+	// ask for protobuf, and the apiserver refuses in it (a probe: every
+	// such refusal read as reason "", a disagreement).
+	if st, ok := decode.Status(resp.Header.Get("Content-Type"), b); ok {
 		v.Reason, v.Message = string(st.Reason), st.Message
 	} else {
 		v.Message = strings.TrimSpace(string(b))

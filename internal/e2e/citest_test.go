@@ -238,7 +238,17 @@ func resourcePath(p string) bool {
 	return false
 }
 
-const citestWrites = `- name: admin reads /api/v1/namespaces
+const citestWrites = `- name: admin reads a missing configmap in protobuf, as typed clients ask
+  path: /api/v1/namespaces/corpus/configmaps/no-such-configmap
+  headers: {Accept: [application/vnd.kubernetes.protobuf,application/json]}
+  status: 404
+- name: anonymous reads configmaps in protobuf
+  as: none
+  path: /api/v1/namespaces/corpus/configmaps
+  headers: {Accept: [application/vnd.kubernetes.protobuf,application/json]}
+  status: 403
+  stage: authorization
+- name: admin reads /api/v1/namespaces
   path: /api/v1/namespaces
   status: 200
 - name: anonymous reads /api/v1/namespaces
