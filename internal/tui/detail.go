@@ -138,7 +138,13 @@ func (m *Model) renderVerdict(r *record.Record, w int) string {
 		b.WriteString(m.st.header.Render("The apiserver's message") + "\n" + indent(wrap(a.Message, w-4), 2) + "\n\n")
 	}
 	if a.Error != "" {
-		b.WriteString(m.st.header.Render("No answer from the apiserver") + "\n" + indent(wrap(a.Error, w-4), 2) + "\n\n")
+		// A watch the client stopped, a stream cut short: the apiserver
+		// had answered (its status above); only what came after is cut.
+		heading := "The answer was cut short"
+		if a.NoAnswer() {
+			heading = "No answer from the apiserver"
+		}
+		b.WriteString(m.st.header.Render(heading) + "\n" + indent(wrap(a.Error, w-4), 2) + "\n\n")
 	}
 	for _, warn := range a.Warnings {
 		b.WriteString("  warning: " + warn + "\n")

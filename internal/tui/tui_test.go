@@ -167,6 +167,9 @@ func TestScreens(t *testing.T) {
 		}},
 		{"detail-response", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "4") }},
 		{"detail-response-watch", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "4") }},
+		// A watch the client stopped: answered, then cut short (it had
+		// said "No answer from the apiserver").
+		{"detail-watch-stopped", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets") }},
 		{"detail-trace", func(m *Model) {
 			m.opts.JaegerURL = "http://jaeger:16686"
 			openFlow(m, "/api/v1/namespaces/kube-system/secrets")
@@ -191,8 +194,18 @@ func TestScreens(t *testing.T) {
 			}
 			// Only this case's screen shows the watch.
 			shown := recs
-			if tc.name == "detail-response-watch" {
+			switch tc.name {
+			case "detail-response-watch":
 				shown = asWatchEnded(recs, "/api/v1/namespaces/kube-system/secrets")
+			case "detail-watch-stopped":
+				shown = asWatchEnded(recs, "/api/v1/namespaces/kube-system/secrets")
+				for i, r := range shown {
+					if r.Request.Path == "/api/v1/namespaces/kube-system/secrets" {
+						c := *r
+						c.Actual.StreamError, c.Actual.Error = nil, "response aborted: the client closed its connection"
+						shown[i] = &c
+					}
+				}
 			}
 			send(m, eventsMsg{{Records: shown, Status: "reading"}, {Done: true}})
 			tc.steps(m)
