@@ -1352,6 +1352,12 @@ func endServerSpan(span trace.Span, rec *record.Record, end time.Time) {
 	}
 	attrs = appendString(attrs, "kproxy.predicted.stage", rec.Predicted.Stage)
 	attrs = appendString(attrs, "kproxy.predicted.reason", rec.Predicted.Reason)
+	if rec.Predicted.Stage == record.StageUnknown {
+		// Why kproxy cannot say (a replay shed, a state read late): the
+		// first thing to ask of an unknown, in Jaeger too (a probe found
+		// only "unknown" there).
+		attrs = appendString(attrs, "kproxy.unknown.reason", rec.Predicted.Message)
+	}
 	_, agreement := flowview.Agreement(rec)
 	attrs = append(attrs, attribute.String("kproxy.agreement", agreement.String()))
 	span.SetAttributes(attrs...)

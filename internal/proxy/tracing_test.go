@@ -269,3 +269,30 @@ func TestUpstreamAbortsTheRequest(t *testing.T) {
 		t.Errorf("a request the apiserver aborted is not a no-answer record: %+v", rec.Actual)
 	}
 }
+
+// unknownReplay cannot predict, and says why.
+type unknownReplay struct{}
+
+func (unknownReplay) Run(context.Context, *stages.Request) stages.Outcome {
+	return stages.Outcome{Predicted: record.Prediction{Stage: record.StageUnknown, Message: "cannot predict: storage: the state was read late"}}
+}
+
+func (unknownReplay) APFNames(string, string) (string, string) { return "", "" }
+
+// TestServerSpanSaysWhyUnknown: an unknown prediction's span says why,
+// as its record does (a probe found only "unknown" in Jaeger).
+func TestServerSpanSaysWhyUnknown(t *testing.T) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	base, client, sr, recs := tracedProxy(t, ok, unknownReplay{})
+	if got := get(t, client, base+"/api/v1/namespaces/team/configmaps"); got != 200 {
+		t.Fatalf("status %d", got)
+	}
+	rec := waitRecord(t, recs)
+	s := serverSpan(sr, rec.TraceID)
+	if s == nil {
+		t.Fatal("no server span")
+	}
+	if got := attrs(s)["kproxy.unknown.reason"]; got != rec.Predicted.Message || got == "" {
+		t.Errorf("kproxy.unknown.reason = %q, want the record's %q", got, rec.Predicted.Message)
+	}
+}
