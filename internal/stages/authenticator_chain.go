@@ -162,7 +162,7 @@ func (t tracedAuthenticator) AuthenticateRequest(r *http.Request) (*authenticato
 	// The record's child is short where the stage says the rest: the
 	// stage names the identity an authenticator accepted. The span keeps
 	// the whole sentence (made only when the trace is recorded).
-	res := record.StageResult{Name: t.m.name}
+	res := record.StageResult{Name: t.m.name, DurationNs: took.Nanoseconds()}
 	switch {
 	case ok && err == nil:
 		res.Outcome, res.Explanation = record.Pass, authnAccepted

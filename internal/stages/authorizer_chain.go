@@ -94,7 +94,7 @@ func (c *authorizerChain) Authorize(ctx context.Context, a authorizer.Attributes
 				attribute.String("kproxy.authorizer.type", m.kind), attribute.String("kproxy.authorizer.decision", verdict), attribute.String("kproxy.authorizer.reason", reason))
 		}
 		if children != nil {
-			res := record.StageResult{Name: m.name, Outcome: record.Pass, Explanation: verdict}
+			res := record.StageResult{Name: m.name, Outcome: record.Pass, Explanation: verdict, DurationNs: took.Nanoseconds()}
 			switch d {
 			case authorizer.DecisionDeny:
 				res.Outcome = record.Reject
