@@ -3,6 +3,7 @@ package tui
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/charmbracelet/lipgloss"
 
@@ -103,7 +104,7 @@ func (m *Model) renderWaterfall(r *record.Record, width int) string {
 	}
 	axis := func(total int64) string {
 		end := flowview.Duration(total)
-		return fit("", labelW, false) + " 0" + strings.Repeat("─", max(barW-2-len(end), 1)) + " " + end + "\n"
+		return fit("", labelW, false) + " 0" + strings.Repeat("─", max(barW-2-utf8.RuneCountInString(end), 1)) + " " + end + "\n"
 	}
 
 	b.WriteString(m.st.title.Render("The request, as kproxy saw it") + "\n")
@@ -150,7 +151,7 @@ func (m *Model) renderServer(b *strings.Builder, s *record.Server, width int) {
 		b.WriteString("  " + s.Summary + "\n")
 	}
 	end := flowview.Duration(s.TotalNs)
-	fmt.Fprintf(b, "%s 0%s %s %s %s\n", fit("", labelW, false), strings.Repeat("─", max(barW-2-len(end), 1)), end,
+	fmt.Fprintf(b, "%s 0%s %s %s %s\n", fit("", labelW, false), strings.Repeat("─", max(barW-2-utf8.RuneCountInString(end), 1)), end,
 		fit("self", durW, true), fit("total", durW, true))
 	var cursor int64
 	for _, l := range s.Layers {
