@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -366,7 +367,10 @@ func (o *testRunOptions) writeReports(cmd *cobra.Command, rep *citest.Report) er
 		}
 		err = citest.WriteGitHub(out, summary, rep)
 	default:
-		err = o.output.printDocument(out, citest.ReportKind, rep)
+		doc := *rep
+		doc.Results = slices.Clone(rep.Results)
+		doc.Summarize()
+		err = o.output.printDocument(out, citest.ReportKind, &doc)
 	}
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"io"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -207,6 +208,8 @@ func disagreementsLine(n int) string {
 // WriteJSON writes r as indented JSON, a kproxy.dev/v1alpha1 TestReport.
 func WriteJSON(w io.Writer, r *Report) error {
 	doc := *r
+	doc.Results = slices.Clone(r.Results)
+	doc.Summarize()
 	doc.APIVersion, doc.Kind = testfile.APIVersion, ReportKind
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -484,6 +487,8 @@ func WriteGitHub(w io.Writer, summary io.Writer, r *Report) error {
 		}
 		b.WriteString(ghCommand("warning", c.File, caseLine(r, c.File, c.Name), title, msg))
 	}
+	// One plain line for the log, whatever the step summary.
+	fmt.Fprintf(&b, "kproxy test: %s of %s (%s)\n", countsLine(r), countNoun(len(r.Results), "case", "cases"), runInfo(r))
 	if _, err := io.WriteString(w, b.String()); err != nil {
 		return err
 	}

@@ -436,6 +436,12 @@ func TestWriteGitHub(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	// Last, one plain line of totals for the log (a probe: without a
+	// step summary, the log had only the annotations).
+	if last := lines[len(lines)-1]; last != "kproxy test: 3 passed, 2 failed, 1 error of 6 cases (engine local, snapshot snapshots/prod, 1.235s)" {
+		t.Errorf("the last line %q, want the totals", last)
+	}
+	lines = lines[:len(lines)-1]
 	if len(lines) != 5 { // 2 failures, 1 error, 1 disagreement, 1 what-if change
 		t.Errorf("%d workflow commands, want 5:\n%s", len(lines), out.String())
 	}
@@ -498,8 +504,8 @@ func TestWriteGitHub(t *testing.T) {
 	// No failures: no failed table, and a nil summary is fine.
 	out.Reset()
 	pass := &Report{Engine: "local", Results: []Result{{File: "a.yaml", Line: 3, Name: "ok", Got: Verdict{Status: 200, Stage: testfile.StageNone}}}}
-	if err := WriteGitHub(&out, nil, pass); err != nil || out.Len() != 0 {
-		t.Errorf("a passing run wrote %q, %v", out.String(), err)
+	if err := WriteGitHub(&out, nil, pass); err != nil || out.String() != "kproxy test: 1 passed, 0 failed, 0 errors of 1 case (engine local, 0s)\n" {
+		t.Errorf("a passing run wrote %q, %v; want its totals alone", out.String(), err)
 	}
 	summary.Reset()
 	if err := WriteGitHub(&out, &summary, pass); err != nil {

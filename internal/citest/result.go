@@ -84,6 +84,9 @@ type Result struct {
 	// Error is an engine failure for this case (exit status 2).
 	Error    string        `json:"error,omitempty"`
 	Duration time.Duration `json:"durationNs"`
+	// Outcome is passed, failed or error, set by Summarize for the
+	// printed report (a reader need not infer it).
+	Outcome string `json:"outcome,omitempty"`
 }
 
 // Passed reports whether every compared expectation held.
@@ -116,6 +119,40 @@ type Report struct {
 	// Disagreements counts cases where kproxy's prediction and the
 	// apiserver disagree (cluster engine).
 	Disagreements int `json:"disagreements"`
+	// Summary is the totals, set by Summarize for the printed report.
+	Summary *Summary `json:"summary,omitempty"`
+}
+
+// Summary is a report's totals.
+type Summary struct {
+	Cases   int `json:"cases"`
+	Passed  int `json:"passed"`
+	Failed  int `json:"failed"`
+	Errored int `json:"errored"`
+}
+
+// The outcomes of a case in a printed report.
+const (
+	OutcomePassed = "passed"
+	OutcomeFailed = "failed"
+	OutcomeError  = "error"
+)
+
+// Summarize sets the report's Summary and each result's Outcome.
+func (r *Report) Summarize() {
+	passed, failed, errored := r.Counts()
+	r.Summary = &Summary{Cases: len(r.Results), Passed: passed, Failed: failed, Errored: errored}
+	for i := range r.Results {
+		res := &r.Results[i]
+		switch {
+		case res.Error != "":
+			res.Outcome = OutcomeError
+		case len(res.Failures) > 0:
+			res.Outcome = OutcomeFailed
+		default:
+			res.Outcome = OutcomePassed
+		}
+	}
 }
 
 // ReportKind is the kind of the report as kproxy test run -o json and yaml
