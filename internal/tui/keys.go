@@ -8,6 +8,7 @@ type keyMap struct {
 	Up, Down, Top, Bottom, PageUp, PageDown key.Binding
 	Open, Back, Filter, Command, Quit       key.Binding
 	Follow, Mark, Rerun, Copy, Help         key.Binding
+	Slowest                                 key.Binding
 	NextTab, PrevTab                        key.Binding
 }
 
@@ -28,6 +29,7 @@ func newKeyMap() keyMap {
 		Command:  b(":", "command", ":"),
 		Quit:     b("q", "quit", "q", "ctrl+c"),
 		Follow:   b("F", "follow newest on/off", "F"),
+		Slowest:  b("S", "slowest flow, then the next", "S"),
 		Mark:     b("m", "mark the flow", "m"),
 		Rerun:    b("e", "re-run the replay now", "e"),
 		Copy:     b("c", "copy as curl/kubectl", "c"),
@@ -45,7 +47,7 @@ func (k keyMap) ShortHelp() []key.Binding {
 // FullHelp is the `?` screen, by column.
 func (k keyMap) FullHelp() [][]key.Binding {
 	return [][]key.Binding{
-		{k.Up, k.Down, k.Top, k.Bottom, k.PageUp, k.PageDown},
+		{k.Up, k.Down, k.Top, k.Bottom, k.PageUp, k.PageDown, k.Slowest},
 		{k.Open, k.Back, k.NextTab, k.PrevTab, k.Follow, k.Mark},
 		{k.Filter, k.Command, k.Rerun, k.Copy, k.Help, k.Quit},
 	}

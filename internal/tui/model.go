@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kproxy/kproxy/internal/filter"
+	"github.com/kproxy/kproxy/internal/flowview"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/source"
 )
@@ -73,10 +74,12 @@ const (
 // Model is the TUI's state: the flows, the list and the open flow, and
 // what the status bar says.
 type Model struct {
-	opts Options
-	st   styles
-	keys keyMap
-	help help.Model
+	// slowWalk: the last key was S (slower).
+	slowWalk bool
+	opts     Options
+	st       styles
+	keys     keyMap
+	help     help.Model
 
 	width, height int
 	flows         *store
@@ -300,6 +303,9 @@ func (m *Model) handleKey(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 
 func (m *Model) listKey(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 	k, n, rows := m.keys, len(m.flows.shown), m.rows()
+	// S walks the flows from the slowest while it is pressed again.
+	walking := m.slowWalk
+	m.slowWalk = false
 	move := func(to int) {
 		m.list.follow = false
 		m.list.cursor = min(max(to, 0), max(n-1, 0))
@@ -321,6 +327,14 @@ func (m *Model) listKey(msg tea.KeyMsg) (tea.Model, tea.Cmd) {
 		move(m.list.cursor - rows)
 	case key.Matches(msg, k.PageDown):
 		move(m.list.cursor + rows)
+	case key.Matches(msg, k.Slowest):
+		if i, ok := m.slower(walking); ok {
+			move(i)
+			m.slowWalk = true
+			if r := m.focused(); r != nil {
+				m.setMessage("total "+flowview.Duration(r.Latency.TotalNs)+": S again for the next slowest", false)
+			}
+		}
 	case key.Matches(msg, k.Follow):
 		m.list.follow = !m.list.follow
 		m.setMessage(map[bool]string{true: "following the newest flow", false: "follow off"}[m.list.follow], false)
@@ -431,4 +445,39 @@ func (m *Model) startFilter(text string) tea.Cmd {
 		seqs := filterSnapshot(snap, expr)
 		return filterDone{gen: gen, text: text, expr: expr, snap: snap, seqs: seqs, took: clk.Since(start)}
 	}
+}
+
+// slower is the shown flow "S" goes to: the slowest by total latency,
+// then, pressed again, the next one down that ranking (S, S, S walks
+// from the slowest to faster ones); after any other key, or past the
+// fastest, the slowest again.
+func (m *Model) slower(walking bool) (int, bool) {
+	s := m.flows
+	n := len(s.shown)
+	if n == 0 {
+		return 0, false
+	}
+	total := func(i int) int64 { return s.at(s.shown[i]).Latency.TotalNs }
+	cur := m.list.cursor
+	pick := func(walk bool) int {
+		best := -1
+		for i := range n {
+			// Ranked by total, ties by position.
+			if walk && total(i) > total(cur) || walk && total(i) == total(cur) && i <= cur {
+				continue
+			}
+			if best < 0 || total(i) > total(best) || (total(i) == total(best) && i < best) {
+				best = i
+			}
+		}
+		return best
+	}
+	best := -1
+	if walking && cur >= 0 && cur < n {
+		best = pick(true)
+	}
+	if best < 0 {
+		best = pick(false)
+	}
+	return best, true
 }

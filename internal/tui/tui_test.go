@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -182,7 +183,7 @@ func TestScreens(t *testing.T) {
 		// RESOURCE readable, every key in the help.
 		{"list-80", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 80, Height: 15}) }},
 		{"list-100", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 100, Height: 15}) }},
-		{"help-80", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 80, Height: 15}); keys(m, "?") }},
+		{"help-80", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 80, Height: 16}); keys(m, "?") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newTestModel(t, Options{})
@@ -443,5 +444,33 @@ func TestReplayFilterCommands(t *testing.T) {
 	keys(file, "enter")
 	if !strings.Contains(file.message, "kproxy tui --connect URL") {
 		t.Errorf("reading a file: %q, want it to say the filter is a live kproxy's", file.message)
+	}
+}
+
+// TestSlowestWalk: S goes to the slowest flow shown, S again to the next
+// slowest, and after another key to the slowest again (a probe: finding
+// the slowest request took a filter guessed at).
+func TestSlowestWalk(t *testing.T) {
+	m := newTestModel(t, Options{})
+	recs := demoRecords(t)
+	send(m, eventsMsg{{Records: recs}})
+	byTotal := slices.Clone(m.flows.shown)
+	slices.SortStableFunc(byTotal, func(a, b int) int {
+		return int(m.flows.at(b).Latency.TotalNs - m.flows.at(a).Latency.TotalNs)
+	})
+	at := func() int64 { return m.focused().Latency.TotalNs }
+	keys(m, "S")
+	if got, want := at(), m.flows.at(byTotal[0]).Latency.TotalNs; got != want {
+		t.Fatalf("S: total %d, want the slowest, %d", got, want)
+	}
+	for i := 1; i < 4; i++ {
+		keys(m, "S")
+		if got, want := at(), m.flows.at(byTotal[i]).Latency.TotalNs; got != want {
+			t.Errorf("S pressed %d times: total %d, want the %d-th slowest, %d", i+1, got, i+1, want)
+		}
+	}
+	keys(m, "k", "S")
+	if got, want := at(), m.flows.at(byTotal[0]).Latency.TotalNs; got != want {
+		t.Errorf("k then S: total %d, want the slowest again, %d", got, want)
 	}
 }
