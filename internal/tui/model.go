@@ -98,6 +98,7 @@ type Model struct {
 	dropped            int // flows let go past MaxFlows
 	message            string
 	messageErr         bool
+	messageAt          time.Time
 	popup              string
 
 	filterGen int // the newest filter computation; older results are stale
@@ -233,7 +234,14 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	return m, nil
 }
 
-func (m *Model) setMessage(s string, isErr bool) { m.message, m.messageErr = s, isErr }
+func (m *Model) setMessage(s string, isErr bool) {
+	m.message, m.messageErr, m.messageAt = s, isErr, m.opts.Clock.Now()
+}
+
+// messageTTL is how long a message that is not an error stays shown: a
+// filter's count or a re-run's note goes stale as flows arrive (a probe
+// saw "9 of 72 flows" for minutes while the status bar counted on).
+const messageTTL = 10 * time.Second
 
 func (m *Model) applyEvent(ev source.Event) {
 	if len(ev.Records) > 0 {

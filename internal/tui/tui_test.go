@@ -58,7 +58,9 @@ func newTestModel(t testing.TB, opts Options) *Model {
 	t.Helper()
 	opts.Renderer = lipgloss.NewRenderer(io.Discard, termenv.WithProfile(termenv.Ascii))
 	opts.Location = time.UTC
-	opts.Clock = clocktesting.NewFakePassiveClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
+	if opts.Clock == nil {
+		opts.Clock = clocktesting.NewFakePassiveClock(time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC))
+	}
 	if opts.Source == nil {
 		opts.Source = source.Named("demo.jsonl", nil)
 	}
@@ -472,5 +474,26 @@ func TestSlowestWalk(t *testing.T) {
 	keys(m, "k", "S")
 	if got, want := at(), m.flows.at(byTotal[0]).Latency.TotalNs; got != want {
 		t.Errorf("k then S: total %d, want the slowest again, %d", got, want)
+	}
+}
+
+// TestMessageExpires: a message that is not an error goes after
+// messageTTL (a filter's count went stale as flows arrived); an error
+// stays until the next key.
+func TestMessageExpires(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1e9, 0))
+	m := newTestModel(t, Options{Clock: clk})
+	m.setMessage("filter \"~c 403\": 9 of 72 flows", false)
+	if got := strings.Join(m.bottomLines(), "\n"); !strings.Contains(got, "9 of 72 flows") {
+		t.Fatalf("fresh message not shown: %q", got)
+	}
+	clk.Step(messageTTL + time.Second)
+	if got := strings.Join(m.bottomLines(), "\n"); strings.Contains(got, "9 of 72 flows") {
+		t.Errorf("message still shown after %v: %q", messageTTL, got)
+	}
+	m.setMessage(":export: no such directory", true)
+	clk.Step(messageTTL + time.Second)
+	if got := strings.Join(m.bottomLines(), "\n"); !strings.Contains(got, "no such directory") {
+		t.Errorf("error gone after %v: %q", messageTTL, got)
 	}
 }

@@ -92,7 +92,7 @@ func (m *Model) bottomLines() []string {
 	case inputCommand:
 		return []string{":" + m.ti.View()}
 	}
-	if m.message != "" {
+	if m.message != "" && (m.messageErr || m.opts.Clock.Since(m.messageAt) <= messageTTL) {
 		lines := strings.Split(m.message, "\n")
 		if len(lines) > 3 {
 			lines = lines[:3]
