@@ -297,6 +297,17 @@ func (m *Model) renderTrace(r *record.Record, w int) string {
 	b.WriteString(kv(w, "flow ID", r.ID, "trace ID", r.TraceID, "audit ID", r.Actual.AuditID,
 		"Jaeger UI", ui, "Jaeger API", api, "started", r.Start.In(m.opts.Location).Format("2006-01-02 15:04:05.000000 MST"),
 		"mode", r.Mode, "replayed as", r.KubernetesVersion))
+	if st := r.Server; st != nil && st.TraceID != "" && st.TraceID != r.TraceID {
+		// The apiserver continues a traceparent only from callers it
+		// trusts with one; for the others its spans are a trace of their
+		// own, linked (a probe looked for them under kproxy's).
+		sui := "(start the TUI with --jaeger-url to link into Jaeger)"
+		if j := strings.TrimRight(m.opts.JaegerURL, "/"); j != "" {
+			sui = j + "/trace/" + st.TraceID
+		}
+		b.WriteString(kv(w, "apiserver's trace", st.TraceID, "its Jaeger UI", sui))
+		b.WriteString("\n" + indent(wrap("The apiserver traced this request in a trace of its own, linked to kproxy's upstream span: it continues a caller's traceparent only for system:masters and system:monitoring.", w-4), 2) + "\n")
+	}
 	b.WriteString("\n" + indent(wrap("kproxy's spans (a server span, replay with one child per stage, and upstream) share the trace ID; the apiserver's audit log names the audit ID.", w-4), 2) + "\n")
 	return b.String()
 }

@@ -178,6 +178,12 @@ func TestScreens(t *testing.T) {
 			openFlow(m, "/api/v1/namespaces/kube-system/secrets")
 			keys(m, "5")
 		}},
+		// The apiserver's spans in a trace of their own, linked.
+		{"detail-trace-linked", func(m *Model) {
+			m.opts.JaegerURL = "http://jaeger:16686"
+			openFlow(m, "POST /api/v1/namespaces/restricted/pods")
+			keys(m, "5")
+		}},
 		{"detail-unknown-rerun", func(m *Model) { openFlow(m, "/api/v1/namespaces/default/configmaps/nope"); keys(m, "e") }},
 		{"copy", func(m *Model) { openFlow(m, "/api/v1/namespaces/kube-system/secrets"); keys(m, "c") }},
 		{"too-small", func(m *Model) { send(m, tea.WindowSizeMsg{Width: 60, Height: 10}) }},
@@ -189,7 +195,7 @@ func TestScreens(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newTestModel(t, Options{})
-			if tc.name == "detail-stages-server" {
+			if tc.name == "detail-stages-server" || tc.name == "detail-trace-linked" {
 				recs = withServer(recs, "/api/v1/namespaces/restricted/pods")
 			}
 			if tc.name == "detail-request-body" {
