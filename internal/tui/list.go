@@ -57,9 +57,9 @@ func fit(s string, w int, right bool) string {
 
 // listLayout gives each column its width for the terminal's width:
 // RESOURCE, the column that tells flows apart, gets what is left, at
-// least minResource cells. When it is narrow the latency columns go
-// first (REPLAY, UPSTRM, then TOTAL), then PREDICTED and CALLER narrow
-// (to minPredicted and minCaller: the status and reason, the user). No
+// least minResource cells. When it is narrow REPLAY and UPSTRM go
+// first, then PREDICTED and CALLER narrow (to minPredicted and
+// minCaller: the status and reason, the user), and then TOTAL goes. No
 // row is wider than the terminal, down to the 80 columns the UI needs.
 func listLayout(width int) []column {
 	const minResource, minPredicted, minCaller = 16, 14, 10
@@ -71,7 +71,9 @@ func listLayout(width int) []column {
 		}
 		return n
 	}
-	for used()+minResource > width && len(cols) > 7 {
+	// REPLAY and UPSTRM go first; TOTAL stays while PREDICTED and CALLER
+	// can narrow instead (a probe at 80 columns missed every latency).
+	for used()+minResource > width && len(cols) > 8 {
 		cols = cols[:len(cols)-1]
 	}
 	for _, shrink := range []struct {
@@ -83,6 +85,9 @@ func listLayout(width int) []column {
 				cols[i].width = max(shrink.min, cols[i].width-over)
 			}
 		}
+	}
+	for used()+minResource > width && len(cols) > 7 {
+		cols = cols[:len(cols)-1]
 	}
 	for i := range cols {
 		if cols[i].title == "RESOURCE" {
