@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kproxy/kproxy/internal/record"
 
@@ -45,6 +46,15 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 		return d.nonResource(ctx, req), false
 	case !req.Info.IsResourceRequest:
 		return d.groupDiscovery(req), false
+	case req.Info.Verb == "proxy" && strings.HasPrefix(req.Info.Path, "/api/v1/proxy/"):
+		// The proxy paths kube-apiserver dropped long ago: its request
+		// resolution still names the verb "proxy" (authorized as such),
+		// and the core group's web service, rooted at /api, has no route
+		// for them: go-restful answers through its service error handler.
+		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound, Reason: metav1.StatusReasonNotFound,
+			Message: "the server could not find the requested resource", Details: &metav1.StatusDetails{}}
+		return Reject(st, "the apiserver no longer serves the proxy paths under /api/v1/proxy/ (use the proxy subresource: services/NAME/proxy, pods/NAME/proxy, nodes/NAME/proxy): "+
+			"the web service rooted at /api has no route for them: 404 NotFound"), false
 	case !apiserver.IsWrite(req.Info) && !apiserver.IsRead(req.Info) && req.Info.Verb != "":
 		// Not a method the apiserver resolves to no verb (OPTIONS,
 		// TRACE, any other): that runs as a read, go-restful has no
