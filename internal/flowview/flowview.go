@@ -7,6 +7,7 @@ package flowview
 import (
 	"fmt"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -252,6 +253,9 @@ func UnknownReason(r *record.Record) string {
 	return gist(m)
 }
 
+// gistTime matches a time in a reason: RFC 3339, or a time of day.
+var gistTime = regexp.MustCompile(`\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?|\b\d{2}:\d{2}:\d{2}(\.\d+)?\b`)
+
 // gistLen bounds a gist, in characters.
 const gistLen = 80
 
@@ -263,6 +267,9 @@ func gist(m string) string {
 			m = m[:i]
 		}
 	}
+	// Reasons that differ only by when (a document "last changed at"
+	// one time or another) are one reason.
+	m = gistTime.ReplaceAllString(m, "TIME")
 	m = strings.TrimSuffix(strings.TrimSpace(m), ".")
 	if rs := []rune(m); len(rs) > gistLen {
 		m = string(rs[:gistLen-1]) + "…"

@@ -127,6 +127,11 @@ func TestReason(t *testing.T) {
 		{"unknown, several causes", record.Record{Predicted: record.Prediction{Stage: record.StageUnknown,
 			Message: "cannot predict: flowcontrol: the FlowSchemas and PriorityLevelConfigurations have not synced yet; authorization: x"}},
 			"flowcontrol: the FlowSchemas and PriorityLevelConfigurations have not synced yet"},
+		// Reasons that differ only by when are one reason (kproxy flows
+		// --stats had a row per time).
+		{"unknown, a time in the first clause", record.Record{Predicted: record.Prediction{Stage: record.StageUnknown,
+			Message: "cannot predict: decode: the OpenAPI v2 document last changed at 2026-12-07T12:24:18Z (ETag B28C…); the request's If-None-Match"}},
+			"decode: the OpenAPI v2 document last changed at TIME"},
 		{"unknown, no message", record.Record{Predicted: record.Prediction{Stage: record.StageUnknown}}, "no reason given"},
 		{"unknown, long", record.Record{Predicted: record.Prediction{Stage: record.StageUnknown, Message: long}}, "storage: " + strings.Repeat("x", 70) + "…"},
 	} {
