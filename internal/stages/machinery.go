@@ -147,6 +147,7 @@ func buildMachinery(ctx context.Context, cfg Config) *machinery {
 			go m.rebuildWrite(ctx, build, cfg.Log)
 		} else {
 			context.AfterFunc(ctx, cancel)
+			m.awaitEtcd(ctx, w, cancel, build, o, cfg.Log)
 		}
 	}
 	if cfg.State != nil && (o == nil || o.EnablePriorityAndFairness) {
@@ -175,11 +176,53 @@ func (m *machinery) rebuildWrite(ctx context.Context, build func(context.Context
 			if log != nil {
 				log.Info("the replay's write path is built: predictions of writes and reads resume")
 			}
+			m.awaitEtcd(ctx, w, cancel, build, m.opts, log)
 			return
 		}
 		cancel()
 		delay = min(2*delay, 2*time.Minute)
 	}
+}
+
+// awaitEtcd builds the write path again once etcd answers, when w was
+// built without it because etcd could not be reached (kproxy started
+// during an etcd restart, found by a probe: it read through the
+// apiserver, with the unknowns that brings, until it was restarted).
+// The old write path is let go a minute later, when the replays that
+// hold it are over.
+func (m *machinery) awaitEtcd(ctx context.Context, w *apiserver.Server, cancel context.CancelFunc, build func(context.Context) (*apiserver.Server, error), o *apiserver.Options, log *slog.Logger) {
+	if w == nil || !w.EtcdUnreachable() {
+		return
+	}
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(apiserver.EtcdRetryInterval):
+			}
+			if !apiserver.EtcdAnswers(ctx, o) {
+				continue
+			}
+			bctx, bcancel := context.WithCancel(ctx)
+			nw, err := build(bctx)
+			if err != nil || nw.EtcdUnreachable() {
+				bcancel()
+				continue
+			}
+			if ok, _ := nw.EtcdAccess(); !ok {
+				bcancel()
+				return
+			}
+			context.AfterFunc(ctx, bcancel)
+			m.write.Store(&writePath{s: nw})
+			time.AfterFunc(time.Minute, cancel)
+			if log != nil {
+				log.Info("etcd answers: the replay's storage stage reads etcd directly now (it had read through the apiserver since kproxy started)", "etcd", o.EtcdServers)
+			}
+			return
+		}
+	}()
 }
 
 // writePath is the write path, or why it is not built.

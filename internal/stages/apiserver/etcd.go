@@ -78,7 +78,8 @@ func NewEtcdClient(o *Options) (*clientv3.Client, error) {
 	// An etcd kproxy cannot reach would leave a read to its deadline,
 	// unexplained: say so now.
 	if err := dialAny(o.EtcdServers); err != nil {
-		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v, when kproxy started; it reads through the apiserver until it restarts): check --etcd-servers (or the manifest's), that etcd is up, and that kproxy runs where etcd can be reached", o.EtcdServers, err)
+		return nil, fmt.Errorf("%w (%v): check --etcd-servers (or the manifest's), that etcd is up, and that kproxy runs where etcd can be reached",
+			unreachable(o.EtcdServers), err)
 	}
 	// The client's own log (retries, a read cancelled as kproxy exits) is
 	// not for kproxy's users: kproxy says what a failed read means.
@@ -109,6 +110,9 @@ func newEtcdAccess(ctx context.Context, o *Options, transformers map[schema.Grou
 		return nil, nil
 	}
 	raw, err := NewEtcdClient(o)
+	if errors.Is(err, ErrEtcdUnreachable) {
+		return nil, fmt.Errorf("%w; when kproxy started: the replay reads through the apiserver until etcd answers, and tries again every %v", err, EtcdRetryInterval)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +122,8 @@ func newEtcdAccess(ctx context.Context, o *Options, transformers map[schema.Grou
 	defer cancel()
 	if _, err := raw.Get(pctx, o.EtcdPrefix, clientv3.WithCountOnly()); err != nil {
 		_ = raw.Close()
-		return nil, fmt.Errorf("etcd %v is not reachable from kproxy (%v, when kproxy started; it reads through the apiserver until it restarts): check that etcd is up and answers kproxy's etcd client certificate", o.EtcdServers, err)
+		return nil, fmt.Errorf("%w (%v; when kproxy started: the replay reads through the apiserver until etcd answers, and tries again every %v): check that etcd is up and answers kproxy's etcd client certificate",
+			unreachable(o.EtcdServers), err, EtcdRetryInterval)
 	}
 	raw.KV = recordingKV{KV: raw.KV, clock: clk}
 	qps := o.ReplayEtcdQPS
@@ -137,6 +142,42 @@ func newEtcdAccess(ctx context.Context, o *Options, transformers map[schema.Grou
 // dialAny connects to the first endpoint that answers, so that an etcd
 // out of reach (refused, or a loopback address of another machine) is
 // known at once rather than after the client's own probe times out.
+// ErrEtcdUnreachable marks an etcd kproxy could not reach when it
+// started: unlike a configuration error, time may mend it (etcd was
+// restarting), so the replay tries again (EtcdReachable).
+var ErrEtcdUnreachable = errors.New("etcd is not reachable from kproxy")
+
+// EtcdRetryInterval is how often the replay tries again an etcd it could
+// not reach at start.
+const EtcdRetryInterval = 30 * time.Second
+
+type unreachableEtcd struct{ servers []string }
+
+func (u unreachableEtcd) Error() string {
+	return fmt.Sprintf("etcd %v is not reachable from kproxy", u.servers)
+}
+func (u unreachableEtcd) Is(target error) bool { return target == ErrEtcdUnreachable }
+
+func unreachable(servers []string) error { return unreachableEtcd{servers} }
+
+// EtcdAnswers reports whether the apiserver's etcd answers kproxy's
+// client now, as the replay's start-up check asks it: a connection, the
+// TLS handshake, a count of the prefix's keys.
+func EtcdAnswers(ctx context.Context, o *Options) bool {
+	if o == nil || len(o.EtcdServers) == 0 {
+		return false
+	}
+	c, err := NewEtcdClient(o)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = c.Close() }()
+	ctx, cancel := context.WithTimeout(ctx, etcdProbeTimeout)
+	defer cancel()
+	_, err = c.Get(ctx, o.EtcdPrefix, clientv3.WithCountOnly())
+	return err == nil
+}
+
 func dialAny(endpoints []string) error {
 	var errs []error
 	for _, e := range endpoints {

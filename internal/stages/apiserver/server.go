@@ -99,6 +99,9 @@ type Server struct {
 	storage *snapshotOptions
 	etcd    *etcdAccess
 	noEtcd  string // why etcd is not read, " (...)"
+	// etcdLater: etcd could not be reached when the server was built;
+	// a server built again may read it (EtcdUnreachable).
+	etcdLater bool
 	// served are what the apiserver serves about itself (served_docs.go).
 	served *ServedDocs
 	opts   *Options
@@ -137,6 +140,11 @@ func (w *Server) EtcdAccess() (etcd bool, why string) {
 	}
 	return false, strings.Trim(w.noEtcd, " ()")
 }
+
+// EtcdUnreachable reports a server that reads through the apiserver only
+// because etcd could not be reached when it was built: built again once
+// etcd answers, it reads etcd.
+func (w *Server) EtcdUnreachable() bool { return w.etcdLater }
 
 // InspectEtcd reads a registry key's etcd key directly, at revision rev
 // (0: the latest); ok is false, with why, when kproxy cannot read etcd.
@@ -292,6 +300,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 	// says why.
 	noEtcd := " (kproxy was not given --etcd-servers)"
 	access, err := newEtcdAccess(ctx, o, transformers, clk)
+	etcdLater := errors.Is(err, ErrEtcdUnreachable)
 	switch {
 	case err != nil:
 		noEtcd = " (" + err.Error() + ")"
@@ -467,7 +476,7 @@ func New(ctx context.Context, c Config) (*Server, error) {
 		crds:        ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(),
 		params:      newParamReads(s.Informers, ext.Informers.Apiextensions().V1().CustomResourceDefinitions().Lister(), lists, plugins),
 		limitRanges: newLimitRangesIn(s.Informers, plugins),
-		storage:     snapshots, etcd: access, noEtcd: noEtcd, served: served, opts: o}, nil
+		storage:     snapshots, etcd: access, noEtcd: noEtcd, etcdLater: etcdLater, served: served, opts: o}, nil
 }
 
 // runtimeConfig is --runtime-config as kube-apiserver completes it: the
