@@ -477,6 +477,10 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 		r.Body = ex.body
 		if r.ContentLength > 0 && r.ContentLength <= smallBody && !ex.body.overBudget {
 			r.Body = ex.body.readWhole()
+			// Reading it, net/http answered the client's Expect:
+			// 100-continue itself: the apiserver's 100 is not relayed
+			// again (a probe saw two through kproxy, one direct).
+			rw.continued = strings.EqualFold(r.Header.Get("Expect"), "100-continue")
 		}
 	} else {
 		startReplay(teeResult{})
@@ -1454,7 +1458,10 @@ type responseRecorder struct {
 	status      int
 	bytes       int64
 	wroteHeader bool
-	errBody     []byte // the first maxStatusBody bytes of an error response
+	// continued: net/http answered the request's Expect: 100-continue
+	// as kproxy read its body whole; the apiserver's 100 is dropped.
+	continued bool
+	errBody   []byte // the first maxStatusBody bytes of an error response
 	// keepBody keeps the start of a write's or a get's successful
 	// answer (one object) too: a write's resourceVersion tells the
 	// replay which state was the request's own; a get's object is the
@@ -1469,6 +1476,9 @@ type responseRecorder struct {
 }
 
 func (w *responseRecorder) WriteHeader(code int) {
+	if code == http.StatusContinue && w.continued {
+		return
+	}
 	if code >= 200 || code == http.StatusSwitchingProtocols {
 		if w.wroteHeader {
 			return

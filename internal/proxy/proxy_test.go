@@ -228,3 +228,54 @@ func TestUpgrades(t *testing.T) {
 		})
 	}
 }
+
+// TestExpectContinueOnce: a client that sends Expect: 100-continue gets
+// one 100 Continue through kproxy, as directly: kproxy reads a small
+// body whole (net/http answers the Expect then), and the apiserver's own
+// 100 is not relayed again (a probe saw two).
+func TestExpectContinueOnce(t *testing.T) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	up.EnableHTTP2 = false
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	addr, pool := startProxy(t, up, &collect{})
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}`
+	fmt.Fprintf(conn, "POST /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", addr, len(body))
+	br := bufio.NewReader(conn)
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	// The first 100 Continue, then the body, as a client waiting for it.
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("first line %q, %v; want 100 Continue", line, err)
+	}
+	if _, err := br.ReadString('\n'); err != nil { // the blank line
+		t.Fatal(err)
+	}
+	io.WriteString(conn, body)
+	continues := 1
+	for {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode == http.StatusContinue {
+			continues++
+			continue
+		}
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		break
+	}
+	if continues != 1 {
+		t.Errorf("%d 100 Continue responses, want 1", continues)
+	}
+}
