@@ -46,11 +46,11 @@ func captureBody(rec *record.Request, req *stages.Request) {
 		rec.BodyNote = "not captured: " + err.Error()
 		return
 	}
-	resource := ""
+	resource, name := "", ""
 	if req.Info != nil {
-		resource = req.Info.Resource
+		resource, name = req.Info.Resource, req.Info.Name
 	}
-	b, err := json.Marshal(record.RedactBody(resource, v))
+	b, err := json.Marshal(record.RedactBodyOf(resource, name, v))
 	if err != nil {
 		rec.BodyNote = "not captured: " + err.Error()
 		return

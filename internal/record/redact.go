@@ -112,9 +112,21 @@ func redactHelmRelease(b map[string]any) {
 	if owner, _ := labels["owner"].(string); owner != "helm" {
 		return
 	}
+	redactHelmReleaseData(b)
+}
+
+// redactHelmReleaseData redacts data.release and the copy kubectl apply
+// keeps in an annotation (a probe: kept there).
+func redactHelmReleaseData(b map[string]any) {
 	if data, ok := b["data"].(map[string]any); ok {
 		if _, ok := data["release"]; ok {
 			data["release"] = Redacted
+		}
+	}
+	md, _ := b["metadata"].(map[string]any)
+	if ann, ok := md["annotations"].(map[string]any); ok {
+		if _, ok := ann[lastApplied]; ok {
+			ann[lastApplied] = Redacted
 		}
 	}
 }
@@ -222,7 +234,34 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 // TokenReview's token, and the credentials of kubeconfigs a ConfigMap
 // holds (RedactKubeconfig; in any patch of one too). v is the body decoded
 // from JSON.
-func RedactBody(resource string, v any) any {
+func RedactBody(resource string, v any) any { return RedactBodyOf(resource, "", v) }
+
+// helmReleasePrefix begins the name of the ConfigMap (or Secret) helm
+// keeps a release in.
+const helmReleasePrefix = "sh.helm.release.v1."
+
+// RedactBodyOf is RedactBody for a request to the object named name: a
+// patch of a Helm release's ConfigMap carries no label to tell it by,
+// its name does (a probe: a merge and a JSON patch of data.release kept).
+func RedactBodyOf(resource, name string, v any) any {
+	if resource == "configmaps" && strings.HasPrefix(name, helmReleasePrefix) {
+		switch b := v.(type) {
+		case map[string]any:
+			redactKubeconfigs(b)
+			redactHelmReleaseData(b)
+			return b
+		case []any:
+			// A JSON patch: its values are the release, or parts of it.
+			for _, op := range b {
+				if m, ok := op.(map[string]any); ok {
+					if _, ok := m["value"]; ok {
+						m["value"] = Redacted
+					}
+				}
+			}
+			return b
+		}
+	}
 	switch b := v.(type) {
 	case map[string]any:
 		kind, _ := b["kind"].(string)
@@ -292,6 +331,7 @@ func RedactConfigMapObject(obj map[string]any) map[string]any {
 		return obj
 	}
 	redactKubeconfigs(obj)
+	redactHelmRelease(obj)
 	return obj
 }
 

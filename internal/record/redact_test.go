@@ -111,6 +111,11 @@ func TestRedactBody(t *testing.T) {
 				"data": map[string]any{"release": "H4sIAAAAAAAA"}},
 			map[string]any{"kind": "ConfigMap", "metadata": map[string]any{"name": "sh.helm.release.v1.web.v1", "labels": map[string]any{"owner": "helm", "name": "web"}},
 				"data": map[string]any{"release": Redacted}}},
+		{"a Helm release in a ConfigMap applied with kubectl apply: its copy in the annotation too", "configmaps",
+			map[string]any{"kind": "ConfigMap", "metadata": map[string]any{"labels": map[string]any{"owner": "helm"},
+				"annotations": map[string]any{lastApplied: `{"data":{"release":"H4sI"}}`}}, "data": map[string]any{"release": "H4sI"}},
+			map[string]any{"kind": "ConfigMap", "metadata": map[string]any{"labels": map[string]any{"owner": "helm"},
+				"annotations": map[string]any{lastApplied: Redacted}}, "data": map[string]any{"release": Redacted}}},
 		{"a release key in another ConfigMap stays", "configmaps",
 			map[string]any{"kind": "ConfigMap", "data": map[string]any{"release": "v2"}},
 			map[string]any{"kind": "ConfigMap", "data": map[string]any{"release": "v2"}}},
@@ -304,5 +309,30 @@ func TestRedactValueRenderings(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("RedactValueRenderings(%q)\n got %q\nwant %q", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestRedactHelmReleasePatches: a patch of a Helm release's ConfigMap has
+// no label to tell it by; its name does (a probe: a merge and a JSON
+// patch of data.release were kept). A snapshot's ConfigMaps are redacted
+// alike (a probe: a snapshot held a release whole).
+func TestRedactHelmReleasePatches(t *testing.T) {
+	const name = "sh.helm.release.v1.web.v3"
+	merge := RedactBodyOf("configmaps", name, map[string]any{"data": map[string]any{"release": "H4sIAAAA"}})
+	if want := map[string]any{"data": map[string]any{"release": Redacted}}; !reflect.DeepEqual(merge, want) {
+		t.Errorf("merge patch: %v, want %v", merge, want)
+	}
+	jsonPatch := RedactBodyOf("configmaps", name, []any{map[string]any{"op": "replace", "path": "/data/release", "value": "H4sIAAAA"}})
+	if want := []any{map[string]any{"op": "replace", "path": "/data/release", "value": Redacted}}; !reflect.DeepEqual(jsonPatch, want) {
+		t.Errorf("JSON patch: %v, want %v", jsonPatch, want)
+	}
+	other := RedactBodyOf("configmaps", "settings", map[string]any{"data": map[string]any{"release": "v2"}})
+	if want := map[string]any{"data": map[string]any{"release": "v2"}}; !reflect.DeepEqual(other, want) {
+		t.Errorf("another ConfigMap's patch: %v, want it kept", other)
+	}
+	obj := RedactConfigMapObject(map[string]any{"kind": "ConfigMap", "metadata": map[string]any{"name": name, "labels": map[string]any{"owner": "helm"}},
+		"data": map[string]any{"release": "H4sIAAAA"}})
+	if got := obj["data"].(map[string]any)["release"]; got != Redacted {
+		t.Errorf("a snapshot's Helm release ConfigMap: release %v, want it redacted", got)
 	}
 }
