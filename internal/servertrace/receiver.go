@@ -6,15 +6,19 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 	_ "google.golang.org/grpc/encoding/gzip" // OTEL_EXPORTER_OTLP_COMPRESSION=gzip
 	"k8s.io/utils/clock"
+
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // Defaults of ReceiverOptions.
@@ -151,6 +155,7 @@ func NewReceiver(ctx context.Context, o ReceiverOptions) (*Receiver, error) {
 // Export implements the OTLP trace service: it never waits for the
 // forwarding nor fails the exporter for kproxy's sake.
 func (r *Receiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	redactURLs(req.GetResourceSpans())
 	r.enqueue(req.GetResourceSpans())
 	for _, o := range r.consume(req.GetResourceSpans()) {
 		r.join.Offer(o)
@@ -445,4 +450,37 @@ func (r *Receiver) Stats() ReceiverStats {
 	s := r.stats
 	s.Pending = r.nPending
 	return s
+}
+
+// urlAttributes are the span attributes that carry a request's URL or
+// query, by the semantic conventions old and new.
+var urlAttributes = map[string]bool{"http.target": true, "http.url": true, "url.full": true, "url.query": true}
+
+// redactURLs redacts, in place, the credentials in the URLs the
+// apiserver's spans carry (access_token, token and password query
+// parameters, as records redact them) before anything else sees the
+// spans: kproxy passes them on to its own OTLP endpoint (found by a
+// probe: a services/proxy POST's ?password= reached Jaeger).
+func redactURLs(batch []*tracepb.ResourceSpans) {
+	for _, rs := range batch {
+		for _, ss := range rs.GetScopeSpans() {
+			for _, s := range ss.GetSpans() {
+				for _, a := range s.GetAttributes() {
+					if !urlAttributes[a.GetKey()] {
+						continue
+					}
+					sv, ok := a.GetValue().GetValue().(*commonpb.AnyValue_StringValue)
+					if !ok {
+						continue
+					}
+					v := sv.StringValue
+					if a.GetKey() == "url.query" {
+						sv.StringValue = record.RedactQuery(v)
+					} else if base, q, ok := strings.Cut(v, "?"); ok {
+						sv.StringValue = base + "?" + record.RedactQuery(q)
+					}
+				}
+			}
+		}
+	}
 }
