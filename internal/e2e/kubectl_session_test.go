@@ -208,10 +208,12 @@ func TestKubectlSession(t *testing.T) {
 	// index when the index changed around it (an index with an ETag, which
 	// the apiserver's OpenAPI controller updates as the cluster's APIs
 	// settle) or, stamped with the time it is served, when kubectl's copy
-	// came within seconds of the request.
+	// came within seconds of the request; and a document asked for by
+	// the hash its index links, seconds after another test changed a CRD
+	// (the index lags the document's handler).
 	for why, n := range res.unknowns {
 		if !strings.Contains(why, "only it answers from here") && !strings.Contains(why, ": the index changed ") &&
-			!strings.Contains(why, "is stamped with the time the apiserver serves it") {
+			!strings.Contains(why, "is stamped with the time the apiserver serves it") && !strings.Contains(why, "by the hash its index links") {
 			t.Errorf("%d records unknown for a reason the session does not expect: %s", n, why)
 		}
 	}

@@ -9,8 +9,12 @@ import (
 	"sync"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
 	aggregatorinformers "k8s.io/kube-aggregator/pkg/client/informers/externalversions"
 	apiregistrationlisters "k8s.io/kube-aggregator/pkg/client/listers/apiregistration/v1"
@@ -84,8 +88,19 @@ func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexI
 		return nil, fmt.Errorf("served documents: %w", err)
 	}
 	d := &ServedDocs{http: hc, base: strings.TrimSuffix(s.Config.Host, "/"), now: now, docs: map[string]cachedDoc{}}
-	bump := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { d.invalidate() },
+	// The objects the informers list at start changed when their
+	// metadata says, not when kproxy started: a kproxy just started had
+	// doubted every document for 30 s (found by a probe: kproxy test
+	// run, a fresh process each time, said every document by hash was
+	// "changed around its arrival").
+	bump := cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			if initial {
+				d.listed(obj)
+				return
+			}
+			d.invalidate()
+		},
 		UpdateFunc: func(any, any) { d.invalidate() },
 		DeleteFunc: func(any) { d.invalidate() },
 	}
@@ -115,6 +130,51 @@ func (d *ServedDocs) SettledBefore(t time.Time) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return !d.changed.IsZero() && d.changed.Before(t.Add(-discoverySettle))
+}
+
+// ChangedSince reports documents seen to change after t (or never seen
+// settled at all).
+func (d *ServedDocs) ChangedSince(t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.changed.IsZero() || d.changed.After(t)
+}
+
+// listed counts an object the informers found at start as changed at
+// its last write: its creation, the latest time in its managed fields
+// (each field manager's last write), and its conditions' transitions.
+func (d *ServedDocs) listed(obj any) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		d.invalidate()
+		return
+	}
+	last := m.GetCreationTimestamp().Time
+	for _, f := range m.GetManagedFields() {
+		if f.Time != nil && f.Time.After(last) {
+			last = f.Time.Time
+		}
+	}
+	later := func(t metav1.Time) {
+		if t.After(last) {
+			last = t.Time
+		}
+	}
+	switch o := obj.(type) {
+	case *apiextensionsv1.CustomResourceDefinition:
+		for _, c := range o.Status.Conditions {
+			later(c.LastTransitionTime)
+		}
+	case *apiregistrationv1.APIService:
+		for _, c := range o.Status.Conditions {
+			later(c.LastTransitionTime)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if last.After(d.changed) {
+		d.changed = last
+	}
 }
 
 func (d *ServedDocs) invalidate() {

@@ -3,6 +3,10 @@ package apiserver
 import (
 	"testing"
 	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 )
 
 // TestSeenBefore: the last read of a document kproxy had by a time, from
@@ -78,5 +82,33 @@ func TestServedDocsKeep(t *testing.T) {
 		if _, got := d.docs["/openapi/v3 application/json"]; got != tc.kept {
 			t.Errorf("%s: kept %v, want %v", tc.name, got, tc.kept)
 		}
+	}
+}
+
+// TestListedChangedAtItsLastWrite: an object the informers find at start
+// counts as changed at its last write (creation, managed fields,
+// conditions), not when kproxy started (a fresh kproxy had doubted every
+// document for 30 s).
+func TestListedChangedAtItsLastWrite(t *testing.T) {
+	created := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	applied := metav1.NewTime(created.Add(time.Hour))
+	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "widgets.example.com",
+		CreationTimestamp: metav1.NewTime(created), ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Time: &applied}}},
+		Status: apiextensionsv1.CustomResourceDefinitionStatus{Conditions: []apiextensionsv1.CustomResourceDefinitionCondition{
+			{Type: apiextensionsv1.Established, LastTransitionTime: metav1.NewTime(created.Add(time.Minute))}}}}
+	available := metav1.NewTime(created.Add(2 * time.Hour))
+	svc := &apiregistrationv1.APIService{ObjectMeta: metav1.ObjectMeta{Name: "v1.apps", CreationTimestamp: metav1.NewTime(created)},
+		Status: apiregistrationv1.APIServiceStatus{Conditions: []apiregistrationv1.APIServiceCondition{{Type: apiregistrationv1.Available, LastTransitionTime: available}}}}
+	d := &ServedDocs{now: func() time.Time { return created.Add(24 * time.Hour) }, docs: map[string]cachedDoc{}}
+	d.listed(crd)
+	if !d.changed.Equal(applied.Time) {
+		t.Errorf("after the CRD: changed %v, want its last apply %v", d.changed, applied.Time)
+	}
+	d.listed(svc)
+	if !d.changed.Equal(available.Time) {
+		t.Errorf("after the APIService: changed %v, want its condition's transition %v", d.changed, available.Time)
+	}
+	if !d.SettledBefore(created.Add(3 * time.Hour)) {
+		t.Error("documents last changed an hour before the arrival are not settled")
 	}
 }
