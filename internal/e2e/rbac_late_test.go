@@ -54,7 +54,7 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 		}
 		role("binding-admin", "rolebindings", "*")
 		bind("alice-self", "binding-admin", "alice")
-		role("secret-reader", "secrets", "list")
+		role("secret-reader", "secrets", "list", "watch")
 
 		// alice may impersonate this namespace's user (cluster-scoped: users).
 		who := ns + "-user"
@@ -75,12 +75,17 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 		// As that user, alice may not list secrets: past impersonation,
 		// the authorizer refuses the user she impersonates.
 		impersonatingList := request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets", user: "alice", header: http.Header{"Impersonate-User": {who}}}
+		// And bob's watch, refused just before he is granted it: a watch
+		// gives its status as its answer begins, and is checked as any
+		// request (a probe: predicted 200 for the apiserver's 403).
+		bobWatch := request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets?watch=1&timeoutSeconds=1", user: "bob"}
 		// kproxy's replay has synced: alice may delete bindings and
 		// impersonate, bob may not list secrets, all predicted.
 		waitPredicted(t, recs, r, c, request{method: "GET", path: "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/rolebindings/alice-self", user: "alice"})
 		waitPredicted(t, recs, r, c, request{method: "GET", path: "/api/v1/namespaces/" + ns + "/secrets", user: "bob"})
 		waitPredicted(t, recs, r, c, impersonating)
 		waitPredicted(t, recs, r, c, impersonatingList)
+		waitPredicted(t, recs, r, c, bobWatch)
 
 		queueWrites(t, r, c, 40)
 		if got := do(t, c, r.base, request{method: "DELETE", path: "/apis/rbac.authorization.k8s.io/v1/namespaces/" + ns + "/rolebindings/alice-self", user: "alice"}); got.status != 200 {
@@ -95,24 +100,27 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 		if got := do(t, c, r.base, impersonatingList); got.status != 403 {
 			t.Fatalf("alice as %s listing secrets: %d %s", who, got.status, got.body)
 		}
+		if got := do(t, c, r.base, bobWatch); got.status != 403 {
+			t.Fatalf("bob watching secrets: %d %s", got.status, got.body)
+		}
 		bind("bob-reads", "secret-reader", "bob")
 		if err := cs.RbacV1().ClusterRoleBindings().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		lateRecs, seen := tallyLate(t, recs, 44, func(rec *record.Record) bool { return rec.Request.Namespace == ns || rec.Request.Path == "/version" },
+		lateRecs, seen := tallyLate(t, recs, 45, func(rec *record.Record) bool { return rec.Request.Namespace == ns || rec.Request.Path == "/version" },
 			"kproxy saw RBAC change after this request arrived", "an RBAC change")
 		late = len(lateRecs)
-		if seen != 4 {
-			t.Errorf("%d records of the four requests", seen)
+		if seen != 5 {
+			t.Errorf("%d records of the five requests", seen)
 		}
 		return late
 	}
 	late := 0
-	for i := 0; i < 5 && late < 4; i++ {
+	for i := 0; i < 5 && late < 5; i++ {
 		late += attempt()
 	}
-	if late < 4 {
-		t.Errorf("%d of the requests replayed after the RBAC change in 5 attempts, want 4: the path under test was not taken", late)
+	if late < 5 {
+		t.Errorf("%d of the requests replayed after the RBAC change in 5 attempts, want 5: the path under test was not taken", late)
 	}
 }
 

@@ -321,6 +321,10 @@ type exchange struct {
 	// does not (actualAnswer). nil for the others.
 	headed     chan struct{}
 	headStatus int
+	headFS     string // its X-Kubernetes-PF-FlowSchema-UID
+	// refusalWaited: a replay waited streamRefusalWait for the refusal's
+	// body once; later asks do not wait again.
+	refusalWaited atomic.Bool
 	// switched watches a connection the apiserver switched protocols on
 	// (a WebSocket watch, exec, attach, port-forward), which
 	// ReverseProxy copies to the client past the recorder.
@@ -525,8 +529,14 @@ func (ex *exchange) actualAnswer(ctx context.Context) (stages.Answer, bool) {
 }
 
 // streamRefusalWait is how long the replay waits, once a long-running
-// request is answered with a refusal, for the refusal's body to end.
-const streamRefusalWait = 2 * time.Second
+// request is answered with a refusal, for the refusal's body to end;
+// streamHeadWait how long for the answer to begin at all (a proxied
+// backend or a kubelet that hangs held a replay worker for the whole
+// replay budget, found by a probe).
+const (
+	streamRefusalWait = 2 * time.Second
+	streamHeadWait    = 2 * time.Second
+)
 
 // streamAnswer is a long-running request's answer as soon as it has begun
 // (a log followed, a proxied stream, an exec: their exchange ends with the
@@ -535,20 +545,25 @@ const streamRefusalWait = 2 * time.Second
 // Its status is all the replay gets, unless it is a refusal whose body
 // ends soon after.
 func (ex *exchange) streamAnswer(ctx context.Context) (stages.Answer, bool) {
+	head := time.NewTimer(streamHeadWait)
+	defer head.Stop()
 	select {
 	case <-ex.done:
 		return ex.wholeAnswer(), true
 	case <-ex.headed:
+	case <-head.C:
+		return stages.Answer{}, false
 	case <-ctx.Done():
 		return stages.Answer{}, false
 	}
-	if ex.headStatus >= 300 {
+	if ex.headStatus >= 300 && !ex.refusalWaited.Load() {
 		t := time.NewTimer(streamRefusalWait)
 		defer t.Stop()
 		select {
 		case <-ex.done:
 			return ex.wholeAnswer(), true
 		case <-t.C:
+			ex.refusalWaited.Store(true)
 		case <-ctx.Done():
 		}
 	}
@@ -556,7 +571,7 @@ func (ex *exchange) streamAnswer(ctx context.Context) (stages.Answer, bool) {
 	case <-ex.done:
 		return ex.wholeAnswer(), true
 	default:
-		return stages.Answer{Status: ex.headStatus}, true
+		return stages.Answer{Status: ex.headStatus, FlowSchemaUID: ex.headFS}, true
 	}
 }
 
@@ -864,7 +879,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	a := &ex.rec.Actual
 	a.Status = resp.StatusCode
 	if ex.headed != nil {
-		ex.headStatus = resp.StatusCode
+		ex.headStatus, ex.headFS = resp.StatusCode, resp.Header.Get("X-Kubernetes-Pf-Flowschema-Uid")
 		close(ex.headed)
 	}
 	a.AuditID = resp.Header.Get("Audit-Id")

@@ -80,7 +80,7 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 		if noCRDNamed(w, i.Resource+"."+i.APIGroup) {
 			return d.noSuchResource(ctx, req), false
 		}
-		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition or an APIService kproxy can see: not modelled", i.Resource+"."+i.APIGroup)), false
+		return Unknown(fmt.Sprintf("%q is neither built in nor served by a CustomResourceDefinition or an APIService kproxy can see: one created or changed just now may not have reached kproxy's informers yet; otherwise not modelled", i.Resource+"."+i.APIGroup)), false
 	}
 	return Result{}, true
 }

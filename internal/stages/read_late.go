@@ -49,12 +49,12 @@ func unknownNow(now Result, why string) Result {
 }
 
 // answerAwaited reports a request whose answer the access stages may
-// wait for: a live one (not a test case's) that is answered rather than
-// held open (a watch's or an exec's answer ends with the stream, past any
-// replay's budget).
-func answerAwaited(req *Request) bool {
-	return req.Actual != nil && (req.Info == nil || !IsLongRunning(req.HTTP, req.Info))
-}
+// wait for: a live one (not a test case's). A long-running one (a watch,
+// a log followed, an exec) gives its status as soon as its answer begins,
+// not when its stream ends (found by a probe: watches and logs refused or
+// allowed across an RBAC change were predicted the other way, never
+// checked against the answer).
+func answerAwaited(req *Request) bool { return req.Actual != nil }
 
 // changeClock is when kproxy last saw one of some informers' objects
 // added, changed or deleted.
