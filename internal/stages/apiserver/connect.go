@@ -46,7 +46,7 @@ const backendRefusal = "kproxy-replay-never-dials-kubelets-or-backends"
 // backendReached says what the request would have reached, for the unknown
 // verdict.
 func backendReached(addr string) string {
-	return fmt.Sprintf("the apiserver would now connect to %s (a kubelet, or the backend of a proxy): only it answers from here, and kproxy never connects to kubelets or proxied backends", addr)
+	return fmt.Sprintf("the apiserver would now connect to %s (a kubelet, or the backend of a proxy; the address as kproxy reads it now): only it answers from here, and kproxy never connects to kubelets or proxied backends", addr)
 }
 
 // upgradeReached is the unknown verdict of a request the apiserver takes
