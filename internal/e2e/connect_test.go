@@ -47,32 +47,14 @@ func TestConnectNeverReachesKubelets(t *testing.T) {
 			c.Close() // not a kubelet: the apiserver gets an error
 		}
 	}()
-	port := ln.Addr().(*net.TCPAddr).Port
-	cs := adminClient()
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "kubelet-sentinel"}}
-	if _, err := cs.CoreV1().Nodes().Create(ctx, node, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
-		t.Fatal(err)
-	}
-	node.Status = corev1.NodeStatus{
-		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}},
-		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(port)}},
-	}
-	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	noToken := false
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "on-sentinel"}, Spec: corev1.PodSpec{NodeName: "kubelet-sentinel",
-		AutomountServiceAccountToken: &noToken, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
-	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, pod, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
-		t.Fatal(err)
-	}
+	pod := kubeletNode(t, "kubelet-sentinel", "on-sentinel", ln.Addr().(*net.TCPAddr).Port)
 
 	// A pod naming a node that does not exist: the apiserver answers 404
 	// for the node (found by a probe: said unknown, "the replay found it:
 	// it was created after this request", of a pod there for minutes).
 	ghost := pod.DeepCopy()
 	ghost.Name, ghost.Spec.NodeName = "on-ghost-node", "ghost-node"
-	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, ghost, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+	if _, err := adminClient().CoreV1().Pods(testNS).Create(ctx, ghost, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
 		t.Fatal(err)
 	}
 
@@ -320,7 +302,6 @@ func TestLongStreamHoldsNoReplayWorker(t *testing.T) {
 // line is out.
 func streamingKubelet(t *testing.T, nodeName, podName string, lines int) <-chan struct{} {
 	t.Helper()
-	ctx := context.Background()
 	streaming := make(chan struct{})
 	var once sync.Once
 	kubelet := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -340,25 +321,7 @@ func streamingKubelet(t *testing.T, nodeName, podName string, lines int) <-chan 
 		}
 	}))
 	t.Cleanup(kubelet.Close)
-	port := kubelet.Listener.Addr().(*net.TCPAddr).Port
-	cs := adminClient()
-	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}
-	if _, err := cs.CoreV1().Nodes().Create(ctx, node, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
-		t.Fatal(err)
-	}
-	node.Status = corev1.NodeStatus{
-		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}},
-		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(port)}},
-	}
-	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	noToken := false
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName}, Spec: corev1.PodSpec{NodeName: nodeName,
-		AutomountServiceAccountToken: &noToken, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
-	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, pod, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
-		t.Fatal(err)
-	}
+	kubeletNode(t, nodeName, podName, kubelet.Listener.Addr().(*net.TCPAddr).Port)
 	return streaming
 }
 
@@ -419,4 +382,30 @@ func TestConnectStateChangedAfterRequest(t *testing.T) {
 		return
 	}
 	t.Fatal("no record of the log")
+}
+
+// kubeletNode makes a Node whose kubelet listens on 127.0.0.1:port (a
+// stand-in: none can run here), and a pod on it; it returns the pod.
+func kubeletNode(t *testing.T, nodeName, podName string, port int) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	cs := adminClient()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	node.Status = corev1.NodeStatus{
+		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}},
+		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(port)}},
+	}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	noToken := false
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: podName}, Spec: corev1.PodSpec{NodeName: nodeName,
+		AutomountServiceAccountToken: &noToken, Containers: []corev1.Container{{Name: "c", Image: "registry.k8s.io/pause:3.10"}}}}
+	if _, err := cs.CoreV1().Pods(testNS).Create(ctx, pod, createOpts); err != nil && ignoreAlreadyExists(err) != nil {
+		t.Fatal(err)
+	}
+	return pod
 }
