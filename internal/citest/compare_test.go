@@ -104,7 +104,7 @@ func TestGenerate(t *testing.T) {
 	recs := []*record.Record{
 		{ID: "1", Request: record.Request{Method: "GET", Path: "/api/v1/namespaces/a/pods", User: "alice", Groups: []string{"devs", "system:authenticated"}, Verb: "list", Resource: "pods", Namespace: "a",
 			Headers: map[string][]string{"Authorization": {"Bearer REDACTED"}, "Accept": {"application/json"}, "User-Agent": {"kubectl"}}},
-			Predicted: record.Prediction{Status: 403, Stage: "authorization"}, Actual: record.Actual{Status: 403, Reason: "Forbidden", Warnings: []string{"a (warning)"}}},
+			Predicted: record.Prediction{Status: 403, Stage: "authorization"}, Actual: record.Actual{Status: 403, Reason: "Forbidden", Warnings: []string{"a (warning)", `299 - "v1 Endpoints is deprecated in v1.33+"`}}},
 		{ID: "2", Request: record.Request{Method: "POST", Path: "/api/v1/namespaces/a/configmaps", User: "admin", Verb: "create", Resource: "configmaps", Namespace: "a", BodyBytes: 40,
 			ContentType: "application/yaml", Body: json.RawMessage(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}`)},
 			Predicted: record.Prediction{Status: 201}, Actual: record.Actual{Status: 201}},
@@ -123,7 +123,8 @@ func TestGenerate(t *testing.T) {
 	}
 	c := f.Cases[0]
 	if c.User != "alice" || len(c.Groups) != 1 || c.Expect.Status != 403 || c.Expect.Stage != "authorization" || c.Expect.Reason != "Forbidden" ||
-		c.Request.Headers["Accept"] != "application/json" || len(c.Request.Headers) != 1 || c.Expect.Warnings[0] != `^a \(warning\)$` {
+		c.Request.Headers["Accept"] != "application/json" || len(c.Request.Headers) != 1 || c.Expect.Warnings[0] != `^a \(warning\)$` ||
+		c.Expect.Warnings[1] != `^v1 Endpoints is deprecated in v1\.33\+$` {
 		t.Errorf("case 0: %+v", c)
 	}
 	if w := f.Cases[1]; w.Request.ContentType != "application/json" || w.Request.Body == nil || w.Expect.Stage != "none" {

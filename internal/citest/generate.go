@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/testfile"
 )
@@ -122,8 +124,15 @@ func caseOf(r *record.Record) (*testfile.Case, string) {
 	default:
 		notes = append(notes, fmt.Sprintf("kproxy predicted %d at %s, the apiserver answered %d: the deciding stage is not asserted", p.Status, p.Stage, r.Actual.Status))
 	}
-	for _, w := range r.Actual.Warnings {
-		c.Expect.Warnings = append(c.Expect.Warnings, "^"+regexp.QuoteMeta(w)+"$")
+	// The record keeps each Warning header as sent (299 - "text"); a
+	// case matches the text, as kproxy test run reads it (found by a
+	// probe: every case with a warning failed).
+	for _, h := range r.Actual.Warnings {
+		text := h
+		if ws, _, err := utilnet.ParseWarningHeader(h); err == nil {
+			text = ws.Text
+		}
+		c.Expect.Warnings = append(c.Expect.Warnings, "^"+regexp.QuoteMeta(text)+"$")
 	}
 	c.Name = caseName(r)
 	c.Note = strings.Join(slices.Compact(notes), "; ")

@@ -67,13 +67,20 @@ func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Server) get(w http.ResponseWriter, res Resource, info *apirequest.RequestInfo) {
-	if o, ok := h.s.Get(res, info.Namespace, info.Name); ok {
+	// A Namespace's own path resolves with namespace = name; a
+	// cluster-scoped object is kept without one (found by a probe: every
+	// get of /api/v1/namespaces/NAME was 404 locally).
+	ns := info.Namespace
+	if !res.Namespaced {
+		ns = ""
+	}
+	if o, ok := h.s.Get(res, ns, info.Name); ok {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(o.Raw)
 		return
 	}
 	switch {
-	case res.Collected == CollectedAll, res.Collected == CollectedNamed && slices.Contains(res.Absent, objKey(info.Namespace, info.Name)):
+	case res.Collected == CollectedAll, res.Collected == CollectedNamed && slices.Contains(res.Absent, objKey(ns, info.Name)):
 		status(w, http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("%s %q not found", res.Resource, info.Name))
 	case res.Collected == CollectedWithheld:
 		unavailable(w, fmt.Sprintf("%s are never written to a snapshot, so %s/%s cannot be read", res.Resource, info.Namespace, info.Name))

@@ -37,7 +37,9 @@ resources:
 - {version: v1, resource: secrets, kind: Secret, namespaced: true, collected: withheld}
 - {version: v1, resource: services, kind: Service, namespaced: true}
 - {group: admissionregistration.k8s.io, version: v1, resource: validatingadmissionpolicies, kind: ValidatingAdmissionPolicy, collected: all, file: objects/vap.yaml}
+- {version: v1, resource: namespaces, kind: Namespace, collected: all, file: objects/core/v1/namespaces.yaml}
 `)
+	write("objects/core/v1/namespaces.yaml", "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Namespace, metadata: {name: sre}}\n")
 	write("objects/core/v1/configmaps.yaml", `apiVersion: v1
 kind: List
 items:
@@ -79,6 +81,9 @@ func TestServer(t *testing.T) {
 		{"not collected: unknown", "GET", "/api/v1/namespaces/a/services/x", 503, nil},
 		{"a cluster-scoped group resource", "GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", 200, []string{`"kind":"ValidatingAdmissionPolicyList"`}},
 		{"not served", "GET", "/apis/example.com/v1/widgets", 404, nil},
+		// Its own path resolves with namespace = name (a probe: 404).
+		{"a namespace by its own path", "GET", "/api/v1/namespaces/sre", 200, []string{`"name":"sre"`}},
+		{"a namespace absent", "GET", "/api/v1/namespaces/nope", 404, nil},
 		{"a served document", "GET", "/version", 200, []string{"v1.37.2"}},
 		{"a document not kept: unknown", "GET", "/healthz", 503, []string{"does not hold /healthz"}},
 		{"read-only", "POST", "/api/v1/namespaces/a/configmaps", 405, []string{"read-only"}},
