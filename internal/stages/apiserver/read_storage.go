@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	kdecode "github.com/kproxy/kproxy/internal/decode"
+
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -73,7 +75,14 @@ func (s *snapshotStorage) readGet(ctx context.Context, run *Run, key string, opt
 	case apierrors.IsNotFound(err):
 		return lateRead(ctx, run, &read, settleRead(&read, storage.NewKeyNotFoundError(key, 0), out))
 	case err != nil:
+		// The refusal's own words, where the client's error has only
+		// its status's (kproxy test's local engine: a snapshot's "secrets
+		// are never written to a snapshot" read as "the server is
+		// currently unable to handle the request", found by a probe).
 		read.Err = fmt.Errorf("kproxy could not read it through the apiserver: %w", err)
+		if st, ok := kdecode.Status("application/json", raw); ok && st.Message != "" && !strings.Contains(err.Error(), st.Message) {
+			read.Err = fmt.Errorf("kproxy could not read it through the apiserver: %w (%s)", err, st.Message)
+		}
 		return read.Err
 	}
 	if err := runtime.DecodeInto(s.decoder, raw, out); err != nil {
