@@ -236,6 +236,17 @@ const lastApplied = "kubectl.kubernetes.io/last-applied-configuration"
 // from JSON.
 func RedactBody(resource string, v any) any { return RedactBodyOf(resource, "", v) }
 
+// redactPatchValues redacts every value of a JSON patch, in place.
+func redactPatchValues(ops []any) {
+	for _, op := range ops {
+		if m, ok := op.(map[string]any); ok {
+			if _, ok := m["value"]; ok {
+				m["value"] = Redacted
+			}
+		}
+	}
+}
+
 // helmReleasePrefix begins the name of the ConfigMap (or Secret) helm
 // keeps a release in.
 const helmReleasePrefix = "sh.helm.release.v1."
@@ -252,13 +263,7 @@ func RedactBodyOf(resource, name string, v any) any {
 			return b
 		case []any:
 			// A JSON patch: its values are the release, or parts of it.
-			for _, op := range b {
-				if m, ok := op.(map[string]any); ok {
-					if _, ok := m["value"]; ok {
-						m["value"] = Redacted
-					}
-				}
-			}
+			redactPatchValues(b)
 			return b
 		}
 	}
@@ -303,13 +308,7 @@ func RedactBodyOf(resource, name string, v any) any {
 		if resource != "secrets" {
 			return b
 		}
-		for _, op := range b {
-			if m, ok := op.(map[string]any); ok {
-				if _, ok := m["value"]; ok {
-					m["value"] = Redacted
-				}
-			}
-		}
+		redactPatchValues(b)
 		return b
 	}
 	if resource == "secrets" || resource == "tokenreviews" {
