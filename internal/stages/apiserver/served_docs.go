@@ -45,7 +45,13 @@ type ServedDocs struct {
 	mu      sync.Mutex
 	docs    map[string]cachedDoc
 	changed time.Time // the last change of what the documents list
-	seen    map[string][]Seen
+	// groups: the last change of each API group's CRDs and APIServices
+	// (a group's OpenAPI v3 document and its place in the index change
+	// with them only); anyGroup: of an object whose group is not known
+	// (a deletion's tombstone), which counts for every group.
+	groups   map[string]time.Time
+	anyGroup time.Time
+	seen     map[string][]Seen
 }
 
 // Seen is what one read of a document showed of its version (its ETag
@@ -99,10 +105,10 @@ func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexI
 				d.listed(obj)
 				return
 			}
-			d.invalidate()
+			d.invalidate(obj)
 		},
-		UpdateFunc: func(any, any) { d.invalidate() },
-		DeleteFunc: func(any) { d.invalidate() },
+		UpdateFunc: func(_, obj any) { d.invalidate(obj) },
+		DeleteFunc: func(obj any) { d.invalidate(obj) },
 	}
 	if _, err := crds.AddEventHandler(bump); err != nil {
 		return nil, err
@@ -132,12 +138,61 @@ func (d *ServedDocs) SettledBefore(t time.Time) bool {
 	return !d.changed.IsZero() && d.changed.Before(t.Add(-discoverySettle))
 }
 
-// ChangedSince reports documents seen to change after t (or never seen
-// settled at all).
-func (d *ServedDocs) ChangedSince(t time.Time) bool {
+// GroupSettledBefore is SettledBefore for what one API group's OpenAPI v3
+// document depends on: its own CustomResourceDefinitions and APIServices.
+// A change to another group's leaves it as it was (a probe: every
+// document of every group was doubted after any CRD change).
+func (d *ServedDocs) GroupSettledBefore(group string, t time.Time) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.changed.IsZero() || d.changed.After(t)
+	return !d.changed.IsZero() && d.groupChanged(group).Before(t.Add(-discoverySettle))
+}
+
+// GroupChangedSince reports that group's CRDs or APIServices were seen
+// to change after t (or the documents never seen settled at all).
+func (d *ServedDocs) GroupChangedSince(group string, t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.changed.IsZero() || d.groupChanged(group).After(t)
+}
+
+func (d *ServedDocs) groupChanged(group string) time.Time {
+	if g := d.groups[group]; g.After(d.anyGroup) {
+		return g
+	}
+	return d.anyGroup
+}
+
+// groupOf is the API group a CustomResourceDefinition or APIService
+// serves, or false for anything else (a tombstone's lost object).
+func groupOf(obj any) (string, bool) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	switch o := obj.(type) {
+	case *apiextensionsv1.CustomResourceDefinition:
+		return o.Spec.Group, true
+	case *apiregistrationv1.APIService:
+		return o.Spec.Group, true
+	}
+	return "", false
+}
+
+// changedAt records a change of obj's group at t, under d.mu.
+func (d *ServedDocs) changedAt(obj any, t time.Time) {
+	g, ok := groupOf(obj)
+	if !ok {
+		if t.After(d.anyGroup) {
+			d.anyGroup = t
+		}
+		return
+	}
+	if d.groups == nil {
+		d.groups = map[string]time.Time{}
+	}
+	if t.After(d.groups[g]) {
+		d.groups[g] = t
+	}
 }
 
 // listed counts an object the informers found at start as changed at
@@ -146,7 +201,7 @@ func (d *ServedDocs) ChangedSince(t time.Time) bool {
 func (d *ServedDocs) listed(obj any) {
 	m, err := meta.Accessor(obj)
 	if err != nil {
-		d.invalidate()
+		d.invalidate(obj)
 		return
 	}
 	last := m.GetCreationTimestamp().Time
@@ -175,13 +230,16 @@ func (d *ServedDocs) listed(obj any) {
 	if last.After(d.changed) {
 		d.changed = last
 	}
+	d.changedAt(obj, last)
 }
 
-func (d *ServedDocs) invalidate() {
+// invalidate forgets every read kept: obj changed now.
+func (d *ServedDocs) invalidate(obj any) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.docs = map[string]cachedDoc{}
 	d.changed = d.now()
+	d.changedAt(obj, d.changed)
 }
 
 // Get returns the apiserver's answer to kproxy's GET of path with accept,

@@ -6,6 +6,7 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 )
 
@@ -110,5 +111,51 @@ func TestListedChangedAtItsLastWrite(t *testing.T) {
 	}
 	if !d.SettledBefore(created.Add(3 * time.Hour)) {
 		t.Error("documents last changed an hour before the arrival are not settled")
+	}
+}
+
+// TestGroupChanged: a group's document is doubted after a change of its
+// own CRDs and APIServices, not another group's (every group's had been
+// doubted after any CRD change); a deletion whose object is lost counts
+// for every group.
+func TestGroupChanged(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 15, 0, 0, 0, time.UTC)
+	now := t0
+	d := &ServedDocs{now: func() time.Time { return now }, docs: map[string]cachedDoc{}}
+	crd := func(group string) *apiextensionsv1.CustomResourceDefinition {
+		return &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "widgets." + group, CreationTimestamp: metav1.NewTime(t0.Add(-time.Hour))},
+			Spec: apiextensionsv1.CustomResourceDefinitionSpec{Group: group}}
+	}
+	d.listed(crd("a.example.com"))
+	d.listed(&apiregistrationv1.APIService{ObjectMeta: metav1.ObjectMeta{Name: "v1.apps", CreationTimestamp: metav1.NewTime(t0.Add(-2 * time.Hour))},
+		Spec: apiregistrationv1.APIServiceSpec{Group: "apps", Version: "v1"}})
+	now = t0.Add(time.Minute)
+	d.invalidate(crd("b.example.com")) // a CRD created now
+	arrival := now.Add(time.Second)
+	for _, tc := range []struct {
+		group           string
+		settled, lagged bool
+	}{
+		{"a.example.com", true, false},
+		{"b.example.com", false, true},
+		{"apps", true, false},
+		{"", true, false},
+	} {
+		if got := d.GroupSettledBefore(tc.group, arrival); got != tc.settled {
+			t.Errorf("group %q: GroupSettledBefore = %v, want %v", tc.group, got, tc.settled)
+		}
+		if got := d.GroupChangedSince(tc.group, arrival.Add(-10*time.Second)); got != tc.lagged {
+			t.Errorf("group %q: GroupChangedSince = %v, want %v", tc.group, got, tc.lagged)
+		}
+	}
+	d.invalidate(cache.DeletedFinalStateUnknown{Key: "widgets.c.example.com"})
+	if d.GroupSettledBefore("apps", arrival) {
+		t.Error("a deletion whose object is lost: apps still settled")
+	}
+	if d.SettledBefore(arrival) {
+		t.Error("the documents as a whole are settled right after a change")
+	}
+	if (&ServedDocs{}).GroupSettledBefore("apps", arrival) || !(&ServedDocs{}).GroupChangedSince("apps", arrival) {
+		t.Error("no change seen yet (informers not synced): a group counts as settled")
 	}
 }
