@@ -281,6 +281,35 @@ func TestSecretSweep(t *testing.T) {
 			"metadata": map[string]any{"name": name("kc-applied"), "labels": sweepLabels, "annotations": map[string]any{lastAppliedAnnotation: mustJSON(t, cmApplied)}}}
 		expectStatus(t, "ConfigMap kubectl-apply style "+p, send(r, request{method: "POST", path: cmPath, user: "admin", body: mustJSON(t, cmAppliedObj)}), 201)
 		expectStatus(t, "ConfigMap GET "+p, send(r, request{method: "GET", path: cmPath + "/" + name("kc"), user: "admin"}), 200)
+
+		// A Helm release as helm's ConfigMap driver stores it (its
+		// labels, its name), then patched by name alone, which carries
+		// no label to tell it by (found by probes X and AB: a chart's
+		// rendered Secret was recoverable from data.release).
+		release := "sh.helm.release.v1." + name("rel") + ".v1"
+		expectStatus(t, "Helm release ConfigMap "+p, send(r, request{method: "POST", path: cmPath, user: "admin",
+			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
+				"metadata": map[string]any{"name": release, "labels": map[string]any{"owner": "helm", "name": name("rel"), "status": "deployed", "version": "1", "kproxy.test/sweep": "true"}},
+				"data":     map[string]any{"release": sw.fresh(label("Helm release, ConfigMap driver"))}})}), 201)
+		expectStatus(t, "Helm release merge patch "+p, send(r, request{method: "PATCH", path: cmPath + "/" + release, user: "admin",
+			contentType: "application/merge-patch+json", body: `{"data":{"release":"` + sw.fresh(label("Helm release, merge patch by name")) + `"}}`}), 200)
+		expectStatus(t, "Helm release JSON patch "+p, send(r, request{method: "PATCH", path: cmPath + "/" + release, user: "admin",
+			contentType: "application/json-patch+json", body: `[{"op":"replace","path":"/data/release","value":"` + sw.fresh(label("Helm release, JSON patch by name")) + `"}]`}), 200)
+		// kubectl apply's way: the release again in the annotation.
+		appliedRelease := "sh.helm.release.v1." + name("rel-applied") + ".v1"
+		helmLabels := map[string]any{"owner": "helm", "name": name("rel-applied"), "kproxy.test/sweep": "true"}
+		relApplied := map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": appliedRelease, "namespace": testNS, "labels": helmLabels},
+			"data": map[string]any{"release": sw.fresh(label("Helm release, kubectl-apply style (last-applied annotation)"))}}
+		expectStatus(t, "Helm release kubectl-apply style "+p, send(r, request{method: "POST", path: cmPath, user: "admin",
+			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "data": relApplied["data"],
+				"metadata": map[string]any{"name": appliedRelease, "labels": helmLabels, "annotations": map[string]any{lastAppliedAnnotation: mustJSON(t, relApplied)}}})}), 201)
+		// Headers named as credentials, which a proxy subresource passes
+		// to its backend (probe Y: X-Api-Key was kept verbatim), and a
+		// body posted through one: the backend's, not an object.
+		send(r, request{method: "GET", path: cmPath + "?limit=1", user: "admin",
+			header: http.Header{"X-Api-Key": {sw.fresh(label("X-Api-Key header"))}, "X-Auth-Token": {sw.fresh(label("X-Auth-Token header"))}}})
+		send(r, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/services/sweep-backend:80/proxy/login", user: "admin",
+			body: `{"user":"sweep","password":"` + sw.fresh(label("body posted through a proxy subresource")) + `"}`})
 	}
 
 	// WebSocket upgrades (HTTP/1.1 only): the bearer subprotocol with the

@@ -163,6 +163,17 @@ func TestServerTrace(t *testing.T) {
 		t.Errorf("get (certificate, forwarded as kproxy in system:monitoring): the apiserver's trace %s, kproxy's %s: want one trace", gs.TraceID, get.TraceID)
 	}
 
+	// Credentials in a query: the apiserver's own spans carry the URL
+	// (http.target, url.full), and kproxy passes them on to Jaeger; it
+	// redacts them first (probe AB found ?password= there).
+	password, accessToken := randomHex(16), randomHex(16)
+	queried := cmPath + "?limit=1&password=" + password + "&access_token=" + accessToken
+	if got := do(t, r.client(nil), r.base, request{method: "GET", path: queried, user: "admin"}); got.status != http.StatusOK {
+		t.Fatalf("list with credentials in the query: %d %s", got.status, got.body)
+	}
+	withQuery := next("GET", cmPath)
+	checkServer(t, "list with credentials in the query", withQuery)
+
 	// APF queue wait under load: alice's requests get a priority level
 	// of a few seats that borrows none; a burst of creates, each held
 	// 300 ms by the webhook, queues, and the records say so.
@@ -174,6 +185,18 @@ func TestServerTrace(t *testing.T) {
 	k.stop()
 	if names, ok := jaegerOperations(j.QueryURL, ls.TraceID, "List", "cacher.GetList", "SerializeObject"); !ok {
 		t.Errorf("Jaeger's trace %s lacks the apiserver's List span: %v", ls.TraceID, names)
+	}
+	if names, ok := jaegerOperations(j.QueryURL, withQuery.TraceID, "List", "upstream"); !ok {
+		t.Errorf("Jaeger's trace %s lacks the apiserver's List span or kproxy's upstream call: %v", withQuery.TraceID, names)
+	}
+	trace := httpGet(t, j.QueryURL+"/api/traces/"+withQuery.TraceID)
+	for what, v := range map[string]string{"?password=": password, "?access_token=": accessToken} {
+		if strings.Contains(string(trace), v) {
+			t.Errorf("Jaeger's trace %s holds the query's %s value", withQuery.TraceID, what)
+		}
+	}
+	if !strings.Contains(string(trace), "password="+record.Redacted) {
+		t.Errorf("Jaeger's trace %s does not show the query's password redacted: the check above may be vacuous", withQuery.TraceID)
 	}
 	// kproxy's own spans: its server span and the upstream call.
 	if names, ok := jaegerOperations(j.QueryURL, create.TraceID, "Call validating webhook", "Create", "upstream"); !ok {
