@@ -820,6 +820,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, ex *exchange) {
 // caller's address, and for certificate callers the impersonation headers.
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	ex := exchangeFrom(pr.In.Context())
+	keepConnectionNamed(pr.In.Header, pr.Out.Header)
 	pr.SetURL(p.upstream)
 	if ip, _, err := net.SplitHostPort(pr.In.RemoteAddr); err == nil {
 		pr.Out.Header.Set("X-Forwarded-For", ip)
@@ -833,6 +834,36 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	p.propagator.Inject(pr.Out.Context(), propagation.HeaderCarrier(pr.Out.Header))
 	if ex.actAs != nil {
 		setImpersonation(pr.Out.Header, ex.actAs)
+	}
+}
+
+// hopByHop are the headers RFC 9110 names as a connection's own, which
+// no proxy passes on (the apiserver reads none of them).
+var hopByHop = map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true}
+
+// keepConnectionNamed puts back on the outbound request the headers the
+// client's Connection header names, which ReverseProxy removes as a
+// connection's own (RFC 9110, 7.6.1). The apiserver reads them all the
+// same when they come to it directly (net/http leaves them to the
+// handler): with Connection: Impersonate-User, a request kproxy sent on
+// without its Impersonate-User ran as the caller, where the apiserver
+// would have run it as the user named, with that user's narrower access
+// (a probe: admin impersonating "nobody" listed kube-system's Secrets
+// through kproxy, 403 directly); with Connection: Authorization the
+// caller went as anonymous. Those RFC 9110 names as hop-by-hop stay
+// removed.
+func keepConnectionNamed(in, out http.Header) {
+	for _, line := range in.Values("Connection") {
+		for _, name := range strings.Split(line, ",") {
+			k := http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if k == "" || hopByHop[k] {
+				continue
+			}
+			if vs, ok := in[k]; ok {
+				out[k] = slices.Clone(vs)
+			}
+		}
 	}
 }
 
@@ -1312,11 +1343,11 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	if n, ok := p.replayer.(apfNamer); ok {
 		rec.Actual.FlowSchema, rec.Actual.PriorityLevel = n.APFNames(rec.Actual.FlowSchemaUID, rec.Actual.PriorityLevelUID)
 	}
-	// The apiserver's words for a Secret's refusal may quote its data;
-	// the replay's own verdicts are redacted where they are made
-	// (stages.secretValuesOut).
-	if rec.Request.Resource == "secrets" {
-		rec.Actual.Message = record.RedactValueRenderings(rec.Actual.Message)
+	// The apiserver's words for a refused write (or any Secret's) may
+	// quote its body or the stored object; the replay's own verdicts are
+	// redacted where they are made (stages.secretValuesOut).
+	if m := rec.Request.Method; rec.Request.Resource == "secrets" || m == http.MethodPost || m == http.MethodPut || m == http.MethodPatch {
+		rec.Actual.Message = record.RedactEchoes(rec.Actual.Message)
 	}
 	rec.Predicted = stages.OfTheMoment(rec.Predicted, rec.Actual)
 	rec.Request.Query = record.RedactQuery(rec.Request.Query)
