@@ -303,6 +303,28 @@ func TestSecretSweep(t *testing.T) {
 		expectStatus(t, "Helm release kubectl-apply style "+p, send(r, request{method: "POST", path: cmPath, user: "admin",
 			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "data": relApplied["data"],
 				"metadata": map[string]any{"name": appliedRelease, "labels": helmLabels, "annotations": map[string]any{lastAppliedAnnotation: mustJSON(t, relApplied)}}})}), 201)
+		// Refusals that echo a body or the stored object (probe AD): a
+		// merge patch that does not decode quotes the patched object,
+		// every stored value with it (the Secret's data, the ConfigMap's
+		// kubeconfig, the Helm release); YAML's invalid map key renders
+		// the key's values; a body that does not parse is quoted by its
+		// first 30 bytes in hex.
+		expectStatus(t, "Secret merge patch that does not decode "+p, send(r, request{method: "PATCH", path: secretsPath + "/" + name("json"), user: "admin",
+			contentType: "application/merge-patch+json", body: `{"data":{"bad":"not base64!"}}`}), 422)
+		expectStatus(t, "ConfigMap merge patch that does not decode "+p, send(r, request{method: "PATCH", path: cmPath + "/" + name("kc"), user: "admin",
+			contentType: "application/merge-patch+json", body: `{"binaryData":{"bad":"not base64!"}}`}), 422)
+		expectStatus(t, "Helm release merge patch that does not decode "+p, send(r, request{method: "PATCH", path: cmPath + "/" + release, user: "admin",
+			contentType: "application/merge-patch+json", body: `{"binaryData":{"bad":"not base64!"}}`}), 422)
+		expectStatus(t, "Secret YAML with a map as a key "+p, send(r, request{method: "POST", path: secretsPath, user: "admin", contentType: "application/yaml",
+			body: "apiVersion: v1\nkind: Secret\nmetadata: {name: " + name("mapkey") + "}\nstringData:\n  {pw: " + sw.fresh(label("Secret YAML map key")) + "}: x\n"}), 400)
+		hexV := sw.fresh(label("Secret stringData, YAML that does not parse"))
+		sw.add(label("Secret stringData, YAML that does not parse, in hex"), hex.EncodeToString([]byte("stringData: {pw: " + hexV)[:30]))
+		expectStatus(t, "Secret YAML that does not parse "+p, send(r, request{method: "POST", path: secretsPath, user: "admin", contentType: "application/yaml",
+			body: "stringData: {pw: " + hexV + "}\nkind: Secret\napiVersion: v1\nbad: [\n"}), 400)
+		reviewHex := sw.fresh(label("TokenReview YAML that does not parse"))
+		sw.add(label("TokenReview YAML that does not parse, in hex"), hex.EncodeToString([]byte("spec: {token: " + reviewHex)[:30]))
+		expectStatus(t, "TokenReview YAML that does not parse "+p, send(r, request{method: "POST", path: "/apis/authentication.k8s.io/v1/tokenreviews", user: "admin", contentType: "application/yaml",
+			body: "spec: {token: " + reviewHex + "}\nkind: TokenReview\napiVersion: authentication.k8s.io/v1\nbad: [\n"}), 400)
 		// Headers named as credentials, which a proxy subresource passes
 		// to its backend (probe Y: X-Api-Key was kept verbatim), and a
 		// body posted through one: the backend's, not an object.

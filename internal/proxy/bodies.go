@@ -43,7 +43,9 @@ func captureBody(rec *record.Request, req *stages.Request) {
 	}
 	v, err := bodyValue(req.Body)
 	if err != nil {
-		rec.BodyNote = "not captured: " + err.Error()
+		// A parser's error may quote the body (YAML's invalid map key
+		// renders the key's values: probe AD).
+		rec.BodyNote = "not captured: " + record.RedactEchoes(err.Error())
 		return
 	}
 	resource, name := "", ""

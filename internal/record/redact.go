@@ -514,12 +514,123 @@ func containsAny(s string, subs ...string) bool {
 // value itself, which for a Secret is its data (probe O, 2026-12-07).
 var valueRendering = regexp.MustCompile(`&value\.value[A-Za-z]*\{(?:Value:)?`)
 
-// RedactValueRenderings replaces the values the apiserver quotes in its
+// RedactEchoes replaces what the apiserver's messages echo of a request's
+// body or a stored object with REDACTED, keeping the rest of the message
+// (what was wrong, and where). A message reaches records, explanations,
+// spans and logs, and for a Secret (or a ConfigMap holding a kubeconfig
+// or a Helm release, or a TokenReview) what it echoes is secret:
+//   - structured-merge-diff's Go rendering of a server-side apply's value
+//     ("expected string, got &value.valueUnstructured{Value:987654321}",
+//     probe O);
+//   - a field.Invalid quoting a whole object or a Go map (a merge patch
+//     that does not decode: `patch: Invalid value: "{\"data\":…}"`, the
+//     patched object with every stored value; a strategic merge patch:
+//     `Invalid value: "map[data:map[…]]"`, probe AD);
+//   - YAML's invalid map key, rendered with its values ("yaml: invalid
+//     map key: map[interface {}]interface {}{\"pw\":…}", probe AD);
+//   - the body's first 30 bytes, as text or hex, that the apiserver adds
+//     to "the object provided is unrecognized" (summarizeData, probe AD),
+//     and the whole body its missing kind or apiVersion quotes.
+func RedactEchoes(s string) string {
+	if len(s) < len(invalidMapKey) {
+		return s
+	}
+	if strings.Contains(s, "&value.value") {
+		s = redactValueRenderings(s)
+	}
+	if strings.Contains(s, `Invalid value: "`) {
+		s = redactInvalidObjects(s)
+	}
+	if i := strings.Index(s, invalidMapKey); i >= 0 {
+		end := strings.IndexByte(s[i:], '\n')
+		if end < 0 {
+			s = s[:i+len(invalidMapKey)] + Redacted
+		} else {
+			s = s[:i+len(invalidMapKey)] + Redacted + s[i+end:]
+		}
+	}
+	if strings.HasPrefix(s, unrecognizedObject) && strings.HasSuffix(s, ")") {
+		// The summary is 30 bytes at most, " ..." after: as text, it
+		// begins within the last 37 bytes.
+		tail := max(0, len(s)-37)
+		if i := strings.LastIndex(s, " ("); i >= 0 && bodySummary.MatchString(s[i+2:len(s)-1]) {
+			s = s[:i] + " (" + Redacted + ")"
+		} else if i := strings.Index(s[tail:], " ({"); i >= 0 {
+			s = s[:tail+i] + " (" + Redacted + ")"
+		}
+	}
+	// runtime's missing kind or apiVersion quotes the whole body.
+	if !strings.Contains(s, "' is missing in '") {
+		return s
+	}
+	for _, marker := range []string{"Object 'Kind' is missing in '", "Object 'apiVersion' is missing in '"} {
+		if i := strings.Index(s, marker); i >= 0 {
+			from := i + len(marker)
+			if end := strings.LastIndex(s[from:], "'"); end >= 0 {
+				s = s[:from] + Redacted + s[from+end:]
+			} else {
+				s = s[:from] + Redacted
+			}
+		}
+	}
+	return s
+}
+
+const (
+	invalidMapKey      = "invalid map key: "
+	unrecognizedObject = "the object provided is unrecognized (must be of type "
+)
+
+// bodySummary is summarizeData's hex of a body (30 bytes at most, " ..."
+// when cut) or its "<empty>".
+var bodySummary = regexp.MustCompile(`^(?:<empty>|(?:[0-9a-f]{2}){1,30}(?: \.\.\.)?)$`)
+
+// invalidObject finds a field.Invalid whose quoted value is an object or
+// a Go map.
+var invalidObject = regexp.MustCompile(`Invalid value: "(?:\{|map\[)`)
+
+// redactInvalidObjects replaces each quoted object invalidObject finds,
+// to its closing quote (escapes skipped; to the end when cut short).
+func redactInvalidObjects(s string) string {
+	locs := invalidObject.FindAllStringIndex(s, -1)
+	if locs == nil {
+		return s
+	}
+	var b strings.Builder
+	last := 0
+	for _, loc := range locs {
+		open := loc[0] + len(`Invalid value: "`)
+		if open < last {
+			continue
+		}
+		b.WriteString(s[last:open])
+		b.WriteString(Redacted)
+		end := -1
+		for i := open; i < len(s); i++ {
+			if s[i] == '\\' {
+				i++
+				continue
+			}
+			if s[i] == '"' {
+				end = i
+				break
+			}
+		}
+		if end < 0 {
+			return b.String()
+		}
+		last = end
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// redactValueRenderings replaces the values the apiserver quotes in its
 // Go rendering of a server-side apply's fields (valueRendering) with
 // REDACTED, keeping the rest of the message (the field's path and what
 // was expected). The rendering's braces are matched, skipping quoted
 // strings, so a value holding braces or quotes is redacted whole.
-func RedactValueRenderings(s string) string {
+func redactValueRenderings(s string) string {
 	locs := valueRendering.FindAllStringIndex(s, -1)
 	if locs == nil {
 		return s
@@ -568,11 +679,11 @@ func closingBrace(s string, from int) int {
 	return -1
 }
 
-// RedactExplanations applies RedactValueRenderings to stages'
+// RedactExplanations applies RedactEchoes to stages'
 // explanations and their children's, in place.
 func RedactExplanations(stages []StageResult) {
 	for i := range stages {
-		stages[i].Explanation = RedactValueRenderings(stages[i].Explanation)
+		stages[i].Explanation = RedactEchoes(stages[i].Explanation)
 		RedactExplanations(stages[i].Children)
 	}
 }

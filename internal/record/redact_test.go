@@ -282,10 +282,13 @@ func TestRedactConfigMapObject(t *testing.T) {
 	}
 }
 
-// TestRedactValueRenderings: the values a server-side apply's error quotes
-// (structured-merge-diff's Go rendering) are redacted whole, the path and
-// what was expected kept.
-func TestRedactValueRenderings(t *testing.T) {
+// TestRedactEchoes: what the apiserver's messages echo of a body or an
+// object is redacted whole, the rest kept: the values a server-side
+// apply's error quotes (structured-merge-diff's Go rendering), a patched
+// object a field.Invalid quotes, YAML's invalid map key, the body's start
+// that "the object provided is unrecognized" adds (the last three as
+// probe AD found them, with Secret data and a Helm release).
+func TestRedactEchoes(t *testing.T) {
 	for _, tc := range []struct{ in, want, gone string }{ // gone: where want is "", text that must not remain
 		{`failed to create typed patch object (/v1, Kind=Secret): .stringData.password: expected string, got &value.valueUnstructured{Value:987654321}`,
 			`failed to create typed patch object (/v1, Kind=Secret): .stringData.password: expected string, got &value.valueUnstructured{Value:REDACTED}`, ""},
@@ -295,19 +298,39 @@ func TestRedactValueRenderings(t *testing.T) {
 			`.stringData: expected map, got &value.valueUnstructured{Value:REDACTED} and .data.b: expected string, got &value.valueUnstructured{Value:REDACTED}`, ""},
 		{`cut short: &value.valueUnstructured{Value:[]interface {}{"SEC`, `cut short: &value.valueUnstructured{Value:REDACTED`, ""},
 		{`configmaps "x" not found`, `configmaps "x" not found`, ""},
+		{` "" is invalid: patch: Invalid value: "{\"apiVersion\":\"v1\",\"data\":{\"pw\":\"U0VLUklUNg==\"},\"kind\":\"Secret\"}": error decoding from json: illegal base64 data at input byte 4`,
+			` "" is invalid: patch: Invalid value: "REDACTED": error decoding from json: illegal base64 data at input byte 4`, ""},
+		{` "" is invalid: patch: Invalid value: "{\"apiVersion\":\"v1\",\"data\":{\"release\":\"SDRzSUFBQUFB`, ` "" is invalid: patch: Invalid value: "REDACTED`, ""},
+		{` "" is invalid: patch: Invalid value: "map[data:map[x:!!]]": error decoding from json: illegal base64 data at input byte 0`,
+			` "" is invalid: patch: Invalid value: "REDACTED": error decoding from json: illegal base64 data at input byte 0`, ""},
+		{`Secret "e3" is invalid: data[.dockerconfigjson]: Invalid value: "<secret contents redacted>": invalid character 'S'`,
+			`Secret "e3" is invalid: data[.dockerconfigjson]: Invalid value: "<secret contents redacted>": invalid character 'S'`, ""},
+		{`ConfigMap "kc-x" is invalid: metadata.name: Invalid value: "kc-x": a lowercase RFC 1123 subdomain`,
+			`ConfigMap "kc-x" is invalid: metadata.name: Invalid value: "kc-x": a lowercase RFC 1123 subdomain`, ""},
+		{`error encoding patch: yaml: invalid map key: map[interface {}]interface {}{"pw":"SEKRITK5"}`, `error encoding patch: yaml: invalid map key: REDACTED`, ""},
+		{`the object provided is unrecognized (must be of type TokenReview): yaml: line 4: did not find expected node content (737065633a207b746f6b656e3a206162636465662e303132333435363738 ...)`,
+			`the object provided is unrecognized (must be of type TokenReview): yaml: line 4: did not find expected node content (REDACTED)`, ""},
+		{`the object provided is unrecognized (must be of type Secret): couldn't get version/kind; json parse error: unexpected end (737065)`,
+			`the object provided is unrecognized (must be of type Secret): couldn't get version/kind; json parse error: unexpected end (REDACTED)`, ""},
+		{`the object provided is unrecognized (must be of type Secret): Object 'Kind' is missing in '{"data":{"pw":"c2VjcmV0"}}' ({"data":{"pw":"c2VjcmV0"}} ...)`,
+			"", "c2VjcmV0"},
+		{`the object provided is unrecognized (must be of type Secret): Object 'apiVersion' is missing in '{"kind":"Secret","data":{"pw":"it's c2VjcmV0"}}' ({"kind":"Secret","data":{"pw": ...)`,
+			`the object provided is unrecognized (must be of type Secret): Object 'apiVersion' is missing in 'REDACTED' (REDACTED)`, ""},
+		{`the object provided is unrecognized (must be of type ConfigMap): couldn't get version/kind; json parse error: unexpected end of JSON input (<empty>)`,
+			`the object provided is unrecognized (must be of type ConfigMap): couldn't get version/kind; json parse error: unexpected end of JSON input (REDACTED)`, ""},
 		// klog's "Unhandled Error": the rendering inside a Go-quoted string, then as is.
 		{`apiserver received an error that is not an metav1.Status: &errors.errorString{s:"failed to create typed patch object (/x; /v1, Kind=Secret): .stringData.pins: expected string, got &value.valueUnstructured{Value:[]interface {}{\"44fa}\"}}"}: failed to create typed patch object (/x; /v1, Kind=Secret): .stringData.pins: expected string, got &value.valueUnstructured{Value:[]interface {}{"44fa}"}}`,
 			"", "44fa"},
 	} {
-		got := RedactValueRenderings(tc.in)
+		got := RedactEchoes(tc.in)
 		if tc.want == "" { // the value must be gone, wherever the redaction ends
-			if strings.Contains(got, tc.gone) || !strings.Contains(got, "expected string, got &value.valueUnstructured{Value:REDACTED") {
-				t.Errorf("RedactValueRenderings(%q) = %q: the value is not redacted", tc.in, got)
+			if strings.Contains(got, tc.gone) || !strings.Contains(got, Redacted) {
+				t.Errorf("RedactEchoes(%q) = %q: the value is not redacted", tc.in, got)
 			}
 			continue
 		}
 		if got != tc.want {
-			t.Errorf("RedactValueRenderings(%q)\n got %q\nwant %q", tc.in, got, tc.want)
+			t.Errorf("RedactEchoes(%q)\n got %q\nwant %q", tc.in, got, tc.want)
 		}
 	}
 }

@@ -155,7 +155,7 @@ func NewReceiver(ctx context.Context, o ReceiverOptions) (*Receiver, error) {
 // Export implements the OTLP trace service: it never waits for the
 // forwarding nor fails the exporter for kproxy's sake.
 func (r *Receiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
-	redactURLs(req.GetResourceSpans())
+	redactSpans(req.GetResourceSpans())
 	r.enqueue(req.GetResourceSpans())
 	for _, o := range r.consume(req.GetResourceSpans()) {
 		r.join.Offer(o)
@@ -456,15 +456,33 @@ func (r *Receiver) Stats() ReceiverStats {
 // query, by the semantic conventions old and new.
 var urlAttributes = map[string]bool{"http.target": true, "http.url": true, "url.full": true, "url.query": true}
 
-// redactURLs redacts, in place, the credentials in the URLs the
+// redactSpans redacts, in place, the credentials in the URLs the
 // apiserver's spans carry (access_token, token and password query
 // parameters, as records redact them) before anything else sees the
 // spans: kproxy passes them on to its own OTLP endpoint (found by a
-// probe: a services/proxy POST's ?password= reached Jaeger).
-func redactURLs(batch []*tracepb.ResourceSpans) {
+// probe: a services/proxy POST's ?password= reached Jaeger). What the
+// apiserver's errors echo of a body or a stored object, in any other
+// attribute, an event's or the span's status, is redacted as records
+// redact it (record.RedactEchoes: a probe found a patched Secret's data
+// there).
+func redactSpans(batch []*tracepb.ResourceSpans) {
+	echoes := func(attrs []*commonpb.KeyValue) {
+		for _, a := range attrs {
+			if sv, ok := a.GetValue().GetValue().(*commonpb.AnyValue_StringValue); ok && !urlAttributes[a.GetKey()] {
+				sv.StringValue = record.RedactEchoes(sv.StringValue)
+			}
+		}
+	}
 	for _, rs := range batch {
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
+				echoes(s.GetAttributes())
+				for _, e := range s.GetEvents() {
+					echoes(e.GetAttributes())
+				}
+				if st := s.GetStatus(); st != nil {
+					st.Message = record.RedactEchoes(st.Message)
+				}
 				for _, a := range s.GetAttributes() {
 					if !urlAttributes[a.GetKey()] {
 						continue

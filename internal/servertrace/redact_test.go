@@ -7,11 +7,12 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 )
 
-// TestRedactURLs: the apiserver's spans carry the request's URL, query
-// credentials included; kproxy passes them on to its own OTLP endpoint,
-// so it redacts them first, as records do (a probe found ?password= in
-// Jaeger).
-func TestRedactURLs(t *testing.T) {
+// TestRedactSpans: the apiserver's spans carry the request's URL, query
+// credentials included, and its errors, which may echo a body or a
+// stored object; kproxy passes them on to its own OTLP endpoint, so it
+// redacts them first, as records do (probes found ?password= and a
+// patched Secret's data in Jaeger).
+func TestRedactSpans(t *testing.T) {
 	str := func(k, v string) *commonpb.KeyValue {
 		return &commonpb.KeyValue{Key: k, Value: &commonpb.AnyValue{Value: &commonpb.AnyValue_StringValue{StringValue: v}}}
 	}
@@ -22,7 +23,11 @@ func TestRedactURLs(t *testing.T) {
 		str("http.route", "/api/v1/pods?token=kept-not-a-url-attribute"),
 		str("url.path", "/api/v1/pods"),
 	}}
-	redactURLs([]*tracepb.ResourceSpans{{ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{span}}}}})
+	const echo = `Secret "s" is invalid: patch: Invalid value: "{\"data\":{\"pw\":\"U0VLUklU\"}}": illegal base64 data`
+	const redacted = `Secret "s" is invalid: patch: Invalid value: "REDACTED": illegal base64 data`
+	span.Events = []*tracepb.Span_Event{{Name: "Write to database call failed", Attributes: []*commonpb.KeyValue{str("err", echo)}}}
+	span.Status = &tracepb.Status{Code: tracepb.Status_STATUS_CODE_ERROR, Message: echo}
+	redactSpans([]*tracepb.ResourceSpans{{ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{span}}}}})
 	want := map[string]string{
 		"http.target": "/api/v1/namespaces/a/services/web:80/proxy/login?user=bob&password=REDACTED",
 		"url.full":    "https://10.0.0.1:6443/api/v1/pods?access_token=REDACTED&limit=5",
@@ -34,5 +39,11 @@ func TestRedactURLs(t *testing.T) {
 		if got := a.GetValue().GetStringValue(); got != want[a.Key] {
 			t.Errorf("%s = %q, want %q", a.Key, got, want[a.Key])
 		}
+	}
+	if got := span.Events[0].Attributes[0].GetValue().GetStringValue(); got != redacted {
+		t.Errorf("the event's err = %q, want %q", got, redacted)
+	}
+	if got := span.Status.Message; got != redacted {
+		t.Errorf("the status = %q, want %q", got, redacted)
 	}
 }

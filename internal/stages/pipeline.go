@@ -426,9 +426,9 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 	}); r.Outcome == record.Error {
 		pre = &r
 	}
-	if run != nil && run.Status != nil && isSecrets(req) {
+	if run != nil && run.Status != nil && mayEcho(req) {
 		st := *run.Status
-		st.Message = record.RedactValueRenderings(st.Message)
+		st.Message = record.RedactEchoes(st.Message)
 		run.Status = &st
 	}
 	steps := make([]step, 0, len(h.stages))
@@ -455,29 +455,44 @@ func isSecrets(req *Request) bool {
 	return req.Info != nil && req.Info.IsResourceRequest && req.Info.Resource == "secrets"
 }
 
-// secretValuesOut keeps the values a Secret write's errors quote (a
-// server-side apply's "got &value.valueUnstructured{Value:...}", found by
-// a probe) out of a stage's verdict, its children and its spans: they
-// are the Secret's data.
+// mayEcho says whether the apiserver's messages about req may echo a
+// body or a stored object (record.RedactEchoes): any request on Secrets,
+// and every write with a body, whose object may be a ConfigMap holding a
+// kubeconfig or a Helm release, a TokenReview, a custom resource holding
+// a credential (a probe: a ConfigMap's merge patch quoted the Helm
+// release stored in it, a TokenReview's YAML the token's first bytes).
+func mayEcho(req *Request) bool {
+	switch req.HTTP.Method {
+	case http.MethodPost, http.MethodPut, http.MethodPatch:
+		return true
+	}
+	return isSecrets(req)
+}
+
+// secretValuesOut keeps what the apiserver's messages echo of a body or
+// a stored object (mayEcho: a Secret's data quoted by a server-side
+// apply's "got &value.valueUnstructured{Value:...}", a patched object
+// quoted whole, found by probes) out of a stage's verdict, its children
+// and its spans.
 func secretValuesOut(req *Request, res Result) Result {
-	if !isSecrets(req) {
+	if !mayEcho(req) {
 		return res
 	}
-	res.Explanation = record.RedactValueRenderings(res.Explanation)
+	res.Explanation = record.RedactEchoes(res.Explanation)
 	if res.Status != nil {
 		st := *res.Status
-		st.Message = record.RedactValueRenderings(st.Message)
+		st.Message = record.RedactEchoes(st.Message)
 		res.Status = &st
 	}
 	record.RedactExplanations(res.Children)
 	if len(res.Spans) > 0 {
 		spans := make([]childSpan, len(res.Spans))
 		for i, c := range res.Spans {
-			c.Err = record.RedactValueRenderings(c.Err)
+			c.Err = record.RedactEchoes(c.Err)
 			attrs := make([]attribute.KeyValue, len(c.Attrs))
 			for j, kv := range c.Attrs {
 				if kv.Value.Type() == attribute.STRING {
-					kv = attribute.String(string(kv.Key), record.RedactValueRenderings(kv.Value.AsString()))
+					kv = attribute.String(string(kv.Key), record.RedactEchoes(kv.Value.AsString()))
 				}
 				attrs[j] = kv
 			}
