@@ -69,6 +69,9 @@ func (d decode) before(ctx context.Context, req *Request) (res Result, ok bool) 
 		return Unknown("the write path cannot be replayed: " + d.m.writeError().Error()), false
 	}
 	if i := req.Info; !apiserver.BuiltIn(i.APIGroup) && !w.ServesCustom(i.APIGroup, i.Resource) {
+		if why := groupChangedNear(w, i.APIGroup, req.Arrival); why != "" {
+			return Unknown(fmt.Sprintf("kproxy sees nothing serving %q now: %s", i.Resource+"."+i.APIGroup, why)), false
+		}
 		if s, ok, why := aggregatedFor(w, i.APIGroup, i.APIVersion); ok && s.Spec.Service != nil {
 			return aggregatedAPI(s, req.Info.Path), false
 		} else if why != "" {
@@ -128,7 +131,24 @@ func (d decode) discovery(ctx context.Context, req *Request, run *apiserver.Run)
 	if !apiserver.DiscoveryRoot(req.Info) || (run.Code != http.StatusOK && run.Code != http.StatusNotModified) || run.ETag == "" || inm == "" {
 		return Pass("the apiserver's discovery handlers answer " + req.Info.Path)
 	}
-	current, err := d.m.writer().Served().ETag(ctx, strings.TrimSuffix(req.Info.Path, "/"))
+	root := strings.TrimSuffix(req.Info.Path, "/")
+	served := d.m.writer().Served()
+	// /apis lists every group, /api the core group's only.
+	at, seen := served.ChangedAt()
+	if root == "/api" {
+		at, seen = served.GroupChangedAt("")
+	}
+	if !seen {
+		return Unknown("a conditional request of the discovery document " + root + " (If-None-Match): kproxy has not listed the CustomResourceDefinitions and APIServices it lists yet")
+	}
+	if !at.Before(req.Arrival.Add(-apiChangeLag)) {
+		// The aggregator updates its document a moment after a change,
+		// and kproxy reads its ETag after the request (a probe churning
+		// CRDs: 304 answered, 200 predicted, 304 records).
+		return Unknown(fmt.Sprintf("a conditional request of the discovery document %s (If-None-Match), and the CustomResourceDefinitions or APIServices it lists changed at %s, less than %v before the request arrived or since: "+
+			"which ETag the apiserver had then is not known", root, at.UTC().Format("15:04:05.000"), apiChangeLag))
+	}
+	current, err := served.ETag(ctx, root)
 	if err != nil {
 		return Unknown("a conditional discovery request (If-None-Match): " + err.Error())
 	}

@@ -270,7 +270,7 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 	if !strings.HasPrefix(gv, "apis/") {
 		group = ""
 	}
-	settled, lagging := served.GroupSettledBefore(group, req.Arrival), served.GroupChangedSince(group, req.Arrival.Add(-indexLinkLag))
+	settled, lagging := served.GroupSettledBefore(group, req.Arrival), served.GroupChangedSince(group, req.Arrival.Add(-apiChangeLag))
 	_, listed := index.Paths[gv]
 	if lagging {
 		// The index follows a group's changes a moment late: it lists a
@@ -279,7 +279,7 @@ func (d decode) openAPIV3(ctx context.Context, req *Request, p string) Result {
 		// at replay listed it, predicted 200), and links a document's
 		// old hash a moment after its handler redirects it (openAPIV3Hash).
 		return Unknown(fmt.Sprintf("the apiserver's OpenAPI v3 index %s the document %q now, and the CRDs or APIServices of its group changed around the request's arrival (less than %v before it, or since): "+
-			"the index follows them a moment late (listing a group, linking a document's new hash), so what it answered then is not known", map[bool]string{true: "lists", false: "does not list"}[listed], gv, indexLinkLag))
+			"the index follows them a moment late (listing a group, linking a document's new hash), so what it answered then is not known", map[bool]string{true: "lists", false: "does not list"}[listed], gv, apiChangeLag))
 	}
 	if !listed {
 		st := &metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotFound}
@@ -357,10 +357,12 @@ func openAPIV3ByETag(ctx context.Context, req *Request, settled bool, gv, link s
 	return servedAnswer(w, what)
 }
 
-// indexLinkLag bounds how long the apiserver's OpenAPI v3 index links a
-// document's old hash after the document changed (up to a second here,
-// more on a loaded apiserver).
-const indexLinkLag = 10 * time.Second
+// apiChangeLag bounds how long after a group's CustomResourceDefinitions
+// or APIServices change the apiserver may still answer by what they were
+// (its discovery, its handlers, its OpenAPI v3 index: up to a second
+// here, more on a loaded apiserver), and kproxy's informers show them
+// only after they changed.
+const apiChangeLag = 10 * time.Second
 
 // openAPIV3Hash predicts a request of an OpenAPI v3 document that names
 // its hash (?hash=, as the index links it, and as kubectl asks): kube-

@@ -94,22 +94,7 @@ func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexI
 		return nil, fmt.Errorf("served documents: %w", err)
 	}
 	d := &ServedDocs{http: hc, base: strings.TrimSuffix(s.Config.Host, "/"), now: now, docs: map[string]cachedDoc{}}
-	// The objects the informers list at start changed when their
-	// metadata says, not when kproxy started: a kproxy just started had
-	// doubted every document for 30 s (found by a probe: kproxy test
-	// run, a fresh process each time, said every document by hash was
-	// "changed around its arrival").
-	bump := cache.ResourceEventHandlerDetailedFuncs{
-		AddFunc: func(obj any, initial bool) {
-			if initial {
-				d.listed(obj)
-				return
-			}
-			d.invalidate(obj)
-		},
-		UpdateFunc: func(_, obj any) { d.invalidate(obj) },
-		DeleteFunc: func(obj any) { d.invalidate(obj) },
-	}
+	bump := d.changes()
 	if _, err := crds.AddEventHandler(bump); err != nil {
 		return nil, err
 	}
@@ -125,6 +110,37 @@ func newServedDocs(ctx context.Context, s *ClusterState, crds cache.SharedIndexI
 	d.APIServices, d.APIServicesSynced = inf.Lister(), inf.Informer().HasSynced
 	f.Start(ctx.Done())
 	return d, nil
+}
+
+// changes is the handler of the CRD and APIService informers' events:
+// what the documents list changed.
+func (d *ServedDocs) changes() cache.ResourceEventHandlerDetailedFuncs {
+	// The objects the informers list at start changed when their
+	// metadata says, not when kproxy started: a kproxy just started had
+	// doubted every document for 30 s (found by a probe: kproxy test
+	// run, a fresh process each time, said every document by hash was
+	// "changed around its arrival").
+	return cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(obj any, initial bool) {
+			if initial {
+				d.listed(obj)
+				return
+			}
+			d.invalidate(obj)
+		},
+		UpdateFunc: func(old, obj any) {
+			// A resync (apiextensions' informers resync every 5
+			// minutes) is no change: it had made every group's
+			// documents doubted (probe AC).
+			if o, err := meta.Accessor(old); err == nil {
+				if n, err := meta.Accessor(obj); err == nil && o.GetResourceVersion() == n.GetResourceVersion() {
+					return
+				}
+			}
+			d.invalidate(obj)
+		},
+		DeleteFunc: func(obj any) { d.invalidate(obj) },
+	}
 }
 
 // SettledBefore reports that what the documents list (the groups the
@@ -151,9 +167,25 @@ func (d *ServedDocs) GroupSettledBefore(group string, t time.Time) bool {
 // GroupChangedSince reports that group's CRDs or APIServices were seen
 // to change after t (or the documents never seen settled at all).
 func (d *ServedDocs) GroupChangedSince(group string, t time.Time) bool {
+	at, seen := d.GroupChangedAt(group)
+	return !seen || at.After(t)
+}
+
+// GroupChangedAt is when kproxy last saw group's CRDs or APIServices
+// change (zero: never, since those it listed at its start were last
+// written), and whether it has listed them at all yet.
+func (d *ServedDocs) GroupChangedAt(group string) (time.Time, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.changed.IsZero() || d.groupChanged(group).After(t)
+	return d.groupChanged(group), !d.changed.IsZero()
+}
+
+// ChangedAt is when kproxy last saw any CRD or APIService change, and
+// whether it has listed them at all yet.
+func (d *ServedDocs) ChangedAt() (time.Time, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.changed, !d.changed.IsZero()
 }
 
 func (d *ServedDocs) groupChanged(group string) time.Time {

@@ -159,3 +159,28 @@ func TestGroupChanged(t *testing.T) {
 		t.Error("no change seen yet (informers not synced): a group counts as settled")
 	}
 }
+
+// TestResyncIsNoChange: an informer's resync hands the handler the same
+// object again; it changes nothing (apiextensions' informers resync every
+// 5 minutes, and every CRD group's documents were doubted each time:
+// probe AC). An update with a new resourceVersion is a change.
+func TestResyncIsNoChange(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 16, 0, 0, 0, time.UTC)
+	now := t0
+	d := &ServedDocs{now: func() time.Time { return now }, docs: map[string]cachedDoc{}}
+	h := d.changes()
+	crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "widgets.stable.example.com", ResourceVersion: "242",
+		CreationTimestamp: metav1.NewTime(t0.Add(-time.Hour))}, Spec: apiextensionsv1.CustomResourceDefinitionSpec{Group: "stable.example.com"}}
+	h.OnAdd(crd, true)
+	now = t0.Add(5 * time.Minute)
+	h.OnUpdate(crd, crd.DeepCopy())
+	if d.GroupChangedSince("stable.example.com", t0) || d.GroupChangedSince("other.example.com", t0) {
+		t.Error("a resync counted as a change")
+	}
+	changed := crd.DeepCopy()
+	changed.ResourceVersion = "243"
+	h.OnUpdate(crd, changed)
+	if !d.GroupChangedSince("stable.example.com", t0) {
+		t.Error("an update with a new resourceVersion did not count as a change")
+	}
+}
