@@ -31,7 +31,7 @@ func (d debugOnly) Handle(ctx context.Context, r slog.Record) error {
 	if !d.h.Enabled(ctx, slog.LevelDebug) {
 		return nil // logr's Error bypasses Enabled
 	}
-	out := slog.NewRecord(r.Time, slog.LevelDebug, record.RedactValueRenderings(r.Message), r.PC)
+	out := slog.NewRecord(r.Time, slog.LevelDebug, record.RedactEchoes(r.Message), r.PC)
 	r.Attrs(func(a slog.Attr) bool {
 		out.AddAttrs(redactAttr(a))
 		return true
@@ -39,17 +39,17 @@ func (d debugOnly) Handle(ctx context.Context, r slog.Record) error {
 	return d.h.Handle(ctx, out)
 }
 
-// redactAttr applies record.RedactValueRenderings to an attribute's text:
+// redactAttr applies record.RedactEchoes to an attribute's text:
 // a string or an error's message (klog's "err"); other values pass as
 // they are.
 func redactAttr(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		return slog.String(a.Key, record.RedactValueRenderings(v.String()))
+		return slog.String(a.Key, record.RedactEchoes(v.String()))
 	case slog.KindAny:
 		if err, ok := v.Any().(error); ok {
-			return slog.String(a.Key, record.RedactValueRenderings(err.Error()))
+			return slog.String(a.Key, record.RedactEchoes(err.Error()))
 		}
 	case slog.KindGroup:
 		attrs := v.Group()
