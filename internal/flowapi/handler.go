@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -182,9 +183,43 @@ func NewHandler(buf *Buffer, opts HandlerOptions) http.Handler {
 			r.Method, r.URL.Path, PathFlows, PathFlows, PathStream, PathFlows, PathReplayFilter), nil)
 	})
 	if opts.Token == "" && !opts.ClientCerts {
-		return mux
+		return loopbackHostOnly(mux)
 	}
 	return h.authenticate(mux)
+}
+
+// loopbackHostOnly refuses a plain-HTTP request whose Host is not a
+// loopback address or localhost. With no client authentication, the API
+// listens on loopback, where any local process may use it by design; a
+// web page may too, through DNS rebinding: its own name, resolved to
+// 127.0.0.1, in the Host header, and the browser lets it read what it
+// gets (a probe read every flow, re-ran admin's, and changed the replay
+// filter so). A browser cannot choose the Host, so a name that is not
+// loopback's is refused. Over TLS the certificate's name is checked by
+// the browser instead.
+func loopbackHostOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil && !loopbackHost(r.Host) {
+			writeStatus(w, http.StatusForbidden, "Forbidden", fmt.Sprintf("Host %q is not a loopback address: the kproxy flow API without client authentication answers requests for 127.0.0.1, [::1] or localhost only "+
+				"(a web page could reach it under another name); use one of those in the URL, or protect the API with --api-token-file or --api-client-ca-file", r.Host), nil)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports a Host header naming localhost or a loopback IP.
+func loopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // authenticate lets through requests with the bearer token or a verified

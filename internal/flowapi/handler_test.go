@@ -386,7 +386,7 @@ func TestStuckReaderDoesNotBlockWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "GET %s?backlog=0 HTTP/1.1\r\nHost: x\r\n\r\n", PathStream)
+	fmt.Fprintf(conn, "GET %s?backlog=0 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", PathStream)
 	br := bufio.NewReader(conn)
 	for { // the headers and the first comment: subscribed
 		line, err := br.ReadString('\n')
@@ -457,7 +457,7 @@ func TestServerDropsAStuckClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", PathStream)
+	fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", PathStream)
 	big := strings.Repeat("x", 64<<10)
 	go func() {
 		for i := 1; ; i++ {
@@ -475,5 +475,47 @@ func TestServerDropsAStuckClient(t *testing.T) {
 	case <-handlerDone:
 	case <-time.After(guard):
 		t.Fatal("the handler kept a client that reads nothing")
+	}
+}
+
+// TestLoopbackHostOnly: without client authentication the API answers
+// requests for a loopback address or localhost only; a web page reaching
+// it by DNS rebinding sends its own name (a probe read every flow and
+// changed the replay filter so). With a token, any Host will do.
+func TestLoopbackHostOnly(t *testing.T) {
+	b := NewBuffer(8)
+	b.Write(rec(1))
+	open := NewHandler(b, HandlerOptions{})
+	withToken := NewHandler(b, HandlerOptions{Token: "t"})
+	for _, tc := range []struct {
+		host  string
+		token bool
+		want  int
+	}{
+		{"127.0.0.1:8001", false, http.StatusOK},
+		{"127.0.0.2", false, http.StatusOK},
+		{"[::1]:8001", false, http.StatusOK},
+		{"localhost:8001", false, http.StatusOK},
+		{"LOCALHOST", false, http.StatusOK},
+		{"attacker.example:8001", false, http.StatusForbidden},
+		{"localhost.attacker.example", false, http.StatusForbidden},
+		{"10.0.0.5:8001", false, http.StatusForbidden},
+		{"attacker.example:8001", true, http.StatusOK},
+	} {
+		req := httptest.NewRequest(http.MethodGet, PathFlows, nil)
+		req.Host = tc.host
+		h := open
+		if tc.token {
+			h = withToken
+			req.Header.Set("Authorization", "Bearer t")
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != tc.want {
+			t.Errorf("Host %q (token %v): %d, want %d: %s", tc.host, tc.token, w.Code, tc.want, w.Body)
+		}
+		if tc.want == http.StatusForbidden && !strings.Contains(w.Body.String(), "--api-token-file") {
+			t.Errorf("Host %q: the refusal does not name the fix: %s", tc.host, w.Body)
+		}
 	}
 }
