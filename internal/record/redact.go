@@ -14,12 +14,20 @@ import (
 // Redacted replaces a secret value.
 const Redacted = "REDACTED"
 
-// sensitiveQuery are query parameters that can carry credentials. The
-// apiserver itself accepts access_token on websocket requests.
+// sensitiveQuery are query parameters that can carry credentials: the
+// apiserver itself accepts access_token on websocket requests; a proxy
+// subresource passes any query to its backend, whose keys and signatures
+// may be named otherwise (a probe: api_key, client_secret, passwd,
+// X-Amz-Signature, sig and id_token were captured verbatim). Names as
+// credentialName tells headers are redacted too; no query parameter of
+// the apiserver's own is.
 var sensitiveQuery = map[string]bool{
 	"access_token": true,
 	"token":        true,
 	"password":     true,
+	"sig":          true,
+	"key":          true,
+	"code":         true,
 }
 
 // RedactQuery returns the raw query with credential-bearing parameters'
@@ -45,7 +53,7 @@ func RedactQuery(raw string) string {
 			if err != nil {
 				name = k
 			}
-			if sensitiveQuery[strings.ToLower(strings.TrimSpace(name))] {
+			if n := strings.ToLower(strings.TrimSpace(name)); sensitiveQuery[n] || credentialName(n) {
 				part = k + "=" + Redacted
 			}
 		}

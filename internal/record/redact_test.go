@@ -21,6 +21,12 @@ func TestRedactQuery(t *testing.T) {
 		{"a=1;b=2&token=t;c", "a=1;b=2&token=REDACTED;c"},
 		{"%20access_token=x", "%20access_token=REDACTED"},
 		{"access_token", "access_token"},
+		// A proxy subresource's backend's credentials (probe AD).
+		{"api_key=k1&client_secret=s1&passwd=p1&X-Amz-Signature=a1&X-Amz-Credential=c1&sig=g1&id_token=i1&code=o1&key=y1&apikey=z1",
+			"api_key=REDACTED&client_secret=REDACTED&passwd=REDACTED&X-Amz-Signature=REDACTED&X-Amz-Credential=REDACTED&sig=REDACTED&id_token=REDACTED&code=REDACTED&key=REDACTED&apikey=REDACTED"},
+		// The apiserver's own parameters stay.
+		{"labelSelector=a%3Db&fieldSelector=x&limit=5&continue=eyJ2&resourceVersion=9&resourceVersionMatch=NotOlderThan&timeoutSeconds=3&allowWatchBookmarks=true&sendInitialEvents=true&dryRun=All&fieldManager=m&fieldValidation=Strict&force=true&propagationPolicy=Foreground&gracePeriodSeconds=0&container=c&follow=true&tailLines=5&command=sh&stdin=true&ports=80&hash=AB&exclude=etcd&verbose",
+			"labelSelector=a%3Db&fieldSelector=x&limit=5&continue=eyJ2&resourceVersion=9&resourceVersionMatch=NotOlderThan&timeoutSeconds=3&allowWatchBookmarks=true&sendInitialEvents=true&dryRun=All&fieldManager=m&fieldValidation=Strict&force=true&propagationPolicy=Foreground&gracePeriodSeconds=0&container=c&follow=true&tailLines=5&command=sh&stdin=true&ports=80&hash=AB&exclude=etcd&verbose"},
 	} {
 		if got := RedactQuery(tc.in); got != tc.want {
 			t.Errorf("RedactQuery(%q) = %q, want %q", tc.in, got, tc.want)
