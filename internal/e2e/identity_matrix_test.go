@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/base64"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/kproxy/kproxy/internal/localcluster"
 	"github.com/kproxy/kproxy/internal/pki"
+	"github.com/kproxy/kproxy/internal/record"
 )
 
 // The security suite: kproxy never serves a caller more than the apiserver
@@ -320,5 +322,32 @@ func TestForwardModeRefusesOtherHosts(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("plain HTTP through kproxy to %s: %s, want 403", cluster.URL, resp.Status)
+	}
+}
+
+// TestMalformedImpersonationAfterRBACChange: Impersonate-Group or
+// Impersonate-Uid without Impersonate-User is refused (400) by the
+// impersonation filter before any authorizer is asked, so a change of
+// RBAC just before it bears on nothing: it is predicted 400. Before, it
+// was said unknown, "the apiserver's impersonation allowed the request
+// (it answered 400, which only a request past authorization gets)"
+// (probe AD, 17 records).
+func TestMalformedImpersonationAfterRBACChange(t *testing.T) {
+	r, recs := recordedKproxy(t)
+	role := fmt.Sprintf("malformed-impersonation-%d", time.Now().UnixNano())
+	grantImpersonation(t, role, "erin", userSubject("alice"))
+	t.Cleanup(func() {
+		_ = adminClient().RbacV1().ClusterRoleBindings().Delete(context.Background(), role, metav1.DeleteOptions{})
+		_ = adminClient().RbacV1().ClusterRoles().Delete(context.Background(), role, metav1.DeleteOptions{})
+	})
+	for _, h := range []http.Header{hdr("Impersonate-Group", "devs"), hdr("Impersonate-Uid", "uid-erin")} {
+		got := sendSSR(t, r.client(nil), r.base, merge(hdr("Authorization", "Bearer "+tokenOf("alice")), h))
+		rec := nextRecord(t, recs)
+		if got.status != http.StatusBadRequest {
+			t.Fatalf("%v: the apiserver answered %d %s, want 400: update the test", h, got.status, got.body)
+		}
+		if p := rec.Predicted; p.Status != http.StatusBadRequest || p.Stage != record.StageImpersonation {
+			t.Errorf("%v, right after an RBAC change: predicted %d at %q (%s), the apiserver answered 400", h, p.Status, p.Stage, p.Message)
+		}
 	}
 }

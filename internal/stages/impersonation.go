@@ -64,6 +64,13 @@ func (s *impersonationStage) Run(ctx context.Context, req *Request) Result {
 		return res
 	}
 	st := out.status()
+	if st.Code == http.StatusBadRequest {
+		// Headers the filter cannot read (a group or a uid without a
+		// user): refused before any authorizer is asked, so no change of
+		// permissions bears on it (a probe: such a 400 was said unknown,
+		// "the apiserver's impersonation allowed the request").
+		return Reject(st, fmt.Sprintf("the apiserver's impersonation filter refuses the Impersonate-* headers before asking the authorizer: %s", st.Message))
+	}
 	res := Reject(st, fmt.Sprintf("%s may not impersonate what the headers ask for (%s): %s", describeUser(caller), impersonationForm(st.Message), st.Message))
 	if late := accessLate(ctx, s.m.authzChanges, req, false, "impersonation", impersonationRefusal, impersonationSuccessTTL); late != "" {
 		req.User = nil
