@@ -116,7 +116,7 @@ func lateRead(ctx context.Context, run *Run, read *StorageRead, err error) error
 	case !ok:
 		return err
 	case found && aw.Status == http.StatusInternalServerError && aw.Refusal != nil && strings.Contains(aw.Refusal.Message, corruptObject):
-		read.Err = fmt.Errorf("the apiserver answered 500 (it could not decrypt or decode the object: %s), and kproxy's read could: "+
+		read.Err = fmt.Errorf("the apiserver answered 500 (it could not decrypt, decode or convert the object: %s), and kproxy's read could: "+
 			"a conversion webhook or an encryption provider answers each read on its own, so the request's outcome is not known", aw.Refusal.Message)
 	case found && aw.Status == http.StatusNotFound && !connectSubresource(run.Subresource) && run.Subresource != "log":
 		// (A pod's log or a connection to it answers 404 for its node
@@ -145,10 +145,10 @@ func corruptRead(ctx context.Context, run *Run, read *StorageRead, err error) er
 	case aw.Status == http.StatusInternalServerError && aw.Refusal != nil && aw.Refusal.Message == want:
 		return err // the apiserver's read failed alike
 	case aw.Refusal != nil:
-		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt or decode the object (%w), and the apiserver answered %d: %s: "+
+		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt, decode or convert the object (%w), and the apiserver answered %d: %s: "+
 			"the apiserver's read did not fail alike (a conversion webhook answers each call on its own; kproxy's encryption keys may not be the apiserver's), so the request's outcome is not known", err, aw.Status, aw.Refusal.Message)
 	default:
-		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt or decode the object (%w), and the apiserver answered %d: "+
+		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt, decode or convert the object (%w), and the apiserver answered %d: "+
 			"the apiserver's read did not fail alike (a conversion webhook answers each call on its own; kproxy's encryption keys may not be the apiserver's), so the request's outcome is not known", err, aw.Status)
 	}
 	read.Refused = nil
@@ -298,7 +298,7 @@ func settleRead(read *StorageRead, err error, out runtime.Object) error {
 		if read.List {
 			what = "lists"
 		}
-		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt or decode the object (%w); the apiserver answers %s from its watch cache, "+
+		read.Err = fmt.Errorf("kproxy's read of etcd could not decrypt, decode or convert the object (%w); the apiserver answers %s from its watch cache, "+
 			"which holds objects as they were decoded when stored, so whether it fails alike is not visible from outside", err, what)
 	case apierrors.IsInternalError(err):
 		read.Err = err // the replay failed (say, a value it cannot decrypt)
