@@ -593,44 +593,16 @@ const (
 // when cut) or its "<empty>".
 var bodySummary = regexp.MustCompile(`^(?:<empty>|(?:[0-9a-f]{2}){1,30}(?: \.\.\.)?)$`)
 
-// invalidObject finds a field.Invalid whose quoted value is an object or
-// a Go map.
-var invalidObject = regexp.MustCompile(`Invalid value: "(?:\{|map\[)`)
+// invalidObject finds a field.Invalid's quoted value; redacted when it is
+// an object or a Go map.
+var invalidObject = regexp.MustCompile(`Invalid value: "`)
 
-// redactInvalidObjects replaces each quoted object invalidObject finds,
-// to its closing quote (escapes skipped; to the end when cut short).
+// redactInvalidObjects replaces each quoted object or map a field.Invalid
+// quotes, to its closing quote (escapes skipped; to the end when cut
+// short).
 func redactInvalidObjects(s string) string {
-	locs := invalidObject.FindAllStringIndex(s, -1)
-	if locs == nil {
-		return s
-	}
-	var b strings.Builder
-	last := 0
-	for _, loc := range locs {
-		open := loc[0] + len(`Invalid value: "`)
-		if open < last {
-			continue
-		}
-		b.WriteString(s[last:open])
-		b.WriteString(Redacted)
-		end := -1
-		for i := open; i < len(s); i++ {
-			if s[i] == '\\' {
-				i++
-				continue
-			}
-			if s[i] == '"' {
-				end = i
-				break
-			}
-		}
-		if end < 0 {
-			return b.String()
-		}
-		last = end
-	}
-	b.WriteString(s[last:])
-	return b.String()
+	isObject := func(rest string) bool { return strings.HasPrefix(rest, "{") || strings.HasPrefix(rest, "map[") }
+	return redactMatches(s, invalidObject, isObject, closingQuote)
 }
 
 // redactValueRenderings replaces the values the apiserver quotes in its
@@ -639,27 +611,47 @@ func redactInvalidObjects(s string) string {
 // was expected). The rendering's braces are matched, skipping quoted
 // strings, so a value holding braces or quotes is redacted whole.
 func redactValueRenderings(s string) string {
-	locs := valueRendering.FindAllStringIndex(s, -1)
-	if locs == nil {
-		return s
-	}
+	return redactMatches(s, valueRendering, nil, closingBrace)
+}
+
+// redactMatches replaces what follows each match of re, where quoted
+// says it is a quoted value (nil: always), up to the character closing
+// finds (kept; -1: cut short, redacted to the end).
+func redactMatches(s string, re *regexp.Regexp, quoted func(rest string) bool, closing func(s string, from int) int) string {
 	var b strings.Builder
 	last := 0
-	for _, loc := range locs {
-		if loc[0] < last {
-			continue // inside a rendering already redacted
+	for _, loc := range re.FindAllStringIndex(s, -1) {
+		from := loc[1]
+		if loc[0] < last || quoted != nil && !quoted(s[from:]) {
+			continue // inside a value already redacted, or not one
 		}
-		end := closingBrace(s, loc[1])
-		b.WriteString(s[last:loc[1]])
+		b.WriteString(s[last:from])
 		b.WriteString(Redacted)
-		if end < 0 { // cut short: redact to the end
+		end := closing(s, from)
+		if end < 0 {
 			return b.String()
 		}
-		b.WriteByte('}')
-		last = end + 1
+		last = end
+	}
+	if b.Len() == 0 {
+		return s
 	}
 	b.WriteString(s[last:])
 	return b.String()
+}
+
+// closingQuote is the index of the quote that closes a Go-quoted string
+// begun just before from, or -1.
+func closingQuote(s string, from int) int {
+	for i := from; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			return i
+		}
+	}
+	return -1
 }
 
 // closingBrace is the index of the brace that closes the one opened just
