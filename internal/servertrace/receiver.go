@@ -476,12 +476,22 @@ func redactSpans(batch []*tracepb.ResourceSpans) {
 	for _, rs := range batch {
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
-				echoes(s.GetAttributes())
+				// Errors are in events ("Write to database call
+				// failed", err) and statuses; a span's own attributes
+				// on a failed span, or named as an error (the rest are
+				// URLs and names: this runs for every span).
 				for _, e := range s.GetEvents() {
 					echoes(e.GetAttributes())
 				}
-				if st := s.GetStatus(); st != nil {
+				if st := s.GetStatus(); st != nil && st.GetCode() == tracepb.Status_STATUS_CODE_ERROR {
 					st.Message = record.RedactEchoes(st.Message)
+					echoes(s.GetAttributes())
+				} else {
+					for _, a := range s.GetAttributes() {
+						if k := strings.ToLower(a.GetKey()); strings.Contains(k, "err") || strings.Contains(k, "message") || strings.Contains(k, "exception") {
+							echoes([]*commonpb.KeyValue{a})
+						}
+					}
 				}
 				for _, a := range s.GetAttributes() {
 					if !urlAttributes[a.GetKey()] {

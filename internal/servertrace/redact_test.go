@@ -46,4 +46,11 @@ func TestRedactSpans(t *testing.T) {
 	if got := span.Status.Message; got != redacted {
 		t.Errorf("the status = %q, want %q", got, redacted)
 	}
+	// A span that did not fail: only attributes named as errors are
+	// looked at.
+	ok := &tracepb.Span{Attributes: []*commonpb.KeyValue{str("error.message", echo), str("http.user_agent", echo)}}
+	redactSpans([]*tracepb.ResourceSpans{{ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{ok}}}}})
+	if got := ok.Attributes[0].GetValue().GetStringValue(); got != redacted {
+		t.Errorf("error.message on a span that did not fail = %q, want %q", got, redacted)
+	}
 }
