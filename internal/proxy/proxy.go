@@ -925,6 +925,14 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		ex.switched = &switchedConn{ReadWriteCloser: rwc}
 		resp.Body = ex.switched
 	}
+	if resp.Close && strings.HasPrefix(ex.rec.Request.Protocol, "HTTP/1") && resp.StatusCode != http.StatusSwitchingProtocols {
+		// The apiserver closes the connection after this answer (a
+		// refused upgrade: a bare 403): an HTTP/1.1 client is told so,
+		// as it would be directly, and sends its next request on a new
+		// one (probe AD: kproxy kept it open and served a request
+		// pipelined after the refusal).
+		resp.Header.Set("Connection", "close")
+	}
 	takeStream(resp, ex)
 	if fillsReads(ex.info, resp) && resp.Body != http.NoBody {
 		resp.Body = fullReads{resp.Body}

@@ -279,3 +279,40 @@ func TestExpectContinueOnce(t *testing.T) {
 		t.Errorf("%d 100 Continue responses, want 1", continues)
 	}
 }
+
+// TestRefusedUpgradeCloses: the apiserver refuses an upgrade with a bare
+// 403 and closes the connection; an HTTP/1.1 client through kproxy is
+// told so (Connection: close), and kproxy closes it too, as directly
+// (probe AD: kproxy kept the connection and served the next request
+// pipelined on it).
+func TestRefusedUpgradeCloses(t *testing.T) {
+	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	upstream.EnableHTTP2 = false
+	upstream.StartTLS()
+	t.Cleanup(upstream.Close)
+	addr, pool := startProxy(t, upstream, &collect{})
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /api/v1/namespaces/default/configmaps?watch=true HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nAuthorization: Bearer t\r\n\r\n", addr)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden || !resp.Close {
+		t.Errorf("status %d, Connection %q: want the 403 with Connection: close", resp.StatusCode, resp.Header.Get("Connection"))
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := br.Read(make([]byte, 1)); err == nil || n > 0 {
+		t.Errorf("kproxy kept the connection open after the refusal (read %d bytes, %v)", n, err)
+	}
+}
