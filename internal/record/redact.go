@@ -26,8 +26,23 @@ var sensitiveQuery = map[string]bool{
 	"token":        true,
 	"password":     true,
 	"sig":          true,
-	"key":          true,
 	"code":         true,
+	"sid":          true,
+	"otp":          true,
+}
+
+// credentialQuery reports a query parameter named as a backend's
+// credentials are, beyond credentialName's words (a probe: pwd, pass,
+// private_key, accesskey, AWSAccessKeyId, jwt, bearer, client_assertion,
+// SAMLResponse, sessionid, jsessionid, ticket reached the capture). No
+// query parameter of the apiserver's own has any of these in its name.
+func credentialQuery(n string) bool {
+	for _, w := range []string{"pwd", "pass", "key", "jwt", "bearer", "assertion", "saml", "session", "ticket", "cookie"} {
+		if strings.Contains(n, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // RedactQuery returns the raw query with credential-bearing parameters'
@@ -53,7 +68,7 @@ func RedactQuery(raw string) string {
 			if err != nil {
 				name = k
 			}
-			if n := strings.ToLower(strings.TrimSpace(name)); sensitiveQuery[n] || credentialName(n) {
+			if n := strings.ToLower(strings.TrimSpace(name)); sensitiveQuery[n] || credentialName(n) || credentialQuery(n) {
 				part = k + "=" + Redacted
 			}
 		}

@@ -24,6 +24,8 @@ func TestRedactQuery(t *testing.T) {
 		// A proxy subresource's backend's credentials (probe AD).
 		{"api_key=k1&client_secret=s1&passwd=p1&X-Amz-Signature=a1&X-Amz-Credential=c1&sig=g1&id_token=i1&code=o1&key=y1&apikey=z1",
 			"api_key=REDACTED&client_secret=REDACTED&passwd=REDACTED&X-Amz-Signature=REDACTED&X-Amz-Credential=REDACTED&sig=REDACTED&id_token=REDACTED&code=REDACTED&key=REDACTED&apikey=REDACTED"},
+		{"pwd=1&pass=2&private_key=3&accesskey=4&AWSAccessKeyId=5&jwt=6&bearer=7&client_assertion=8&SAMLResponse=9&sessionid=a&jsessionid=b&sid=c&otp=d&ticket=e",
+			"pwd=REDACTED&pass=REDACTED&private_key=REDACTED&accesskey=REDACTED&AWSAccessKeyId=REDACTED&jwt=REDACTED&bearer=REDACTED&client_assertion=REDACTED&SAMLResponse=REDACTED&sessionid=REDACTED&jsessionid=REDACTED&sid=REDACTED&otp=REDACTED&ticket=REDACTED"},
 		// The apiserver's own parameters stay.
 		{"labelSelector=a%3Db&fieldSelector=x&limit=5&continue=eyJ2&resourceVersion=9&resourceVersionMatch=NotOlderThan&timeoutSeconds=3&allowWatchBookmarks=true&sendInitialEvents=true&dryRun=All&fieldManager=m&fieldValidation=Strict&force=true&propagationPolicy=Foreground&gracePeriodSeconds=0&container=c&follow=true&tailLines=5&command=sh&stdin=true&ports=80&hash=AB&exclude=etcd&verbose",
 			"labelSelector=a%3Db&fieldSelector=x&limit=5&continue=eyJ2&resourceVersion=9&resourceVersionMatch=NotOlderThan&timeoutSeconds=3&allowWatchBookmarks=true&sendInitialEvents=true&dryRun=All&fieldManager=m&fieldValidation=Strict&force=true&propagationPolicy=Foreground&gracePeriodSeconds=0&container=c&follow=true&tailLines=5&command=sh&stdin=true&ports=80&hash=AB&exclude=etcd&verbose"},
