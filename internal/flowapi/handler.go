@@ -211,7 +211,10 @@ func loopbackHostOnly(next http.Handler) http.Handler {
 // loopbackHost reports a Host header naming localhost or a loopback IP.
 func loopbackHost(hostport string) bool {
 	host := hostport
-	if h, _, err := net.SplitHostPort(hostport); err == nil {
+	if h, port, err := net.SplitHostPort(hostport); err == nil {
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return false // a port that is not one ("localhost:1.attacker.example")
+		}
 		host = h
 	}
 	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")

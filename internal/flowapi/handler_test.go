@@ -500,6 +500,8 @@ func TestLoopbackHostOnly(t *testing.T) {
 		{"attacker.example:8001", false, http.StatusForbidden},
 		{"localhost.attacker.example", false, http.StatusForbidden},
 		{"10.0.0.5:8001", false, http.StatusForbidden},
+		{"localhost:8001.attacker.example", false, http.StatusForbidden},
+		{"[::1]:evil", false, http.StatusForbidden},
 		{"attacker.example:8001", true, http.StatusOK},
 	} {
 		req := httptest.NewRequest(http.MethodGet, PathFlows, nil)
