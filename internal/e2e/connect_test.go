@@ -191,6 +191,7 @@ func TestWebSocketWatchEnds(t *testing.T) {
 		want    string
 	}{
 		{"ended by the apiserver", 1, false, ""},
+		// The token in the bearer subprotocol, as browsers send it.
 		{"dropped by the client", 60, true, "the client closed its connection after the switch of protocols, before the apiserver closed its side"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -200,9 +201,13 @@ func TestWebSocketWatchEnds(t *testing.T) {
 			}
 			defer conn.Close()
 			path := "/api/v1/namespaces/" + testNS + "/configmaps?watch=true&timeoutSeconds=" + strconv.Itoa(tc.timeout)
-			fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nOrigin: https://dashboard.example\r\n"+
+			credentials, protocols := "Authorization: Bearer "+tokenOf("admin")+"\r\n", "base64.binary.k8s.io"
+			if tc.drop {
+				credentials, protocols = "", bearerProtocol(tokenOf("admin"))+", base64.binary.k8s.io"
+			}
+			fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\n%sOrigin: https://dashboard.example\r\n"+
 				"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"+
-				"Sec-WebSocket-Protocol: base64.binary.k8s.io\r\n\r\n", path, k.addr, tokenOf("admin"))
+				"Sec-WebSocket-Protocol: %s\r\n\r\n", path, k.addr, credentials, protocols)
 			br := bufio.NewReader(conn)
 			resp, err := http.ReadResponse(br, nil)
 			if err != nil {
@@ -229,6 +234,11 @@ func TestWebSocketWatchEnds(t *testing.T) {
 				}
 				if rec.Predicted.Status != http.StatusSwitchingProtocols {
 					t.Errorf("predicted %+v, want 101", rec.Predicted)
+				}
+				// Described as sent (a probe: the subprotocol's token
+				// was "a request without credentials").
+				if authn := stageNamed(rec, record.StageAuthentication).Explanation; !strings.Contains(authn, "authenticated a bearer token (") {
+					t.Errorf("the authentication explanation does not name the bearer token: %s", authn)
 				}
 			case <-time.After(30 * time.Second):
 				t.Fatal("no record")

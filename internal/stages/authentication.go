@@ -108,6 +108,10 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 		req.User, req.Caller = u, u
 		// The front-proxy authenticator consumes its headers.
 		viaFrontProxy := a.m.requestHeader != nil && req.HTTP.Header.Get("X-Remote-User") != "" && out.req.Header.Get("X-Remote-User") == ""
+		// Described before the token's subprotocol goes (a probe: a
+		// WebSocket's bearer protocol was "a request without
+		// credentials").
+		sent := credentialKind(req.HTTP)
 		tokenProtocolOut(req, out.req)
 		member := passedChild(children)
 		if changed := a.m.authnConfig.why(); changed != "" && (member == "jwt" || member == "anonymous") {
@@ -115,7 +119,7 @@ func (a *authentication) Run(ctx context.Context, req *Request) Result {
 			// rules: other members' verdicts do not depend on it.
 			return withChildren(children, Unknown(changed))
 		}
-		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy, member), credentialKind(req.HTTP), describeUser(u)))
+		res := Pass(fmt.Sprintf("%s authenticated %s as %s", acceptedBy(u, req.HTTP, viaFrontProxy, member), sent, describeUser(u)))
 		res.Children = children
 		res.Recheck = a.pastCache[member]
 		return res
