@@ -1356,6 +1356,11 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	// redacted where they are made (stages.secretValuesOut).
 	if m := rec.Request.Method; rec.Request.Resource == "secrets" || m == http.MethodPost || m == http.MethodPut || m == http.MethodPatch {
 		rec.Actual.Message = record.RedactEchoes(rec.Actual.Message)
+		// And the body's secret values, which a policy's or a webhook's
+		// message may quote in free text (probe AE).
+		if rec.Actual.Message != "" && ex.replayReq != nil {
+			rec.Actual.Message = record.ScrubValues(rec.Actual.Message, stages.SecretStringsOf(ex.replayReq))
+		}
 	}
 	rec.Predicted = stages.OfTheMoment(rec.Predicted, rec.Actual)
 	rec.Request.Query = record.RedactQuery(rec.Request.Query)

@@ -702,3 +702,88 @@ func RedactExplanations(stages []StageResult) {
 		RedactExplanations(stages[i].Children)
 	}
 }
+
+// SecretStrings are the values RedactBodyOf takes out of a request body
+// (decoded from JSON; left as it was), for scrubbing from the messages of
+// the request's answer: a refusal can quote them in free text (a probe: a
+// ValidatingAdmissionPolicy's messageExpression quoting a Secret's data,
+// which no echo pattern knows). Values shorter than 4 characters are left
+// out: replacing them everywhere would say nothing and mangle messages.
+func SecretStrings(resource, name string, body any) []string {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil
+	}
+	var orig, copied any
+	if json.Unmarshal(b, &orig) != nil || json.Unmarshal(b, &copied) != nil {
+		return nil
+	}
+	var out []string
+	var all func(o any) // every leaf of a value redacted whole
+	all = func(o any) {
+		switch ov := o.(type) {
+		case map[string]any:
+			for _, v := range ov {
+				all(v)
+			}
+		case []any:
+			for _, v := range ov {
+				all(v)
+			}
+		case nil, bool:
+		default:
+			s, ok := ov.(string)
+			if !ok {
+				j, _ := json.Marshal(ov)
+				s = string(j)
+			}
+			if len(s) >= 4 {
+				out = append(out, s)
+			}
+		}
+	}
+	var walk func(o, r any)
+	walk = func(o, r any) {
+		if rs, ok := r.(string); ok {
+			if os, ok := o.(string); !ok || os != rs {
+				all(o)
+			}
+			return
+		}
+		switch ov := o.(type) {
+		case map[string]any:
+			rv, _ := r.(map[string]any)
+			for k, v := range ov {
+				walk(v, rv[k])
+			}
+		case []any:
+			rv, _ := r.([]any)
+			for i, v := range ov {
+				if i < len(rv) {
+					walk(v, rv[i])
+				}
+			}
+		}
+	}
+	walk(orig, RedactBodyOf(resource, name, copied))
+	return out
+}
+
+// ScrubValues replaces each of values in s with REDACTED: as it is, its
+// standard base64 encoding, and, when it is base64 (a Secret's data),
+// what it decodes to.
+func ScrubValues(s string, values []string) string {
+	if s == "" {
+		return s
+	}
+	for _, v := range values {
+		forms := []string{v, base64.StdEncoding.EncodeToString([]byte(v))}
+		if d, err := base64.StdEncoding.DecodeString(v); err == nil && len(d) >= 4 {
+			forms = append(forms, string(d))
+		}
+		for _, f := range forms {
+			s = strings.ReplaceAll(s, f, Redacted)
+		}
+	}
+	return s
+}

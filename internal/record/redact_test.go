@@ -367,3 +367,32 @@ func TestRedactHelmReleasePatches(t *testing.T) {
 		t.Errorf("a snapshot's Helm release ConfigMap: release %v, want it redacted", got)
 	}
 }
+
+// TestScrubSecretStrings: the values a body's redaction takes out are
+// scrubbed from a refusal's free text, as they are, base64-encoded or
+// decoded (a probe: a ValidatingAdmissionPolicy's message quoted a
+// Secret's data); what the redaction keeps is not.
+func TestScrubSecretStrings(t *testing.T) {
+	body := map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": "db"},
+		"data":       map[string]any{"pw": "aHVudGVyMg=="}, // hunter2
+		"stringData": map[string]any{"token": "tok-12345", "pins": []any{"9876", 54321.0}, "x": "ab"}}
+	values := SecretStrings("secrets", "db", body)
+	msg := `admission webhook denied: pw too short: hunter2 (aHVudGVyMg==), token tok-12345 (dG9rLTEyMzQ1), pins 9876 54321, name db, x ab`
+	got := ScrubValues(msg, values)
+	for _, gone := range []string{"hunter2", "aHVudGVyMg==", "tok-12345", "dG9rLTEyMzQ1", "9876", "54321"} {
+		if strings.Contains(got, gone) {
+			t.Errorf("%q left in %q", gone, got)
+		}
+	}
+	for _, kept := range []string{"name db", "x ab", "pw too short"} {
+		if !strings.Contains(got, kept) {
+			t.Errorf("%q lost from %q", kept, got)
+		}
+	}
+	if body["data"].(map[string]any)["pw"] != "aHVudGVyMg==" {
+		t.Error("SecretStrings changed the body")
+	}
+	if v := SecretStrings("configmaps", "plain", map[string]any{"kind": "ConfigMap", "data": map[string]any{"a": "not secret"}}); len(v) != 0 {
+		t.Errorf("a plain ConfigMap's values: %q", v)
+	}
+}

@@ -1,6 +1,8 @@
 package stages
 
 import (
+	"encoding/json"
+
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +12,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+
+	"sigs.k8s.io/yaml"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -478,21 +482,32 @@ func secretValuesOut(req *Request, res Result) Result {
 	if !mayEcho(req) {
 		return res
 	}
-	res.Explanation = record.RedactEchoes(res.Explanation)
+	// A refusal's free text may quote the body's secrets themselves (a
+	// policy's messageExpression, a webhook's message): those values
+	// are scrubbed wherever they appear.
+	var values []string
+	if res.Status != nil || res.Outcome == record.Reject || res.Outcome == record.Error {
+		values = SecretStringsOf(req)
+	}
+	scrub := func(s string) string { return record.ScrubValues(record.RedactEchoes(s), values) }
+	res.Explanation = scrub(res.Explanation)
 	if res.Status != nil {
 		st := *res.Status
-		st.Message = record.RedactEchoes(st.Message)
+		st.Message = scrub(st.Message)
 		res.Status = &st
 	}
 	record.RedactExplanations(res.Children)
+	for i := range res.Children {
+		res.Children[i].Explanation = record.ScrubValues(res.Children[i].Explanation, values)
+	}
 	if len(res.Spans) > 0 {
 		spans := make([]childSpan, len(res.Spans))
 		for i, c := range res.Spans {
-			c.Err = record.RedactEchoes(c.Err)
+			c.Err = scrub(c.Err)
 			attrs := make([]attribute.KeyValue, len(c.Attrs))
 			for j, kv := range c.Attrs {
 				if kv.Value.Type() == attribute.STRING {
-					kv = attribute.String(string(kv.Key), record.RedactEchoes(kv.Value.AsString()))
+					kv = attribute.String(string(kv.Key), scrub(kv.Value.AsString()))
 				}
 				attrs[j] = kv
 			}
@@ -502,6 +517,29 @@ func secretValuesOut(req *Request, res Result) Result {
 		res.Spans = spans
 	}
 	return res
+}
+
+// SecretStringsOf are the secret values in req's body
+// (record.SecretStrings): of a write to Secrets, ConfigMaps (kubeconfigs,
+// Helm releases) or TokenReviews, in JSON or YAML.
+func SecretStringsOf(req *Request) []string {
+	if req.Info == nil || len(req.Body) == 0 {
+		return nil
+	}
+	switch req.Info.Resource {
+	case "secrets", "configmaps", "tokenreviews":
+	default:
+		return nil
+	}
+	j, err := yaml.YAMLToJSON(req.Body)
+	if err != nil {
+		return nil
+	}
+	var v any
+	if json.Unmarshal(j, &v) != nil {
+		return nil
+	}
+	return record.SecretStrings(req.Info.Resource, req.Info.Name, v)
 }
 
 // recordSpans makes a handler stage's span and its children's after the
