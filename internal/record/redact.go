@@ -138,12 +138,18 @@ func redactHelmRelease(b map[string]any) {
 	redactHelmReleaseData(b)
 }
 
-// redactHelmReleaseData redacts data.release and the copy kubectl apply
+// redactHelmReleaseData redacts data.release, every binaryData value (a
+// probe: a merge patch of binaryData kept), and the copy kubectl apply
 // keeps in an annotation (a probe: kept there).
 func redactHelmReleaseData(b map[string]any) {
 	if data, ok := b["data"].(map[string]any); ok {
 		if _, ok := data["release"]; ok {
 			data["release"] = Redacted
+		}
+	}
+	if bin, ok := b["binaryData"].(map[string]any); ok {
+		for k := range bin {
+			bin[k] = Redacted
 		}
 	}
 	md, _ := b["metadata"].(map[string]any)
@@ -308,6 +314,10 @@ func RedactBodyOf(resource, name string, v any) any {
 			// (and refuses a "Token" as missing), but the value a client
 			// put there is a token all the same (a probe: "Token" kept).
 			for k, v := range b {
+				if strings.EqualFold(k, "token") {
+					b[k] = Redacted // misplaced, refused: a token all the same (probe AE)
+					continue
+				}
 				if spec, ok := v.(map[string]any); ok && strings.EqualFold(k, "spec") {
 					for f := range spec {
 						if strings.EqualFold(f, "token") {

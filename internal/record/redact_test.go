@@ -357,6 +357,13 @@ func TestRedactHelmReleasePatches(t *testing.T) {
 	if want := []any{map[string]any{"op": "replace", "path": "/data/release", "value": Redacted}}; !reflect.DeepEqual(jsonPatch, want) {
 		t.Errorf("JSON patch: %v, want %v", jsonPatch, want)
 	}
+	binary := RedactBodyOf("configmaps", name, map[string]any{"binaryData": map[string]any{"x": "H4sIAAAA"}})
+	if want := map[string]any{"binaryData": map[string]any{"x": Redacted}}; !reflect.DeepEqual(binary, want) {
+		t.Errorf("merge patch of binaryData: %v, want %v", binary, want)
+	}
+	if got := RedactBody("tokenreviews", map[string]any{"kind": "TokenReview", "token": "misplaced-token"}); got.(map[string]any)["token"] != Redacted {
+		t.Errorf("a TokenReview's misplaced top-level token kept: %v", got)
+	}
 	other := RedactBodyOf("configmaps", "settings", map[string]any{"data": map[string]any{"release": "v2"}})
 	if want := map[string]any{"data": map[string]any{"release": "v2"}}; !reflect.DeepEqual(other, want) {
 		t.Errorf("another ConfigMap's patch: %v, want it kept", other)
