@@ -1,9 +1,8 @@
 package stages
 
 import (
-	"encoding/json"
-
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -23,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/telemetry"
