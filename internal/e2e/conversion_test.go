@@ -262,7 +262,7 @@ spec:
 			rec = nextRecord(t, recs)
 		}
 		switch p := rec.Predicted; {
-		case p.Stage == record.StageUnknown && strings.Contains(p.Message, "the apiserver answered 500 (it could not decrypt or decode the object") &&
+		case p.Stage == record.StageUnknown && strings.Contains(p.Message, "the apiserver answered 500 (it could not decrypt, decode or convert the object") &&
 			strings.Contains(p.Message, "and kproxy's read could"):
 			late++
 		case p.Stage != record.StageUnknown && p.Status == http.StatusInternalServerError && p.Message == rec.Actual.Message:
