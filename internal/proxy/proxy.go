@@ -1354,7 +1354,7 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	// The apiserver's words for a refused write (or any Secret's) may
 	// quote its body or the stored object; the replay's own verdicts are
 	// redacted where they are made (stages.secretValuesOut).
-	if m := rec.Request.Method; rec.Request.Resource == "secrets" || m == http.MethodPost || m == http.MethodPut || m == http.MethodPatch {
+	if stages.MayEcho(rec.Request.Method, rec.Request.Resource) {
 		rec.Actual.Message = record.RedactEchoes(rec.Actual.Message)
 		// And the body's secret values, which a policy's or a webhook's
 		// message may quote in free text (probe AE).

@@ -714,18 +714,16 @@ func RedactExplanations(stages []StageResult) {
 }
 
 // SecretStrings are the values RedactBodyOf takes out of a request body
-// (decoded from JSON; left as it was), for scrubbing from the messages of
+// (JSON), for scrubbing from the messages of
 // the request's answer: a refusal can quote them in free text (a probe: a
 // ValidatingAdmissionPolicy's messageExpression quoting a Secret's data,
 // which no echo pattern knows). Values shorter than 4 characters are left
 // out: replacing them everywhere would say nothing and mangle messages.
-func SecretStrings(resource, name string, body any) []string {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil
-	}
+func SecretStrings(resource, name string, body []byte) []string {
+	// Decoded twice: RedactBodyOf redacts in place, and the original is
+	// compared with it.
 	var orig, copied any
-	if json.Unmarshal(b, &orig) != nil || json.Unmarshal(b, &copied) != nil {
+	if json.Unmarshal(body, &orig) != nil || json.Unmarshal(body, &copied) != nil {
 		return nil
 	}
 	var out []string

@@ -2,7 +2,6 @@ package stages
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -452,11 +451,6 @@ func (p *Pipeline) runHandler(ctx context.Context, req *Request) (*apiserver.Run
 	return run, steps
 }
 
-// isSecrets says whether req is a request on Secrets.
-func isSecrets(req *Request) bool {
-	return req.Info != nil && req.Info.IsResourceRequest && req.Info.Resource == "secrets"
-}
-
 // mayEcho says whether the apiserver's messages about req may echo a
 // body or a stored object (record.RedactEchoes): any request on Secrets,
 // and every write with a body, whose object may be a ConfigMap holding a
@@ -464,11 +458,21 @@ func isSecrets(req *Request) bool {
 // a credential (a probe: a ConfigMap's merge patch quoted the Helm
 // release stored in it, a TokenReview's YAML the token's first bytes).
 func mayEcho(req *Request) bool {
-	switch req.HTTP.Method {
+	resource := ""
+	if req.Info != nil && req.Info.IsResourceRequest {
+		resource = req.Info.Resource
+	}
+	return MayEcho(req.HTTP.Method, resource)
+}
+
+// MayEcho is mayEcho by a request's method and resource (the proxy
+// redacts the apiserver's answer by the same rule).
+func MayEcho(method, resource string) bool {
+	switch method {
 	case http.MethodPost, http.MethodPut, http.MethodPatch:
 		return true
 	}
-	return isSecrets(req)
+	return resource == "secrets"
 }
 
 // secretValuesOut keeps what the apiserver's messages echo of a body or
@@ -519,25 +523,23 @@ func secretValuesOut(req *Request, res Result) Result {
 
 // SecretStringsOf are the secret values in req's body
 // (record.SecretStrings): of a write to Secrets, ConfigMaps (kubeconfigs,
-// Helm releases) or TokenReviews, in JSON or YAML.
+// Helm releases) or TokenReviews, in JSON or YAML. Found once: the
+// replay's refusal and the proxy's record of the answer both scrub them.
 func SecretStringsOf(req *Request) []string {
-	if req.Info == nil || len(req.Body) == 0 {
-		return nil
-	}
-	switch req.Info.Resource {
-	case "secrets", "configmaps", "tokenreviews":
-	default:
-		return nil
-	}
-	j, err := yaml.YAMLToJSON(req.Body)
-	if err != nil {
-		return nil
-	}
-	var v any
-	if json.Unmarshal(j, &v) != nil {
-		return nil
-	}
-	return record.SecretStrings(req.Info.Resource, req.Info.Name, v)
+	req.secretsOnce.Do(func() {
+		if req.Info == nil || len(req.Body) == 0 {
+			return
+		}
+		switch req.Info.Resource {
+		case "secrets", "configmaps", "tokenreviews":
+		default:
+			return
+		}
+		if j, err := yaml.YAMLToJSON(req.Body); err == nil {
+			req.secrets = record.SecretStrings(req.Info.Resource, req.Info.Name, j)
+		}
+	})
+	return req.secrets
 }
 
 // recordSpans makes a handler stage's span and its children's after the

@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"net/http"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -67,6 +68,10 @@ type Request struct {
 	// arrival, and to take the object a get met from a get's answer;
 	// never to predict a refusal.
 	Actual func(ctx context.Context) (apiserver.Answer, bool)
+
+	// secrets are the body's secret values (SecretStringsOf), found once.
+	secretsOnce sync.Once
+	secrets     []string
 }
 
 // Answer is what the apiserver answered (apiserver.Answer).
