@@ -76,6 +76,8 @@ func TestSecretSweep(t *testing.T) {
 		set:       func(o *serve.Options) { o.Log, o.OTLPLogs = debugLog, true }})
 
 	t.Cleanup(func() { cleanupSweep(t) })
+	echoPolicy(t, "echo", "Deny")
+	echoPolicy(t, "warn", "Warn")
 
 	// Known values shared by both protocols.
 	kc := sweepKubeconfig{
@@ -325,6 +327,18 @@ func TestSecretSweep(t *testing.T) {
 		sw.add(label("TokenReview YAML that does not parse, in hex"), hex.EncodeToString([]byte("spec: {token: " + reviewHex)[:30]))
 		expectStatus(t, "TokenReview YAML that does not parse "+p, send(r, request{method: "POST", path: "/apis/authentication.k8s.io/v1/tokenreviews", user: "admin", contentType: "application/yaml",
 			body: "spec: {token: " + reviewHex + "}\nkind: TokenReview\napiVersion: authentication.k8s.io/v1\nbad: [\n"}), 400)
+		// A policy whose message quotes the Secret's data in free text
+		// (probe AE): no echo pattern knows it; the body's values are
+		// scrubbed.
+		expectStatus(t, "Secret refused by a policy quoting it "+p, send(r, request{method: "POST", path: secretsPath, user: "admin",
+			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "Secret",
+				"metadata":   map[string]any{"name": name("policy-echo"), "labels": map[string]any{"kproxy.test/sweep-echo": "true"}},
+				"stringData": map[string]any{"pw": sw.fresh(label("Secret stringData quoted by a policy's message"))}})}), 422)
+		// The same message as a warning, on a Secret created.
+		expectStatus(t, "Secret warned of by a policy quoting it "+p, send(r, request{method: "POST", path: secretsPath, user: "admin",
+			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "Secret",
+				"metadata":   map[string]any{"name": name("policy-warn"), "labels": map[string]any{"kproxy.test/sweep-warn": "true", "kproxy.test/sweep": "true"}},
+				"stringData": map[string]any{"pw": sw.fresh(label("Secret stringData quoted by a policy's warning"))}})}), 201)
 		// Headers named as credentials, which a proxy subresource passes
 		// to its backend (probe Y: X-Api-Key was kept verbatim), and a
 		// body posted through one: the backend's, not an object.
@@ -578,6 +592,48 @@ func TestSecretSweep(t *testing.T) {
 	t.Logf("the sweep took %s", time.Since(began).Round(time.Second))
 }
 
+// echoPolicy makes a ValidatingAdmissionPolicy for Secrets labelled
+// kproxy.test/sweep-LABEL, its message quoting their data, bound with
+// the action given (Deny: refused 422; Warn: created, the message a
+// Warning header), and waits until the apiserver enforces it.
+func echoPolicy(t *testing.T, label, action string) {
+	t.Helper()
+	direct := directRoute()
+	dc := direct.client(nil)
+	name := "sweep-" + label + ".kproxy.test"
+	selector := "kproxy.test/sweep-" + label
+	policy := `{"apiVersion":"admissionregistration.k8s.io/v1","kind":"ValidatingAdmissionPolicy","metadata":{"name":"` + name + `"},
+"spec":{"failurePolicy":"Fail","matchConstraints":{"resourceRules":[{"apiGroups":[""],"apiVersions":["v1"],"operations":["CREATE"],"resources":["secrets"]}],
+"objectSelector":{"matchLabels":{"` + selector + `":"true"}}},
+"validations":[{"expression":"false","messageExpression":"'pw rejected: ' + string(object.data.pw)"}]}}`
+	binding := `{"apiVersion":"admissionregistration.k8s.io/v1","kind":"ValidatingAdmissionPolicyBinding","metadata":{"name":"` + name + `"},
+"spec":{"policyName":"` + name + `","validationActions":["` + action + `"]}}`
+	for _, o := range []struct{ path, body string }{
+		{"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies", policy},
+		{"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings", binding},
+	} {
+		if got := do(t, dc, direct.base, request{method: "POST", path: o.path, user: "admin", body: o.body}); got.status != 201 {
+			t.Fatalf("create %s: %d %s", o.path, got.status, got.body)
+		}
+		t.Cleanup(func() { do(t, dc, direct.base, request{method: "DELETE", path: o.path + "/" + name, user: "admin"}) })
+	}
+	probe := `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"sweep-` + label + `-probe","labels":{"` + selector + `":"true"}},"data":{"pw":"cHJvYmU="}}`
+	enforced := func() bool {
+		got := do(t, dc, direct.base, request{method: "POST", path: "/api/v1/namespaces/" + testNS + "/secrets?dryRun=All", user: "admin", body: probe})
+		if action == "Warn" {
+			return got.status == 201 && strings.Contains(strings.Join(got.header.Values("Warning"), "\n"), "pw rejected")
+		}
+		return got.status == 422
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !enforced() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the apiserver did not enforce the %s policy (%s) within 30s", label, action)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // sweepLabels mark what the sweep creates, for the cleanup.
 var sweepLabels = map[string]any{"kproxy.test/sweep": "true"}
 
@@ -638,12 +694,19 @@ func (s *sweep) check(name string, data []byte) {
 	}{name, len(data)})
 	for _, l := range s.labels {
 		for _, f := range s.forms[l] {
-			if bytes.Contains(data, []byte(f.s)) {
-				s.t.Errorf("%s holds the %s (%s)", name, l, f.how)
+			if i := bytes.Index(data, []byte(f.s)); i >= 0 {
+				s.t.Errorf("%s holds the %s (%s), in: %q", name, l, f.how, leakContext(data, i, len(f.s)))
 				break
 			}
 		}
 	}
+}
+
+// leakContext is what surrounds a leaked value at data[i:i+n], the
+// value itself masked: where it leaked says why.
+func leakContext(data []byte, i, n int) string {
+	lo, hi := max(0, i-200), min(len(data), i+n+80)
+	return string(data[lo:i]) + "<LEAK>" + string(data[i+n:hi])
 }
 
 // checkDir checks every file under dir; it returns how many there were.

@@ -15,7 +15,9 @@ import (
 
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -174,6 +176,19 @@ func TestServerTrace(t *testing.T) {
 	withQuery := next("GET", cmPath)
 	checkServer(t, "list with credentials in the query", withQuery)
 
+	// A policy's message quoting a Secret's data in free text: the
+	// apiserver's span event "Write to database call failed" carries it,
+	// and kproxy scrubs it of the body's values before passing it on
+	// (probe AE found it in Jaeger).
+	pw := "pw-" + randomHex(16)
+	quotingPolicy(t, admin, serverTraceNS)
+	secretsPath := "/api/v1/namespaces/" + serverTraceNS + "/secrets"
+	if got := do(t, r.client(nil), r.base, request{method: "POST", path: secretsPath, user: "admin",
+		body: `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"quoted","labels":{"kproxy.test/quoted":"true"}},"stringData":{"pw":"` + pw + `"}}`}); got.status != http.StatusUnprocessableEntity {
+		t.Fatalf("a Secret the quoting policy refuses: %d %s", got.status, got.body)
+	}
+	quoted := next("POST", secretsPath)
+
 	// APF queue wait under load: alice's requests get a priority level
 	// of a few seats that borrows none; a burst of creates, each held
 	// 300 ms by the webhook, queues, and the records say so.
@@ -197,6 +212,13 @@ func TestServerTrace(t *testing.T) {
 	}
 	if !strings.Contains(string(trace), "password="+record.Redacted) {
 		t.Errorf("Jaeger's trace %s does not show the query's password redacted: the check above may be vacuous", withQuery.TraceID)
+	}
+	trace = httpGet(t, j.QueryURL+"/api/traces/"+quoted.TraceID)
+	if strings.Contains(string(trace), pw) {
+		t.Errorf("Jaeger's trace %s holds the Secret's value a policy's message quoted", quoted.TraceID)
+	}
+	if !strings.Contains(string(trace), "Write to database call failed") || !strings.Contains(string(trace), "pw rejected: "+record.Redacted) {
+		t.Errorf("Jaeger's trace %s lacks the apiserver's event with the policy's message, scrubbed: the check above may be vacuous", quoted.TraceID)
 	}
 	// kproxy's own spans: its server span and the upstream call.
 	if names, ok := jaegerOperations(j.QueryURL, create.TraceID, "Call validating webhook", "Create", "upstream"); !ok {
@@ -424,4 +446,43 @@ func apfUnderLoad(t *testing.T, admin kubernetes.Interface, r route, recs <-chan
 func flowSchemaIs(admin kubernetes.Interface, uid, name string) bool {
 	fs, err := admin.FlowcontrolV1().FlowSchemas().Get(context.Background(), name, metav1.GetOptions{})
 	return err == nil && string(fs.UID) == uid
+}
+
+// quotingPolicy makes a ValidatingAdmissionPolicy refusing Secrets
+// labelled kproxy.test/quoted in ns, its message quoting their data, and
+// waits until the apiserver enforces it.
+func quotingPolicy(t *testing.T, admin kubernetes.Interface, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	const name = "quoted.servertrace.kproxy.test"
+	fail := admissionregistrationv1.Fail
+	vap := &admissionregistrationv1.ValidatingAdmissionPolicy{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kproxy.test/quoted": "true"}},
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create},
+					Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"secrets"}},
+				}}},
+			},
+			Validations: []admissionregistrationv1.Validation{{Expression: "false", MessageExpression: "'pw rejected: ' + string(object.data.pw)"}},
+		}}
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, vap, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}}}
+	if _, err := admin.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, binding, createOpts); err != nil {
+		t.Fatal(err)
+	}
+	probe := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "quoted-probe", Labels: map[string]string{"kproxy.test/quoted": "true"}},
+		StringData: map[string]string{"pw": "probe"}}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := admin.CoreV1().Secrets(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return apierrors.IsInvalid(err), nil
+	})
+	if err != nil {
+		t.Fatalf("the apiserver did not enforce the quoting policy within 30s: %v", err)
+	}
 }

@@ -79,6 +79,10 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// Clock times the exchange.
 	Clock clock.PassiveClock
+	// HeldSecrets, when set, hold the secret values of the bodies in
+	// flight (and of refused requests a while after) for kproxy's OTLP
+	// receiver, which scrubs the apiserver's own spans of them.
+	HeldSecrets *record.HeldSecrets
 	// Mode is "reverse" or "forward", recorded on each record.
 	Mode string
 	// Rerun keeps the newest flows' requests, in memory, for Replay
@@ -139,6 +143,7 @@ type Proxy struct {
 	tracer             trace.Tracer
 	propagator         propagation.TextMapPropagator
 	clock              clock.PassiveClock
+	held               *record.HeldSecrets
 	mode               string
 	log                *slog.Logger
 	rp                 *httputil.ReverseProxy
@@ -203,6 +208,7 @@ func New(cfg Config) (*Proxy, error) {
 		sink:               cfg.Sink,
 		propagator:         telemetry.Propagator(),
 		clock:              cfg.Clock,
+		held:               cfg.HeldSecrets,
 		mode:               cfg.Mode,
 		log:                cfg.Log,
 		reruns:             newRerunStore(cfg.Rerun),
@@ -348,6 +354,9 @@ type exchange struct {
 	// replayReq is the replay's copy of the request, replayCtx its
 	// context (the server span's, never canceled).
 	replayReq *stages.Request
+	// held: the body's secret values are held for the OTLP receiver
+	// (Config.HeldSecrets) until the record is written.
+	held      bool
 	replayCtx context.Context
 	// outcome is the replay's (or the shed's) outcome, headers the
 	// request's headers redacted before the replay touched them.
@@ -452,6 +461,11 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 			return
 		}
 		replayReq.Body, replayReq.BodyTruncated = r.body, r.truncated
+		if p.held != nil && stages.MayHoldSecrets(replayReq) {
+			// Before the apiserver can answer: it reads the whole body.
+			p.held.Hold(id, func() []string { return stages.SecretStringsOf(replayReq) })
+			ex.held = true
+		}
 		// A read changes nothing, so its replay can wait until the
 		// response is relayed (finish submits it): off the client's
 		// path, on a 2-core box that is latency saved. Writes replay at
@@ -1355,12 +1369,25 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	// quote its body or the stored object; the replay's own verdicts are
 	// redacted where they are made (stages.secretValuesOut).
 	if stages.MayEcho(rec.Request.Method, rec.Request.Resource) {
-		rec.Actual.Message = record.RedactEchoes(rec.Actual.Message)
 		// And the body's secret values, which a policy's or a webhook's
-		// message may quote in free text (probe AE).
-		if rec.Actual.Message != "" && ex.replayReq != nil {
-			rec.Actual.Message = record.ScrubValues(rec.Actual.Message, stages.SecretStringsOf(ex.replayReq))
+		// message may quote in free text (probe AE), in a refusal or a
+		// warning (a policy bound with the Warn action).
+		var values []string
+		if (rec.Actual.Message != "" || len(rec.Actual.Warnings) > 0) && ex.replayReq != nil {
+			values = stages.SecretStringsOf(ex.replayReq)
 		}
+		rec.Actual.Message = record.ScrubValues(record.RedactEchoes(rec.Actual.Message), values)
+		if len(rec.Actual.Warnings) > 0 {
+			// A copy: the slice is the answer's header's.
+			ws := make([]string, len(rec.Actual.Warnings))
+			for i, w := range rec.Actual.Warnings {
+				ws[i] = record.ScrubValues(record.RedactEchoes(w), values)
+			}
+			rec.Actual.Warnings = ws
+		}
+	}
+	if ex.held {
+		p.held.Settle(rec.ID, rec.Actual.Status >= 400 || len(rec.Actual.Warnings) > 0)
 	}
 	rec.Predicted = stages.OfTheMoment(rec.Predicted, rec.Actual)
 	rec.Request.Query = record.RedactQuery(rec.Request.Query)

@@ -358,6 +358,9 @@ type Server struct {
 	OTLPReceiverAddr string
 	Joiner           *servertrace.Joiner
 	otlp             *otlpReceiver
+	// heldSecrets pass the secret values of the bodies in flight from
+	// the proxy to the receiver of the apiserver's spans (nil when off).
+	heldSecrets *record.HeldSecrets
 	// AuditWebhookURL is where the apiserver's audit webhook backend is
 	// received ("" when off).
 	AuditWebhookURL string
@@ -452,6 +455,9 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 	}
 	// Records wait here for the apiserver's own account of their
 	// requests, when a source of it is configured.
+	if o.serverTraceOn() {
+		s.heldSecrets = record.NewHeldSecrets(time.Now)
+	}
 	sink, err := s.joinServerTrace(ctx, sinks)
 	if err != nil {
 		return nil, err
@@ -491,6 +497,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		ReplayCPUPressure: o.ReplayCPUPressure,
 		ReplayBodyBudget:  o.ReplayBodyBudget,
 		Metrics:           m,
+		HeldSecrets:       s.heldSecrets,
 		Replica:           o.Replica,
 		Log:               log,
 	}

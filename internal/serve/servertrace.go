@@ -116,7 +116,7 @@ func (s *Server) listenOTLP(ctx context.Context, j *servertrace.Joiner) error {
 	if err != nil {
 		return fmt.Errorf("passing the apiserver's spans on to kproxy's OTLP endpoint: %w", err)
 	}
-	r, err := servertrace.NewReceiver(ctx, servertrace.ReceiverOptions{Join: j, Forward: client, Log: s.log})
+	r, err := servertrace.NewReceiver(ctx, servertrace.ReceiverOptions{Join: j, Forward: client, Secrets: s.heldSecrets, Log: s.log})
 	if err != nil {
 		return err
 	}

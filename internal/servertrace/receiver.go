@@ -55,8 +55,13 @@ type ReceiverOptions struct {
 	MaxPendingTraces int
 	MaxSpansPerTrace int
 	PendingAge       time.Duration
-	Clock            clock.PassiveClock
-	Log              *slog.Logger
+	// Secrets are the secret values of the bodies kproxy forwards
+	// (record.HeldSecrets), scrubbed from every error text of the spans
+	// before anything sees them: the apiserver's errors may quote them
+	// in free text (a policy's message). nil: none.
+	Secrets *record.HeldSecrets
+	Clock   clock.PassiveClock
+	Log     *slog.Logger
 }
 
 // ReceiverStats count what a Receiver did.
@@ -81,6 +86,7 @@ type Receiver struct {
 	coltracepb.UnimplementedTraceServiceServer
 
 	join                  Offerer
+	secrets               *record.HeldSecrets
 	clock                 clock.PassiveClock
 	log                   *slog.Logger
 	maxTraces, maxSpans   int
@@ -116,7 +122,7 @@ type pendingTrace struct {
 
 // NewReceiver makes a receiver and starts its forwarding client, if any.
 func NewReceiver(ctx context.Context, o ReceiverOptions) (*Receiver, error) {
-	r := &Receiver{join: o.Join, clock: o.Clock, log: o.Log, maxTraces: o.MaxPendingTraces, maxSpans: o.MaxSpansPerTrace,
+	r := &Receiver{join: o.Join, secrets: o.Secrets, clock: o.Clock, log: o.Log, maxTraces: o.MaxPendingTraces, maxSpans: o.MaxSpansPerTrace,
 		pendingAge: o.PendingAge, pending: map[traceKey]*pendingTrace{}, fwd: o.Forward, fwdTimeout: o.ForwardTimeout}
 	if r.clock == nil {
 		r.clock = clock.RealClock{}
@@ -155,7 +161,7 @@ func NewReceiver(ctx context.Context, o ReceiverOptions) (*Receiver, error) {
 // Export implements the OTLP trace service: it never waits for the
 // forwarding nor fails the exporter for kproxy's sake.
 func (r *Receiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
-	redactSpans(req.GetResourceSpans())
+	redactSpans(req.GetResourceSpans(), r.secrets.All)
 	r.enqueue(req.GetResourceSpans())
 	for _, o := range r.consume(req.GetResourceSpans()) {
 		r.join.Offer(o)
@@ -464,12 +470,26 @@ var urlAttributes = map[string]bool{"http.target": true, "http.url": true, "url.
 // apiserver's errors echo of a body or a stored object, in any other
 // attribute, an event's or the span's status, is redacted as records
 // redact it (record.RedactEchoes: a probe found a patched Secret's data
-// there).
-func redactSpans(batch []*tracepb.ResourceSpans) {
+// there). The secret values of the bodies kproxy holds (secrets: found
+// once a batch, when an error text is met) are scrubbed from the same
+// texts: a policy's message may quote them in free text.
+func redactSpans(batch []*tracepb.ResourceSpans, secrets func() []string) {
+	var values []string
+	found := false
+	redact := func(s string) string {
+		s = record.RedactEchoes(s)
+		if s == "" || secrets == nil {
+			return s
+		}
+		if !found {
+			values, found = secrets(), true
+		}
+		return record.ScrubValues(s, values)
+	}
 	echoes := func(attrs []*commonpb.KeyValue) {
 		for _, a := range attrs {
 			if sv, ok := a.GetValue().GetValue().(*commonpb.AnyValue_StringValue); ok && !urlAttributes[a.GetKey()] {
-				sv.StringValue = record.RedactEchoes(sv.StringValue)
+				sv.StringValue = redact(sv.StringValue)
 			}
 		}
 	}
@@ -484,7 +504,7 @@ func redactSpans(batch []*tracepb.ResourceSpans) {
 					echoes(e.GetAttributes())
 				}
 				if st := s.GetStatus(); st != nil && st.GetCode() == tracepb.Status_STATUS_CODE_ERROR {
-					st.Message = record.RedactEchoes(st.Message)
+					st.Message = redact(st.Message)
 					echoes(s.GetAttributes())
 				} else {
 					for _, a := range s.GetAttributes() {

@@ -521,18 +521,27 @@ func secretValuesOut(req *Request, res Result) Result {
 	return res
 }
 
+// MayHoldSecrets: req has a body whose values SecretStringsOf may find
+// (a write of Secrets, ConfigMaps, which hold kubeconfigs and Helm
+// releases, or TokenReviews).
+func MayHoldSecrets(req *Request) bool {
+	if req.Info == nil || len(req.Body) == 0 {
+		return false
+	}
+	switch req.Info.Resource {
+	case "secrets", "configmaps", "tokenreviews":
+		return true
+	}
+	return false
+}
+
 // SecretStringsOf are the secret values in req's body
 // (record.SecretStrings): of a write to Secrets, ConfigMaps (kubeconfigs,
 // Helm releases) or TokenReviews, in JSON or YAML. Found once: the
 // replay's refusal and the proxy's record of the answer both scrub them.
 func SecretStringsOf(req *Request) []string {
 	req.secretsOnce.Do(func() {
-		if req.Info == nil || len(req.Body) == 0 {
-			return
-		}
-		switch req.Info.Resource {
-		case "secrets", "configmaps", "tokenreviews":
-		default:
+		if !MayHoldSecrets(req) {
 			return
 		}
 		if j, err := yaml.YAMLToJSON(req.Body); err == nil {
