@@ -1377,13 +1377,19 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 			values = stages.SecretStringsOf(ex.replayReq)
 		}
 		rec.Actual.Message = record.ScrubValues(record.RedactEchoes(rec.Actual.Message), values)
-		if len(rec.Actual.Warnings) > 0 {
-			// A copy: the slice is the answer's header's.
-			ws := make([]string, len(rec.Actual.Warnings))
-			for i, w := range rec.Actual.Warnings {
-				ws[i] = record.ScrubValues(record.RedactEchoes(w), values)
+		// Copies: the slices are the answer's headers'.
+		scrubAll := func(ws []string) []string {
+			out := make([]string, len(ws))
+			for i, w := range ws {
+				out[i] = record.ScrubValues(record.RedactEchoes(w), values)
 			}
-			rec.Actual.Warnings = ws
+			return out
+		}
+		if len(rec.Actual.Warnings) > 0 {
+			rec.Actual.Warnings = scrubAll(rec.Actual.Warnings)
+		}
+		if ws := rec.Actual.Headers["Warning"]; len(ws) > 0 {
+			rec.Actual.Headers["Warning"] = scrubAll(ws)
 		}
 	}
 	if ex.held {
