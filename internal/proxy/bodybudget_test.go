@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -121,5 +123,77 @@ func TestTeeBodyStopsAfterFinish(t *testing.T) {
 	tb.release()
 	if held := tb.budget.held(); held != 0 {
 		t.Errorf("held %d after release", held)
+	}
+}
+
+// TestFreeTextScrubbedOrWithheld: a policy's refusal and warning quoting
+// a Secret's value in free text are scrubbed of the body's values; when
+// the body was over the budget and not kept, nothing is left to scrub
+// them by, and the text is withheld (a Secret quoted by a policy reached
+// records otherwise).
+func TestFreeTextScrubbedOrWithheld(t *testing.T) {
+	const budget = 64 << 10
+	up := tlsUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		// The policy quotes the value base64-encoded, as CEL renders a
+		// Secret's data.
+		_, v, _ := strings.Cut(string(b), `"pw":"`)
+		v, _, _ = strings.Cut(v, `"`)
+		quoted := "pw rejected: " + base64.StdEncoding.EncodeToString([]byte(v))
+		w.Header().Set("Warning", `299 - "`+quoted+`"`)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnprocessableEntity)
+		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Invalid","code":422,"message":"secrets \"s\" is forbidden: `+quoted+`"}`)
+	})
+	replayer := &gatedReplayer{}
+	close(replayer.hold()) // replays run at once
+	sink := &records{}
+	p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, Replayer: replayer, Sink: sink,
+		ReplayWorkers: 2, ReplayQueue: 2, ReplayBodyBudget: budget, Metrics: metrics.New(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewTLSServer(p)
+	defer front.Close()
+	for _, c := range []struct {
+		name, value string
+		pad         int
+	}{
+		{"kept", "kept-secret-value-1", 0},
+		{"over the budget", "dropped-secret-value-2", 2 * budget},
+	} {
+		body := `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"s","annotations":{"pad":"` + strings.Repeat("x", c.pad) + `"}},"stringData":{"pw":"` + c.value + `"}}`
+		resp, err := front.Client().Post(front.URL+"/api/v1/namespaces/default/secrets", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(resp.Header.Get("Warning"), "pw rejected: "+base64.StdEncoding.EncodeToString([]byte(c.value))) {
+			t.Fatalf("%s: the client's Warning header was changed: %q", c.name, resp.Header.Get("Warning"))
+		}
+		var rec *record.Record
+		poll(t, c.name+": the record", func() bool {
+			for _, r := range sink.list() {
+				if strings.Contains(r.Request.Path, "secrets") && r.ID != "" && (c.pad == 0) == (r.Predicted.Message != ShedBodyMessage) {
+					rec = r
+					return true
+				}
+			}
+			return false
+		})
+		j, _ := json.Marshal(rec)
+		if strings.Contains(string(j), base64.StdEncoding.EncodeToString([]byte(c.value))) {
+			t.Errorf("%s: the record holds the quoted value: %s", c.name, j)
+		}
+		texts := append([]string{rec.Actual.Message}, append(rec.Actual.Warnings, rec.Actual.Headers["Warning"]...)...)
+		for _, s := range texts {
+			if c.pad == 0 && !strings.Contains(s, "pw rejected: "+record.Redacted) {
+				t.Errorf("%s: %q, want the value scrubbed from the policy's words", c.name, s)
+			}
+			if c.pad > 0 && s != withheldText {
+				t.Errorf("%s: %q, want it withheld", c.name, s)
+			}
+		}
 	}
 }

@@ -356,8 +356,10 @@ type exchange struct {
 	replayReq *stages.Request
 	// held: the body's secret values are held for the OTLP receiver
 	// (Config.HeldSecrets) until the record is written.
-	held      bool
-	replayCtx context.Context
+	held bool
+	// bodyDropped: the body was over the body budget, and not kept.
+	bodyDropped bool
+	replayCtx   context.Context
 	// outcome is the replay's (or the shed's) outcome, headers the
 	// request's headers redacted before the replay touched them.
 	outcome stages.Outcome
@@ -1179,6 +1181,7 @@ func (p *Proxy) selectBy(f *filter.Expr) {
 // shedOverBudget records a request whose body the body budget could not
 // hold: forwarded all the same, its prediction unknown.
 func (p *Proxy) shedOverBudget(ex *exchange) {
+	ex.bodyDropped = true
 	p.metrics.ReplayShed()
 	p.perRequestLog.Warn("replay shed: the request bodies held for replay are over --replay-body-budget-mib; the request is forwarded and recorded, its prediction unknown (raise --replay-body-budget-mib, or give kproxy more memory)",
 		"id", ex.rec.ID, "budget", p.bodies.limit)
@@ -1376,6 +1379,11 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 		if (rec.Actual.Message != "" || len(rec.Actual.Warnings) > 0) && ex.replayReq != nil {
 			values = stages.SecretStringsOf(ex.replayReq)
 		}
+		if ex.bodyDropped && stages.SecretBearing(rec.Request.Resource) {
+			// The body was over the budget and not kept: which words of
+			// the free text are its secrets cannot be told.
+			withhold(&rec.Actual)
+		}
 		rec.Actual.Message = record.ScrubValues(record.RedactEchoes(rec.Actual.Message), values)
 		// Copies: the slices are the answer's headers'.
 		scrubAll := func(ws []string) []string {
@@ -1402,6 +1410,25 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 	endServerSpan(ex.span, rec, ex.end)
 	p.metrics.Record(rec)
 	p.sink.Write(rec)
+}
+
+// withheldText stands for the apiserver's free text about a request
+// whose body kproxy did not keep (over --replay-body-budget-mib): a
+// policy's or a webhook's message may quote the body's secrets, and
+// nothing is left to scrub them by.
+const withheldText = record.Redacted + " (the message may quote the request body's secret values; kproxy did not keep the body, over --replay-body-budget-mib, to scrub them by: raise it to see such messages)"
+
+// withhold replaces a's message and warnings with withheldText.
+func withhold(a *record.Actual) {
+	if a.Message != "" {
+		a.Message = withheldText
+	}
+	if len(a.Warnings) > 0 {
+		a.Warnings = []string{withheldText}
+	}
+	if len(a.Headers["Warning"]) > 0 {
+		a.Headers["Warning"] = []string{withheldText}
+	}
 }
 
 // requestAttributes are the server span's attributes known on arrival

@@ -525,10 +525,13 @@ func secretValuesOut(req *Request, res Result) Result {
 // (a write of Secrets, ConfigMaps, which hold kubeconfigs and Helm
 // releases, or TokenReviews).
 func MayHoldSecrets(req *Request) bool {
-	if req.Info == nil || len(req.Body) == 0 {
-		return false
-	}
-	switch req.Info.Resource {
+	return req.Info != nil && len(req.Body) > 0 && SecretBearing(req.Info.Resource)
+}
+
+// SecretBearing: a body of the resource may carry secret values
+// (SecretStringsOf).
+func SecretBearing(resource string) bool {
+	switch resource {
 	case "secrets", "configmaps", "tokenreviews":
 		return true
 	}
