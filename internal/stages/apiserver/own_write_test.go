@@ -239,6 +239,10 @@ func TestAdmittedEarly(t *testing.T) {
 		Details: &metav1.StatusDetails{Name: "later", Kind: "namespaces"}}
 	objMissing := &metav1.Status{Code: 404, Reason: metav1.StatusReasonNotFound, Message: `configmaps "x" not found`,
 		Details: &metav1.StatusDetails{Name: "x", Kind: "configmaps"}}
+	ipTaken := &metav1.Status{Code: 422, Reason: metav1.StatusReasonInvalid,
+		Message: `Service "ipa-22-5" is invalid: spec.clusterIPs: Invalid value: ["10.96.22.5"]: failed to allocate IP 10.96.22.5: provided IP is already allocated`}
+	portTaken := &metav1.Status{Code: 422, Reason: metav1.StatusReasonInvalid,
+		Message: `Service "np-2" is invalid: spec.ports[0].nodePort: Invalid value: 31442: provided port is already allocated`}
 	for _, tc := range []struct {
 		name     string
 		run      *Run
@@ -259,6 +263,9 @@ func TestAdmittedEarly(t *testing.T) {
 		{"an update of an object not found", &Run{Verb: "update", Resource: "configmaps"}, 404, objMissing, "", ""},
 		{"a pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods"}, 403, noSA, "the ServiceAccount: it was created after this request", record.StageMutatingAdmission},
 		{"a dry-run pod before its ServiceAccount", &Run{Verb: "create", Resource: "pods", DryRun: true}, 403, noSA, "created after this request", record.StageMutatingAdmission},
+		{"a Service whose cluster IP another took in flight", &Run{Verb: "create", Resource: "services"}, 422, ipTaken, "another Service's write took it while this request was in flight", record.StageValidation},
+		{"a Service whose node port another took in flight", &Run{Verb: "update", Resource: "services"}, 422, portTaken, "already allocated", record.StageValidation},
+		{"a Service refused otherwise", &Run{Verb: "create", Resource: "services"}, 422, &metav1.Status{Code: 422, Reason: metav1.StatusReasonInvalid, Message: `Service "x" is invalid: spec.ports: Required value`}, "", ""},
 		{"refused without a Status", &Run{Verb: "create", Resource: "configmaps"}, 403, nil, "", ""},
 		{"admitted by both", &Run{Verb: "create", Resource: "configmaps"}, 201, nil, "", ""},
 		{"refused by the replay too", &Run{Verb: "create", Resource: "configmaps", Status: quota}, 403, quota, "", ""},
