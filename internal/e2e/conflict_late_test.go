@@ -70,3 +70,52 @@ func TestConcurrentUpdatesConflict(t *testing.T) {
 	}
 	t.Logf("%d rounds of two updates: %d refused as conflicts, %d said unknown (a write landed in flight)", rounds, conflicts, inFlight)
 }
+
+// TestConcurrentDeletes: two deletes of one object sent at once: the
+// apiserver deletes it for one and answers the other 404. The loser's
+// replay may still find the object; its unknown is storage's (the read
+// that cannot say what the request met), not decode's, with every stage
+// after it "see decode" (probe AF: a delete reads before admission, in
+// what the replay still counted as decode's phase). No record may predict
+// another status than the answer.
+func TestConcurrentDeletes(t *testing.T) {
+	ctx := context.Background()
+	cs := adminClient()
+	ns := lateNamespace(t, "deletes")
+	r, recs := recordedKproxy(t)
+	c := r.client(nil)
+	const rounds = 20
+	notFound, unknown := 0, 0
+	for round := 0; round < rounds; round++ {
+		name := fmt.Sprintf("gone-%d", round)
+		if _, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}, createOpts); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				do(t, c, r.base, request{method: "DELETE", path: "/api/v1/namespaces/" + ns + "/configmaps/" + name, user: "admin"})
+			})
+		}
+		wg.Wait()
+		for range 2 {
+			rec := nextRecord(t, recs)
+			if rec.Actual.Status == 404 {
+				notFound++
+			}
+			switch {
+			case rec.Predicted.Stage == record.StageUnknown:
+				unknown++
+				if !strings.HasPrefix(rec.Predicted.Message, "cannot predict: storage: ") {
+					t.Errorf("round %d: answered %d, unknown %q, want it said by storage (cannot predict: storage: ...)", round, rec.Actual.Status, rec.Predicted.Message)
+				}
+			case rec.Predicted.Status != rec.Actual.Status:
+				t.Errorf("round %d: predicted %+v, the apiserver answered %d %s", round, rec.Predicted, rec.Actual.Status, rec.Actual.Message)
+			}
+		}
+	}
+	if notFound == 0 {
+		t.Errorf("no delete of the %d rounds was answered 404: the path under test was not taken", rounds)
+	}
+	t.Logf("%d rounds of two deletes: %d answered 404, %d said unknown", rounds, notFound, unknown)
+}

@@ -47,6 +47,18 @@ func (r *Run) attribute(st *metav1.Status) string {
 	if st.Code == 500 && strings.Contains(st.Message, corruptObject) {
 		return record.StageStorage
 	}
+	// A read of the store that failed (the replay's read, which cannot
+	// say what the request met: the run is unknown at storage), whichever
+	// phase the handler was in: a delete reads before admission, in what
+	// kproxy still counts as decode's phase (a probe found a concurrent
+	// delete's unknown at decode, every stage after it "see decode").
+	if st.Code == 500 {
+		for _, rd := range r.Reads {
+			if rd.Err != nil && strings.Contains(st.Message, rd.Err.Error()) {
+				return record.StageStorage
+			}
+		}
+	}
 	// A read's answer made into what the Accept header and the query
 	// ask (a Table and its includeObject, the objects' metadata alone):
 	// content negotiation, which the contract labels decode, though the

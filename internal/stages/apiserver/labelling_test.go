@@ -44,6 +44,8 @@ func TestLabelling(t *testing.T) {
 			&metav1.Status{Status: metav1.StatusFailure, Code: 500, Message: `strconv.ParseUint: parsing "abc": invalid syntax`}, record.StageStorage},
 		{"a delete of an object the store cannot decrypt, read before admission", &Run{phase: PhaseDecode, Verb: "delete", Reads: []StorageRead{{Found: true}}},
 			status(apierrors.NewInternalError(errors.New("StorageError: corrupt object, Code: 7, Key: /secrets/ns/s, ResourceVersion: 0, AdditionalErrorMsg: data from the storage is not transformable revision=0: no key"))), record.StageStorage},
+		{"a delete whose read failed, read before admission", &Run{phase: PhaseDecode, Verb: "delete", Reads: []StorageRead{{Err: errors.New("the apiserver answered 404 (no such object), and the replay found the object")}}},
+			status(apierrors.NewInternalError(errors.New("the apiserver answered 404 (no such object), and the replay found the object"))), record.StageStorage},
 		{"the strategy's validation", &Run{phase: PhaseValidation}, status(apierrors.NewInvalid(schema.GroupKind{Kind: "ConfigMap"}, "x", nil)), record.StageValidation},
 	}
 	for _, tc := range cases {
