@@ -164,6 +164,14 @@ func TestSecretSweep(t *testing.T) {
 		expectStatus(t, "Secret server-side apply of a list "+p, send(r, request{method: "PATCH", path: secretsPath + "/" + name("ssa-list") + "?fieldManager=sweep", user: "admin",
 			contentType: "application/apply-patch+yaml",
 			body:        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: " + name("ssa-list") + "\nstringData:\n  pins: [\"" + listV + "\"]\n"}), 500)
+		// A kubeconfig applied into a ConfigMap as an object, not a
+		// string: refused (a ConfigMap holds strings), its token had
+		// been recorded (probe AE).
+		objTok := sw.fresh(label("kubeconfig token, applied into a ConfigMap as an object"))
+		expectStatus(t, "ConfigMap server-side apply of a kubeconfig object "+p, send(r, request{method: "PATCH", path: cmPath + "/" + name("kc-object") + "?fieldManager=sweep", user: "admin",
+			contentType: "application/apply-patch+yaml",
+			body: "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: " + name("kc-object") + "\ndata:\n  kubeconfig:\n    apiVersion: v1\n    kind: Config\n" +
+				"    users:\n    - name: u\n      user:\n        token: " + objTok + "\n"}), 500)
 		// kubectl apply's way: the whole object again in an annotation.
 		applyV := sw.fresh(label("Secret data, kubectl-apply style (last-applied annotation)"))
 		applied := map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": name("applied"), "namespace": testNS, "labels": sweepLabels},

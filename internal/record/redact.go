@@ -329,12 +329,14 @@ func RedactBodyOf(resource, name string, v any) any {
 		case resource == "configmaps" || kind == "ConfigMap":
 			redactKubeconfigs(b)
 			redactHelmRelease(b)
+			redactNonStringData(b)
 		}
 		return b
 	case []any:
 		if resource == "configmaps" {
 			// A JSON patch of a ConfigMap: its values may be kubeconfigs.
 			redactKubeconfigs(b)
+			redactNonStringPatchData(b)
 			return b
 		}
 		// A JSON patch: on a Secret every value may be data.
@@ -348,6 +350,55 @@ func RedactBodyOf(resource, name string, v any) any {
 		return Redacted
 	}
 	return v
+}
+
+// redactNonStringData redacts a ConfigMap body's data and binaryData
+// values that are not strings. A ConfigMap holds strings only, so the
+// apiserver refuses such a body, but its value is whatever the client
+// meant to store: a kubeconfig sent as an object (a probe: a server-side
+// apply of data.kubeconfig as YAML, refused 500, recorded its token),
+// which redactKubeconfigs, reading strings, does not know.
+func redactNonStringData(b map[string]any) {
+	for _, k := range []string{"data", "binaryData"} {
+		m, ok := b[k].(map[string]any)
+		if !ok {
+			continue
+		}
+		for dk, v := range m {
+			if _, ok := v.(string); !ok && v != nil {
+				m[dk] = Redacted
+			}
+		}
+	}
+}
+
+// redactNonStringPatchData is redactNonStringData for a JSON patch's
+// operations on a ConfigMap's data or binaryData: a value that is not a
+// string under /data/KEY, or a map's under /data.
+func redactNonStringPatchData(ops []any) {
+	for _, o := range ops {
+		op, ok := o.(map[string]any)
+		if !ok {
+			continue
+		}
+		path, _ := op["path"].(string)
+		v, has := op["value"]
+		if !has || v == nil {
+			continue
+		}
+		switch {
+		case path == "/data" || path == "/binaryData":
+			if m, ok := v.(map[string]any); ok {
+				redactNonStringData(map[string]any{"data": m})
+			} else if _, ok := v.(string); !ok {
+				op["value"] = Redacted
+			}
+		case strings.HasPrefix(path, "/data/") || strings.HasPrefix(path, "/binaryData/"):
+			if _, ok := v.(string); !ok {
+				op["value"] = Redacted
+			}
+		}
+	}
 }
 
 // RedactConfigMapObject redacts the credentials of the kubeconfigs a

@@ -129,6 +129,20 @@ func TestRedactBody(t *testing.T) {
 			map[string]any{"kind": "ConfigMap", "data": map[string]any{"release": "v2"}},
 			map[string]any{"kind": "ConfigMap", "data": map[string]any{"release": "v2"}}},
 		{"a JSON patch of a ConfigMap stays", "configmaps", []any{map[string]any{"op": "add", "value": "v"}}, []any{map[string]any{"op": "add", "value": "v"}}},
+		// A ConfigMap holds strings: another value is refused, and may be
+		// a kubeconfig sent as an object (a probe: a server-side apply
+		// recorded its token).
+		{"a kubeconfig as an object in a ConfigMap's data", "configmaps",
+			map[string]any{"kind": "ConfigMap", "data": map[string]any{"plain": "v", "kubeconfig": map[string]any{"users": []any{map[string]any{"user": map[string]any{"token": "t-1"}}}}, "port": 8080.0},
+				"binaryData": map[string]any{"k": []any{"x"}}},
+			map[string]any{"kind": "ConfigMap", "data": map[string]any{"plain": "v", "kubeconfig": Redacted, "port": Redacted}, "binaryData": map[string]any{"k": Redacted}}},
+		{"a JSON patch of a ConfigMap's data with an object", "configmaps",
+			[]any{map[string]any{"op": "add", "path": "/data/kubeconfig", "value": map[string]any{"users": []any{}}},
+				map[string]any{"op": "replace", "path": "/data", "value": map[string]any{"a": "v", "b": map[string]any{"token": "t"}}},
+				map[string]any{"op": "add", "path": "/metadata/labels", "value": map[string]any{"a": "b"}}},
+			[]any{map[string]any{"op": "add", "path": "/data/kubeconfig", "value": Redacted},
+				map[string]any{"op": "replace", "path": "/data", "value": map[string]any{"a": "v", "b": Redacted}},
+				map[string]any{"op": "add", "path": "/metadata/labels", "value": map[string]any{"a": "b"}}}},
 		{"a kubeconfig in a ConfigMap's data", "configmaps",
 			map[string]any{"kind": "ConfigMap", "data": map[string]any{"config": testKubeconfig, "other": "kept"}},
 			map[string]any{"kind": "ConfigMap", "data": map[string]any{"config": testKubeconfigRedacted, "other": "kept"}}},
