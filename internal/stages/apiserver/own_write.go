@@ -269,6 +269,16 @@ func (r *Run) refusedLate(ctx context.Context) string {
 		}
 		return ""
 	}
+	if r.Resource == "services" && allocated(r.Status) {
+		// The replay's allocator found an address or node port it asks
+		// for held, and the apiserver's gave it: its holder released it
+		// (a delete, an update moving off it) while the request was in
+		// flight, before the apiserver allocated (probe AG: 4 of 11).
+		if aw, ok := r.actual(ctx); ok && aw.Status >= 200 && aw.Status < 300 {
+			return allocationReleasedInFlightWhy
+		}
+		return ""
+	}
 	if r.DryRun {
 		return ""
 	}
@@ -450,8 +460,13 @@ func (r *Run) admittedEarly(ctx context.Context) (stage, why string) {
 // loser predicted 201). A node port's allocation is not even visible in
 // the Services kproxy reads until its Service is stored.
 func allocatedElsewhere(aw Answer) bool {
-	return aw.Status == http.StatusUnprocessableEntity && aw.Refusal != nil &&
-		(strings.Contains(aw.Refusal.Message, "provided IP is already allocated") || strings.Contains(aw.Refusal.Message, "provided port is already allocated"))
+	return aw.Status == http.StatusUnprocessableEntity && allocated(aw.Refusal)
+}
+
+// allocated reports a refusal of a Service for an address or node port
+// another holds.
+func allocated(st *metav1.Status) bool {
+	return st != nil && (strings.Contains(st.Message, "provided IP is already allocated") || strings.Contains(st.Message, "provided port is already allocated"))
 }
 
 // modifiedInFlight reports the apiserver's optimistic-concurrency
@@ -640,7 +655,8 @@ const (
 	evictionMarkedAroundTwoBudgetsWhy = "the apiserver allowed the eviction (201), and the replay refuses it for the pod's two disruption budgets (500: an eviction supports one). The replay read the pod as it was before it was marked for eviction or deletion, at %s, within seconds of this request's arrival: by an earlier eviction or delete, which left the pod being deleted on arrival (an eviction of such a pod skips its budgets), or by this request; the mark's time, in seconds, cannot tell them apart, so the state on arrival is not known"
 	namespaceGoneLateWhy              = "the apiserver answered %d, so its NamespaceLifecycle found the namespace, and the replay's does not: the namespace was deleted after this request (its controller empties and removes a terminating namespace), before the replay read it, so the state on arrival is not known"
 	namespaceEndedEarlyWhy            = "the apiserver refused the create because the namespace is being terminated, and the replay's NamespaceLifecycle found it active in its informer: the deletion came around this request, and the apiserver's plugin, which saw the delete, looks the namespace up live for 30 s after one, where the replay's informer had not caught up (or never saw a delete sent past kproxy), so the state on arrival is not known"
-	allocatedInFlightWhy              = "the apiserver refused the Service because an address or node port it asks for is already allocated (422), and the replay, which read the allocations as the request arrived, found it free: another Service's write took it while this request was in flight (two writes asking for one cluster IP or node port at once: the first to reach the allocator wins), so which allocations the request met is not known"
+	allocatedInFlightWhy              = "the apiserver refused the Service because an address or node port it asks for is already allocated (422), and the replay found it free: the allocations changed while this request was in flight (another Service's write took it first, two writes asking for one cluster IP or node port at once; or its holder released it after the apiserver's allocator found it held, before the replay read), so which allocations the request met is not known"
+	allocationReleasedInFlightWhy     = "the apiserver allocated the Service an address or node port it asks for, and the replay found it held by another Service: its holder released it (a delete, or an update moving off it) while this request was in flight, before the apiserver allocated and after the replay read, so which allocations the request met is not known"
 	quotaAdmittedEarlyWhy             = "the apiserver's ResourceQuota refused the write (exceeded quota), and the replay's admits it: the replay reads the quota's usage from an informer, after the request, and found less used than the apiserver had counted (writes its informer had not seen yet, or objects deleted since), so the state on arrival is not known"
 	quotaRefusedLateWhy               = "the apiserver admitted the write, and the replay's ResourceQuota refuses it (exceeded quota): the apiserver's ResourceQuota adds each write it admits to the quota's usage before it stores it, so the usage the replay read after the request already counts this request (or later writes), so the state on arrival is not known"
 	quotaCountedThenRefusedWhy        = "the apiserver's ResourceQuota admitted the write and counted it in the quota's usage, and its storage then refused it (%d: %s); the usage is not given back until the quota controller recomputes it, and the replay's ResourceQuota read it before that, counting this very request, so the state on arrival is not known"
