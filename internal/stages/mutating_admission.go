@@ -106,6 +106,13 @@ func notReached(run *apiserver.Run) string {
 	if run.Decided == "" {
 		return "not reached"
 	}
+	if run.Unknown != "" && run.UnknownAt() == run.Decided {
+		// The refusal is the unknown's doing (a read that failed, which
+		// a delete makes before admission): there was no refusal to
+		// name (a probe found "storage refuses first (500 ...)" where
+		// the apiserver answered 404 and storage said unknown).
+		return "not replayed (see " + run.Decided + ")"
+	}
 	return "not reached: " + run.Decided + " refuses first (" + apiserver.StatusMessage(run.Status) + ")"
 }
 
