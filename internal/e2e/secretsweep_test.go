@@ -21,8 +21,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/kproxy/kproxy/internal/flowapi"
 	"github.com/kproxy/kproxy/internal/localcluster"
@@ -342,6 +345,28 @@ func TestSecretSweep(t *testing.T) {
 			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "Secret",
 				"metadata":   map[string]any{"name": name("policy-echo"), "labels": map[string]any{"kproxy.test/sweep-echo": "true"}},
 				"stringData": map[string]any{"pw": sw.fresh(label("Secret stringData quoted by a policy's message"))}})}), 422)
+		// The stored value, quoted for a patch that only adds the
+		// policy's label (probe AG: the body carries no secret to
+		// scrub by; the replay's admission is given the stored one).
+		storedV := sw.fresh(label("Secret's stored data, quoted by a policy refusing a label patch"))
+		expectStatus(t, "Secret to patch under the policy "+p, send(r, request{method: "POST", path: secretsPath, user: "admin",
+			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": name("policy-stored"), "labels": sweepLabels},
+				"stringData": map[string]any{"pw": storedV}})}), 201)
+		expectStatus(t, "Secret label patch refused by a policy quoting its stored data "+p, send(r, request{method: "PATCH", path: secretsPath + "/" + name("policy-stored"), user: "admin",
+			contentType: "application/merge-patch+json", body: `{"metadata":{"labels":{"kproxy.test/sweep-echo":"true"}}}`}), 422)
+		// A protobuf body (client-go's encoding for built-in types):
+		// its values had been looked for as YAML (probe AG).
+		pbV := sw.fresh(label("Secret stringData in a protobuf body, quoted by a policy"))
+		expectStatus(t, "protobuf Secret refused by a policy quoting it "+p, send(r, request{method: "POST", path: secretsPath, user: "admin",
+			contentType: "application/vnd.kubernetes.protobuf", body: protobufSecret(t, name("policy-pb"), map[string]string{"kproxy.test/sweep-echo": "true"}, pbV)}), 422)
+		// base64 wrapped over lines, as base64(1) prints it: the
+		// apiserver decodes it alike, the policy quotes it on one line.
+		wrappedV := sw.add(label("Secret data wrapped over lines, quoted by a policy"), randomHex(48))
+		enc := b64(wrappedV)
+		expectStatus(t, "Secret with wrapped base64 refused by a policy quoting it "+p, send(r, request{method: "POST", path: secretsPath, user: "admin",
+			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "Secret",
+				"metadata": map[string]any{"name": name("policy-wrapped"), "labels": map[string]any{"kproxy.test/sweep-echo": "true"}},
+				"data":     map[string]any{"pw": enc[:76] + "\n" + enc[76:]}})}), 422)
 		// The same message as a warning, on a Secret created.
 		expectStatus(t, "Secret warned of by a policy quoting it "+p, send(r, request{method: "POST", path: secretsPath, user: "admin",
 			body: mustJSON(t, map[string]any{"apiVersion": "v1", "kind": "Secret",
@@ -600,6 +625,18 @@ func TestSecretSweep(t *testing.T) {
 	t.Logf("the sweep took %s", time.Since(began).Round(time.Second))
 }
 
+// protobufSecret is a Secret in the apiserver's protobuf encoding.
+func protobufSecret(t *testing.T, name string, labels map[string]string, pw string) string {
+	t.Helper()
+	sec := &corev1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}, StringData: map[string]string{"pw": pw}}
+	var buf bytes.Buffer
+	if err := protobuf.NewSerializer(scheme.Scheme, scheme.Scheme).Encode(sec, &buf); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
+}
+
 // echoPolicy makes a ValidatingAdmissionPolicy for Secrets labelled
 // kproxy.test/sweep-LABEL, its message quoting their data, bound with
 // the action given (Deny: refused 422; Warn: created, the message a
@@ -611,7 +648,7 @@ func echoPolicy(t *testing.T, label, action string) {
 	name := "sweep-" + label + ".kproxy.test"
 	selector := "kproxy.test/sweep-" + label
 	policy := `{"apiVersion":"admissionregistration.k8s.io/v1","kind":"ValidatingAdmissionPolicy","metadata":{"name":"` + name + `"},
-"spec":{"failurePolicy":"Fail","matchConstraints":{"resourceRules":[{"apiGroups":[""],"apiVersions":["v1"],"operations":["CREATE"],"resources":["secrets"]}],
+"spec":{"failurePolicy":"Fail","matchConstraints":{"resourceRules":[{"apiGroups":[""],"apiVersions":["v1"],"operations":["CREATE","UPDATE"],"resources":["secrets"]}],
 "objectSelector":{"matchLabels":{"` + selector + `":"true"}}},
 "validations":[{"expression":"false","messageExpression":"'pw rejected: ' + string(object.data.pw)"}]}}`
 	binding := `{"apiVersion":"admissionregistration.k8s.io/v1","kind":"ValidatingAdmissionPolicyBinding","metadata":{"name":"` + name + `"},

@@ -7,9 +7,6 @@ import (
 	"net/url"
 	"strings"
 
-	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/yaml"
-
 	"github.com/kproxy/kproxy/internal/decode"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/stages"
@@ -41,7 +38,7 @@ func captureBody(rec *record.Request, req *stages.Request) {
 		rec.BodyNote = fmt.Sprintf("not captured: over the apiserver's %d MiB request limit", stages.MaxBodyBytes>>20)
 		return
 	}
-	v, err := bodyValue(req.Body)
+	v, err := decode.Value(req.Body)
 	if err != nil {
 		// A parser's error may quote the body (YAML's invalid map key
 		// renders the key's values: probe AD).
@@ -58,33 +55,6 @@ func captureBody(rec *record.Request, req *stages.Request) {
 		return
 	}
 	rec.Body = b
-}
-
-// bodyValue decodes a request body in any encoding the apiserver accepts
-// (JSON, YAML, protobuf, CBOR; patches are JSON or YAML) into plain JSON
-// values.
-func bodyValue(body []byte) (any, error) {
-	f, err := decode.Detect(body)
-	if err != nil {
-		return nil, err
-	}
-	switch f {
-	case decode.JSON, decode.YAML:
-		j, err := yaml.YAMLToJSON(body)
-		if err != nil {
-			return nil, fmt.Errorf("the body is not JSON or YAML: %w", err)
-		}
-		var v any
-		if err := json.Unmarshal(j, &v); err != nil {
-			return nil, fmt.Errorf("the body is not JSON or YAML: %w", err)
-		}
-		return v, nil
-	}
-	d, err := decode.Payload(body)
-	if err != nil || d.Object == nil {
-		return nil, fmt.Errorf("the %s body does not decode: %v", f, err)
-	}
-	return runtime.DefaultUnstructuredConverter.ToUnstructured(d.Object)
 }
 
 func impersonateHeaders(h http.Header) *record.Impersonation {

@@ -197,3 +197,72 @@ func TestFreeTextScrubbedOrWithheld(t *testing.T) {
 		}
 	}
 }
+
+// TestUnreplayedSecretWriteWithheld: a patch of a Secret whose replay was
+// shed: a policy's words may quote the stored Secret's data, which only
+// the replay reads, so they are withheld; the apiserver's own words (a
+// 404) are kept.
+func TestUnreplayedSecretWriteWithheld(t *testing.T) {
+	up := tlsUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.Method == http.MethodPost:
+			w.WriteHeader(http.StatusCreated)
+			_, _ = io.WriteString(w, `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"x","resourceVersion":"5"}}`)
+		case strings.HasSuffix(r.URL.Path, "/missing"):
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"message":"secrets \"missing\" not found"}`)
+		default:
+			w.Header().Set("Warning", `299 - "stored pw: c3RvcmVkLXNlY3JldA=="`)
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Invalid","code":422,"message":"secrets \"s\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'p' denied request: stored pw: c3RvcmVkLXNlY3JldA=="}`)
+		}
+	})
+	replayer := &gatedReplayer{}
+	gate := replayer.hold()
+	defer close(gate)
+	sink := &records{}
+	p, err := New(Config{Upstream: up.URL, Passthrough: up.Passthrough, Replayer: replayer, Sink: sink,
+		ReplayWorkers: 1, ReplayQueue: 1, Metrics: metrics.New(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewTLSServer(p)
+	defer front.Close()
+	send := func(method, path, body string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, front.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/merge-patch+json")
+		resp, err := front.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	// Two writes fill the worker and the queue; the patches are shed.
+	send(http.MethodPost, "/api/v1/namespaces/default/configmaps", `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a"}}`)
+	send(http.MethodPost, "/api/v1/namespaces/default/configmaps", `{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"b"}}`)
+	send(http.MethodPatch, "/api/v1/namespaces/default/secrets/s", `{"metadata":{"labels":{"a":"b"}}}`)
+	send(http.MethodPatch, "/api/v1/namespaces/default/secrets/missing", `{"metadata":{"labels":{"a":"b"}}}`)
+	poll(t, "the shed patches' records", func() bool { return len(sink.list()) == 2 })
+	for _, rec := range sink.list() {
+		if rec.Predicted.Stage != record.StageUnknown {
+			t.Fatalf("%s: predicted %+v, want it shed", rec.Request.Path, rec.Predicted)
+		}
+		j, _ := json.Marshal(rec)
+		if strings.Contains(string(j), "c3RvcmVkLXNlY3JldA") {
+			t.Errorf("%s: the record holds the policy's quote of the stored value: %s", rec.Request.Path, j)
+		}
+		if strings.HasSuffix(rec.Request.Path, "/missing") {
+			if rec.Actual.Message != `secrets "missing" not found` {
+				t.Errorf("the apiserver's own 404 was changed: %q", rec.Actual.Message)
+			}
+			continue
+		}
+		if rec.Actual.Message != withheldUnreplayedText || len(rec.Actual.Warnings) != 1 || rec.Actual.Warnings[0] != withheldUnreplayedText {
+			t.Errorf("the policy's words: %q, warnings %q, want them withheld", rec.Actual.Message, rec.Actual.Warnings)
+		}
+	}
+}

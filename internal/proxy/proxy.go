@@ -463,8 +463,11 @@ func (p *Proxy) begin(w http.ResponseWriter, r *http.Request) (*exchange, *http.
 			return
 		}
 		replayReq.Body, replayReq.BodyTruncated = r.body, r.truncated
-		if p.held != nil && stages.MayHoldSecrets(replayReq) {
+		if p.held != nil && info != nil && stages.SecretBearing(info.Resource) && stages.IsWrite(info) {
 			// Before the apiserver can answer: it reads the whole body.
+			// A write without secrets in its body too (a label patch, a
+			// delete): the values of the stored object its replay's
+			// admission is given (stages.SecretStringsOf).
 			p.held.Hold(id, func() []string { return stages.SecretStringsOf(replayReq) })
 			ex.held = true
 		}
@@ -1379,10 +1382,15 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 		if (rec.Actual.Message != "" || len(rec.Actual.Warnings) > 0) && ex.replayReq != nil {
 			values = stages.SecretStringsOf(ex.replayReq)
 		}
-		if ex.bodyDropped && stages.SecretBearing(rec.Request.Resource) {
+		switch {
+		case ex.bodyDropped && stages.SecretBearing(rec.Request.Resource):
 			// The body was over the budget and not kept: which words of
 			// the free text are its secrets cannot be told.
-			withhold(&rec.Actual)
+			withhold(&rec.Actual, withheldText)
+		case ex.unreplayed && stages.SecretBearing(rec.Request.Resource) && rec.Request.Verb != "create":
+			// Nor those of the stored object a patch, an update or a
+			// delete is about, which only the replay reads.
+			withholdAdmissionText(&rec.Actual)
 		}
 		rec.Actual.Message = record.ScrubValues(record.RedactEchoes(rec.Actual.Message), values)
 		// Copies: the slices are the answer's headers'.
@@ -1418,17 +1426,45 @@ func (p *Proxy) writeRecord(ex *exchange, o stages.Outcome) {
 // nothing is left to scrub them by.
 const withheldText = record.Redacted + " (the message may quote the request body's secret values; kproxy did not keep the body, over --replay-body-budget-mib, to scrub them by: raise it to see such messages)"
 
-// withhold replaces a's message and warnings with withheldText.
-func withhold(a *record.Actual) {
+// withheldUnreplayedText stands for an admission policy's or webhook's
+// free text about a stored Secret or ConfigMap whose request kproxy did
+// not replay (shed, or outside --replay-filter): it may quote the stored
+// object's secret values, which only the replay reads.
+const withheldUnreplayedText = record.Redacted + " (an admission policy's or webhook's words may quote the stored object's secret values; kproxy did not replay this request, so it did not read them to scrub them by)"
+
+// withhold replaces a's message and warnings with text.
+func withhold(a *record.Actual, text string) {
 	if a.Message != "" {
-		a.Message = withheldText
+		a.Message = text
 	}
 	if len(a.Warnings) > 0 {
-		a.Warnings = []string{withheldText}
+		a.Warnings = []string{text}
 	}
 	if len(a.Headers["Warning"]) > 0 {
-		a.Headers["Warning"] = []string{withheldText}
+		a.Headers["Warning"] = []string{text}
 	}
+}
+
+// withholdAdmissionText withholds a's warnings (a webhook's are free
+// text, unmarked) and its message when an admission policy or webhook
+// wrote it; the apiserver's own refusals say nothing of the object's
+// values and are kept.
+func withholdAdmissionText(a *record.Actual) {
+	msg := a.Message
+	withhold(a, withheldUnreplayedText)
+	if !admissionText(msg) {
+		a.Message = msg
+	}
+}
+
+// admissionText reports a refusal an admission policy or webhook wrote.
+func admissionText(msg string) bool {
+	for _, m := range []string{"ValidatingAdmissionPolicy", "MutatingAdmissionPolicy", "admission webhook"} {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
 }
 
 // requestAttributes are the server span's attributes known on arrival

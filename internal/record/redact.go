@@ -806,6 +806,15 @@ func SecretStrings(resource, name string, body []byte) []string {
 		if rs, ok := r.(string); ok {
 			if os, ok := o.(string); !ok || os != rs {
 				all(o)
+				// A string redacted in part (a kubeconfig's credentials,
+				// in a YAML or JSON text, base64-encoded or not): the
+				// parts, which a policy may quote on their own (probe AG:
+				// a kubeconfig's token).
+				if ok && rs != Redacted {
+					if oi, ri, ok := parsedPair(os, rs); ok {
+						walk(oi, ri)
+					}
+				}
 			}
 			return
 		}
@@ -828,9 +837,28 @@ func SecretStrings(resource, name string, body []byte) []string {
 	return out
 }
 
+// parsedPair parses a string and its redacted copy as YAML (JSON too),
+// base64-decoding both first when both decode: the trees whose leaves
+// differ where the redaction took something out.
+func parsedPair(o, r string) (oi, ri any, ok bool) {
+	if od, err := base64.StdEncoding.DecodeString(o); err == nil {
+		if rd, err := base64.StdEncoding.DecodeString(r); err == nil {
+			o, r = string(od), string(rd)
+		}
+	}
+	if yaml.Unmarshal([]byte(o), &oi) != nil || yaml.Unmarshal([]byte(r), &ri) != nil {
+		return nil, nil, false
+	}
+	switch oi.(type) {
+	case map[string]any, []any:
+		return oi, ri, true
+	}
+	return nil, nil, false
+}
+
 // ScrubValues replaces each of values in s with REDACTED: as it is, its
 // standard base64 encoding, and, when it is base64 (a Secret's data),
-// what it decodes to.
+// what it decodes to and that re-encoded on one line.
 func ScrubValues(s string, values []string) string {
 	if s == "" {
 		return s
@@ -838,7 +866,10 @@ func ScrubValues(s string, values []string) string {
 	for _, v := range values {
 		forms := []string{v, base64.StdEncoding.EncodeToString([]byte(v))}
 		if d, err := base64.StdEncoding.DecodeString(v); err == nil && len(d) >= 4 {
-			forms = append(forms, string(d))
+			// And re-encoded on one line: base64 wrapped over lines
+			// (as base64(1) prints it) decodes alike, and a policy
+			// quotes a Secret's data unwrapped (probe AG).
+			forms = append(forms, string(d), base64.StdEncoding.EncodeToString(d))
 		}
 		for _, f := range forms {
 			s = strings.ReplaceAll(s, f, Redacted)

@@ -415,4 +415,22 @@ func TestScrubSecretStrings(t *testing.T) {
 	if v := SecretStrings("configmaps", "plain", []byte(`{"kind":"ConfigMap","data":{"a":"not secret"}}`)); len(v) != 0 {
 		t.Errorf("a plain ConfigMap's values: %q", v)
 	}
+	// A kubeconfig's credentials on their own, as a policy may quote
+	// them (probe AG), in a string and base64-encoded in binaryData.
+	kc := "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    token: kc-token-1234\n    password: kc-pass-5678\n"
+	cm, _ := json.Marshal(map[string]any{"kind": "ConfigMap", "data": map[string]any{"kubeconfig": kc},
+		"binaryData": map[string]any{"kc": base64.StdEncoding.EncodeToString([]byte(strings.ReplaceAll(kc, "kc-", "bin-")))}})
+	values = SecretStrings("configmaps", "cfg", cm)
+	got = ScrubValues(`token found: kc-token-1234; password kc-pass-5678; binary bin-token-1234`, values)
+	if got != `token found: REDACTED; password REDACTED; binary REDACTED` {
+		t.Errorf("a kubeconfig's credentials quoted alone: %q", got)
+	}
+	// A Secret's data wrapped over lines, as base64(1) prints it: the
+	// apiserver decodes it alike, and a policy quotes it on one line.
+	long := strings.Repeat("wrapped-secret-", 6)
+	enc := base64.StdEncoding.EncodeToString([]byte(long))
+	wrapped, _ := json.Marshal(map[string]any{"kind": "Secret", "data": map[string]any{"k": enc[:76] + "\n" + enc[76:]}})
+	if got := ScrubValues("quoted: "+enc, SecretStrings("secrets", "w", wrapped)); got != "quoted: REDACTED" {
+		t.Errorf("wrapped base64 quoted on one line: %q", got)
+	}
 }

@@ -59,7 +59,9 @@ func (h *resourceHandler) run(ctx context.Context, req *Request) (*apiserver.Run
 	if !ok {
 		return nil, &res
 	}
-	return h.m.writer().Run(ctx, req.forServer(), h.m.now), nil
+	run := h.m.writer().Run(ctx, req.forServer(), h.m.now)
+	req.noteStoredSecrets(run.SecretValues())
+	return run, nil
 }
 
 // handlerRunOf is the run stage (after decode) reports on, or, when there

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
-	"sigs.k8s.io/yaml"
 
+	kdecode "github.com/kproxy/kproxy/internal/decode"
 	"github.com/kproxy/kproxy/internal/record"
 	"github.com/kproxy/kproxy/internal/telemetry"
 
@@ -521,10 +522,10 @@ func secretValuesOut(req *Request, res Result) Result {
 	return res
 }
 
-// MayHoldSecrets: req has a body whose values SecretStringsOf may find
+// mayHoldSecrets: req has a body whose values SecretStringsOf may find
 // (a write of Secrets, ConfigMaps, which hold kubeconfigs and Helm
 // releases, or TokenReviews).
-func MayHoldSecrets(req *Request) bool {
+func mayHoldSecrets(req *Request) bool {
 	return req.Info != nil && len(req.Body) > 0 && SecretBearing(req.Info.Resource)
 }
 
@@ -540,14 +541,45 @@ func SecretBearing(resource string) bool {
 
 // SecretStringsOf are the secret values in req's body
 // (record.SecretStrings): of a write to Secrets, ConfigMaps (kubeconfigs,
-// Helm releases) or TokenReviews, in JSON or YAML. Found once: the
+// Helm releases) or TokenReviews, in any encoding; and, once the replay's
+// handler ran, those of the objects its admission was given (the stored
+// Secret a patch or a delete is about). The body's are found once: the
 // replay's refusal and the proxy's record of the answer both scrub them.
 func SecretStringsOf(req *Request) []string {
+	req.storedMu.Lock()
+	stored := req.stored
+	req.storedMu.Unlock()
+	if len(stored) == 0 {
+		return bodySecretStrings(req)
+	}
+	return append(append([]string(nil), bodySecretStrings(req)...), stored...)
+}
+
+// noteStoredSecrets adds the secret values of the objects the replay's
+// admission was given (apiserver.Run.SecretValues) to the request's:
+// a policy quoting a Secret's stored data, for a patch that does not
+// carry it.
+func (req *Request) noteStoredSecrets(values []string) {
+	if len(values) == 0 {
+		return
+	}
+	req.storedMu.Lock()
+	req.stored = append(req.stored, values...)
+	req.storedMu.Unlock()
+}
+
+// bodySecretStrings are the secret values in req's body, found once.
+func bodySecretStrings(req *Request) []string {
 	req.secretsOnce.Do(func() {
-		if !MayHoldSecrets(req) {
+		if !mayHoldSecrets(req) {
 			return
 		}
-		if j, err := yaml.YAMLToJSON(req.Body); err == nil {
+		// In any encoding: a protobuf Secret's too.
+		v, err := kdecode.Value(req.Body)
+		if err != nil {
+			return
+		}
+		if j, err := json.Marshal(v); err == nil {
 			req.secrets = record.SecretStrings(req.Info.Resource, req.Info.Name, j)
 		}
 	})

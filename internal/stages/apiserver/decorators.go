@@ -43,6 +43,7 @@ func (p *phaseMarker) Admit(ctx context.Context, a admission.Attributes, o admis
 	r := runFrom(ctx)
 	if r != nil {
 		r.enter(PhaseMutating)
+		r.noteSecrets(a)
 	}
 	var err error
 	if m, ok := p.inner.(admission.MutationInterface); ok {
@@ -58,6 +59,7 @@ func (p *phaseMarker) Validate(ctx context.Context, a admission.Attributes, o ad
 	r := runFrom(ctx)
 	if r != nil {
 		r.enter(PhaseValidating)
+		r.noteSecrets(a)
 	}
 	var err error
 	if v, ok := p.inner.(admission.ValidationInterface); ok {

@@ -47,14 +47,17 @@ var PhaseStage = [...]string{record.StageDecode, record.StageMutatingAdmission, 
 // run through all five phases; a read (get, list, watch) through decode
 // (query options) and storage.
 type Run struct {
-	mu      sync.Mutex
-	now     func() time.Time
-	start   time.Time
-	End     time.Time
-	phase   int
-	marks   [len(PhaseStage)]time.Time // when each phase began
-	Plugins []PluginCall
-	Reads   []StorageRead
+	mu sync.Mutex
+	// secretValues are the objects' secret values admission was given
+	// (noteSecrets).
+	secretValues []string
+	now          func() time.Time
+	start        time.Time
+	End          time.Time
+	phase        int
+	marks        [len(PhaseStage)]time.Time // when each phase began
+	Plugins      []PluginCall
+	Reads        []StorageRead
 	// unencoded are the objects a read's storage returned, which its
 	// answer does not encode (unencoded.go).
 	unencoded []runtime.Object
