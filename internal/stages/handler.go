@@ -60,7 +60,7 @@ func (h *resourceHandler) run(ctx context.Context, req *Request) (*apiserver.Run
 		return nil, &res
 	}
 	run := h.m.writer().Run(ctx, req.forServer(), h.m.now)
-	req.noteStoredSecrets(run.SecretValues())
+	req.storedSecrets(run.SecretValues)
 	return run, nil
 }
 

@@ -549,22 +549,22 @@ func SecretStringsOf(req *Request) []string {
 	req.storedMu.Lock()
 	stored := req.stored
 	req.storedMu.Unlock()
-	if len(stored) == 0 {
+	var values []string
+	if stored != nil {
+		values = stored()
+	}
+	if len(values) == 0 {
 		return bodySecretStrings(req)
 	}
-	return append(append([]string(nil), bodySecretStrings(req)...), stored...)
+	return append(append([]string(nil), bodySecretStrings(req)...), values...)
 }
 
-// noteStoredSecrets adds the secret values of the objects the replay's
-// admission was given (apiserver.Run.SecretValues) to the request's:
-// a policy quoting a Secret's stored data, for a patch that does not
-// carry it.
-func (req *Request) noteStoredSecrets(values []string) {
-	if len(values) == 0 {
-		return
-	}
+// storedSecrets sets how the secret values of the objects the replay's
+// admission was given are found (apiserver.Run.SecretValues): a policy
+// quoting a Secret's stored data, for a patch that does not carry it.
+func (req *Request) storedSecrets(of func() []string) {
 	req.storedMu.Lock()
-	req.stored = append(req.stored, values...)
+	req.stored = of
 	req.storedMu.Unlock()
 }
 

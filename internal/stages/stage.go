@@ -72,11 +72,11 @@ type Request struct {
 	// secrets are the body's secret values (SecretStringsOf), found once.
 	secretsOnce sync.Once
 	secrets     []string
-	// stored are the secret values of the objects the replay's admission
-	// was given (a patch's or a delete's stored object), noted after the
-	// handler's run.
+	// stored finds the secret values of the objects the replay's
+	// admission was given (a patch's or a delete's stored object), set
+	// after the handler's run.
 	storedMu sync.Mutex
-	stored   []string
+	stored   func() []string
 }
 
 // Answer is what the apiserver answered (apiserver.Answer).

@@ -48,16 +48,18 @@ var PhaseStage = [...]string{record.StageDecode, record.StageMutatingAdmission, 
 // (query options) and storage.
 type Run struct {
 	mu sync.Mutex
-	// secretValues are the objects' secret values admission was given
-	// (noteSecrets).
-	secretValues []string
-	now          func() time.Time
-	start        time.Time
-	End          time.Time
-	phase        int
-	marks        [len(PhaseStage)]time.Time // when each phase began
-	Plugins      []PluginCall
-	Reads        []StorageRead
+	// secretObjects are the Secrets and ConfigMaps admission was given
+	// (noteSecrets), secretValues their secret values once found.
+	secretObjects []runtime.Object
+	secretValues  []string
+	secretsFound  bool
+	now           func() time.Time
+	start         time.Time
+	End           time.Time
+	phase         int
+	marks         [len(PhaseStage)]time.Time // when each phase began
+	Plugins       []PluginCall
+	Reads         []StorageRead
 	// unencoded are the objects a read's storage returned, which its
 	// answer does not encode (unencoded.go).
 	unencoded []runtime.Object

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"encoding/base64"
 	"encoding/json"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -12,32 +13,43 @@ import (
 	"github.com/kproxy/kproxy/internal/record"
 )
 
-// noteSecrets keeps the secret values of the objects admission is given
-// (record.SecretStrings: a Secret's data, a ConfigMap's kubeconfigs and
-// Helm release): a policy's or a webhook's message may quote them in
-// free text, and the request's body alone may not carry them. The object
-// a patch or a delete is about is the stored one (probe AG: a label
-// patch of a Secret refused by a policy quoting its data, the value in
-// the record and in Jaeger); a protobuf body is an object here too.
+// noteSecrets keeps the Secrets and ConfigMaps admission is given, for
+// their secret values (record.SecretStrings: a Secret's data, a
+// ConfigMap's kubeconfigs and Helm release), which a policy's or a
+// webhook's message may quote in free text where the request's body
+// does not carry them. The object a patch or a delete is about is the
+// stored one (probe AG: a label patch of a Secret refused by a policy
+// quoting its data, the value in the record and in Jaeger); a protobuf
+// body is an object here too. Only kept: the values are found when
+// asked for (a refusal, a warning), not on every write's replay.
 func (r *Run) noteSecrets(a admission.Attributes) {
-	var values []string
 	for _, o := range []runtime.Object{a.GetObject(), a.GetOldObject()} {
-		values = append(values, secretValuesOf(o)...)
+		switch o.(type) {
+		case *api.Secret, *corev1.Secret, *api.ConfigMap, *corev1.ConfigMap:
+		default:
+			continue
+		}
+		r.mu.Lock()
+		if !slices.Contains(r.secretObjects, o) {
+			r.secretObjects = append(r.secretObjects, o)
+		}
+		r.mu.Unlock()
 	}
-	if len(values) == 0 {
-		return
-	}
-	r.mu.Lock()
-	r.secretValues = append(r.secretValues, values...)
-	r.mu.Unlock()
 }
 
 // SecretValues are the secret values of the objects the run's admission
-// was given (noteSecrets).
+// was given (noteSecrets), found once, when first asked for.
 func (r *Run) SecretValues() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]string(nil), r.secretValues...)
+	if !r.secretsFound {
+		r.secretsFound = true
+		for _, o := range r.secretObjects {
+			r.secretValues = append(r.secretValues, secretValuesOf(o)...)
+		}
+		r.secretObjects = nil
+	}
+	return r.secretValues
 }
 
 // secretValuesOf are the secret values of a Secret or a ConfigMap, as
