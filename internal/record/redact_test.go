@@ -415,6 +415,19 @@ func TestScrubSecretStrings(t *testing.T) {
 	if v := SecretStrings("configmaps", "plain", []byte(`{"kind":"ConfigMap","data":{"a":"not secret"}}`)); len(v) != 0 {
 		t.Errorf("a plain ConfigMap's values: %q", v)
 	}
+	for _, c := range []struct {
+		name, body string
+		want       bool
+	}{
+		{"plain", `{"data":{"a":"b"}}`, false},
+		{"plain", `{"data":{"kubeconfig":"apiVersion: v1\nusers: []"}}`, true},
+		{"sh.helm.release.v1.web.v1", `{"data":{"release":"H4sI"}}`, true},
+		{"plain", `{"binaryData":{"k":"eHl6"}}`, true},
+	} {
+		if got := ConfigMapMayHoldSecrets(c.name, []byte(c.body)); got != c.want {
+			t.Errorf("ConfigMapMayHoldSecrets(%q, %s) = %v, want %v", c.name, c.body, got, c.want)
+		}
+	}
 	// A kubeconfig's credentials on their own, as a policy may quote
 	// them (probe AG), in a string and base64-encoded in binaryData.
 	kc := "apiVersion: v1\nkind: Config\nusers:\n- name: u\n  user:\n    token: kc-token-1234\n    password: kc-pass-5678\n"

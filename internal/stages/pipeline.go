@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/utils/clock"
+	"sigs.k8s.io/yaml"
 
 	kdecode "github.com/kproxy/kproxy/internal/decode"
 	"github.com/kproxy/kproxy/internal/record"
@@ -574,12 +575,18 @@ func bodySecretStrings(req *Request) []string {
 		if !mayHoldSecrets(req) {
 			return
 		}
-		// In any encoding: a protobuf Secret's too.
-		v, err := kdecode.Value(req.Body)
-		if err != nil {
+		if req.Info.Resource == "configmaps" && !record.ConfigMapMayHoldSecrets(req.Info.Name, req.Body) {
 			return
 		}
-		if j, err := json.Marshal(v); err == nil {
+		// In any encoding: a protobuf Secret's too.
+		j, err := yaml.YAMLToJSON(req.Body)
+		if f, _ := kdecode.Detect(req.Body); f != kdecode.JSON && f != kdecode.YAML {
+			var v any
+			if v, err = kdecode.Value(req.Body); err == nil {
+				j, err = json.Marshal(v)
+			}
+		}
+		if err == nil {
 			req.secrets = record.SecretStrings(req.Info.Resource, req.Info.Name, j)
 		}
 	})

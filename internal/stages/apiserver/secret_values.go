@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -64,9 +65,17 @@ func secretValuesOf(o runtime.Object) []string {
 	case *corev1.Secret:
 		resource, name, body = "secrets", x.Name, map[string]any{"kind": "Secret", "data": bytesMap(x.Data), "stringData": x.StringData}
 	case *api.ConfigMap:
-		resource, name, body = "configmaps", x.Name, map[string]any{"kind": "ConfigMap", "data": x.Data, "binaryData": bytesMap(x.BinaryData)}
+		if !configMapMayHold(x.Name, x.Labels, x.Data, x.BinaryData) {
+			return nil
+		}
+		resource, name, body = "configmaps", x.Name, map[string]any{"kind": "ConfigMap", "data": x.Data, "binaryData": bytesMap(x.BinaryData),
+			"metadata": map[string]any{"labels": x.Labels}}
 	case *corev1.ConfigMap:
-		resource, name, body = "configmaps", x.Name, map[string]any{"kind": "ConfigMap", "data": x.Data, "binaryData": bytesMap(x.BinaryData)}
+		if !configMapMayHold(x.Name, x.Labels, x.Data, x.BinaryData) {
+			return nil
+		}
+		resource, name, body = "configmaps", x.Name, map[string]any{"kind": "ConfigMap", "data": x.Data, "binaryData": bytesMap(x.BinaryData),
+			"metadata": map[string]any{"labels": x.Labels}}
 	default:
 		return nil
 	}
@@ -75,6 +84,21 @@ func secretValuesOf(o runtime.Object) []string {
 		return nil
 	}
 	return record.SecretStrings(resource, name, j)
+}
+
+// configMapMayHold is record.ConfigMapMayHoldSecrets for a decoded
+// ConfigMap: most hold no kubeconfig or Helm release, and are not
+// marshalled and walked for nothing.
+func configMapMayHold(name string, labels, data map[string]string, bin map[string][]byte) bool {
+	if strings.Contains(name, "helm") || labels["owner"] == "helm" || len(bin) > 0 {
+		return true
+	}
+	for _, v := range data {
+		if strings.Contains(v, "users") {
+			return true
+		}
+	}
+	return false
 }
 
 // bytesMap is m as JSON has it: each value base64-encoded.
