@@ -104,17 +104,6 @@ func (h *HeldSecrets) All() []string {
 	return out
 }
 
-// Len is how many requests' values are held or kept.
-func (h *HeldSecrets) Len() int {
-	if h == nil {
-		return 0
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.expireLocked()
-	return len(h.held) + len(h.kept)
-}
-
 func (h *HeldSecrets) expireLocked() {
 	now := h.now()
 	i := 0

@@ -578,9 +578,13 @@ func bodySecretStrings(req *Request) []string {
 		if req.Info.Resource == "configmaps" && !record.ConfigMapMayHoldSecrets(req.Info.Name, req.Body) {
 			return
 		}
-		// In any encoding: a protobuf Secret's too.
-		j, err := yaml.YAMLToJSON(req.Body)
-		if f, _ := kdecode.Detect(req.Body); f != kdecode.JSON && f != kdecode.YAML {
+		// In any encoding: a protobuf Secret's too. JSON and YAML are
+		// made JSON as they are; only another encoding is decoded.
+		var j []byte
+		var err error
+		if f, _ := kdecode.Detect(req.Body); f == kdecode.JSON || f == kdecode.YAML {
+			j, err = yaml.YAMLToJSON(req.Body)
+		} else {
 			var v any
 			if v, err = kdecode.Value(req.Body); err == nil {
 				j, err = json.Marshal(v)

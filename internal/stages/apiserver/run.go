@@ -47,22 +47,22 @@ var PhaseStage = [...]string{record.StageDecode, record.StageMutatingAdmission, 
 // run through all five phases; a read (get, list, watch) through decode
 // (query options) and storage.
 type Run struct {
-	mu sync.Mutex
+	mu      sync.Mutex
+	now     func() time.Time
+	start   time.Time
+	End     time.Time
+	phase   int
+	marks   [len(PhaseStage)]time.Time // when each phase began
+	Plugins []PluginCall
+	Reads   []StorageRead
+	// unencoded are the objects a read's storage returned, which its
+	// answer does not encode (unencoded.go).
+	unencoded []runtime.Object
 	// secretObjects are the Secrets and ConfigMaps admission was given
 	// (noteSecrets), secretValues their secret values once found.
 	secretObjects []runtime.Object
 	secretValues  []string
 	secretsFound  bool
-	now           func() time.Time
-	start         time.Time
-	End           time.Time
-	phase         int
-	marks         [len(PhaseStage)]time.Time // when each phase began
-	Plugins       []PluginCall
-	Reads         []StorageRead
-	// unencoded are the objects a read's storage returned, which its
-	// answer does not encode (unencoded.go).
-	unencoded []runtime.Object
 	// pluginErr is the last error an admission plugin returned, with the
 	// phase it returned it in.
 	pluginErr       error
