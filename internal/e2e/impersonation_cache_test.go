@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -77,11 +78,26 @@ func TestImpersonationSuccessCache(t *testing.T) {
 	nextRecord(t, recs)
 	revoked := time.Now()
 	unbind("cache-cu")
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
-		return sendSSR(t, matrixClient(direct, cu.cert), direct.base, as).status == http.StatusForbidden, nil
+	// Wait for the apiserver's authorizer to see the delete by asking it
+	// (a SubjectAccessReview is not cached), not by impersonating: a
+	// direct impersonation allowed before its RBAC informer caught up
+	// would be cached for 10 s itself, and the comparison lost.
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 5*time.Second, true, func(ctx context.Context) (bool, error) {
+		sar, err := adminClient().AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: "cache-cu",
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Group: "authentication.k8s.io", Resource: "users", Verb: "impersonate:user-info", Name: "cache-wanted",
+				},
+			},
+		}, metav1.CreateOptions{})
+		return err == nil && !sar.Status.Allowed, nil
 	})
 	if err != nil {
-		t.Fatalf("the certificate caller is still allowed directly after its binding was deleted: %v", err)
+		t.Fatalf("the apiserver's authorizer still allows the certificate caller after its binding was deleted: %v", err)
+	}
+	if got := sendSSR(t, matrixClient(direct, cu.cert), direct.base, as); got.status != http.StatusForbidden {
+		t.Fatalf("the certificate caller revoked, directly: %d %s, want 403", got.status, got.body)
 	}
 	got := sendSSR(t, matrixClient(through, cu.cert), through.base, as)
 	if since := time.Since(revoked); since >= 10*time.Second {
