@@ -42,13 +42,16 @@ type result struct {
 	tracing  time.Duration // Jaeger's CPU (ingesting kproxy's spans)
 }
 
-func (r *result) median() time.Duration {
+func (r *result) median() time.Duration { return r.quantile(0.5) }
+
+// quantile is the latency below which a share q of the requests finished.
+func (r *result) quantile(q float64) time.Duration {
 	if len(r.lat) == 0 {
 		return 0
 	}
 	s := slices.Clone(r.lat)
 	slices.Sort(s)
-	return s[len(s)/2]
+	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
 func (r *result) rps() float64 { return float64(r.requests) / r.elapsed.Seconds() }
@@ -144,7 +147,8 @@ func report(b *testing.B, res map[string]*result, cpu bool) {
 		r := res[t.name]
 		b.ReportMetric(float64(r.median().Microseconds()), t.name+"-p50-µs")
 		b.ReportMetric(r.rps(), t.name+"-req/s")
-		line := fmt.Sprintf("%-16s p50 %8v  %8.1f req/s", t.name, r.median().Round(time.Microsecond), r.rps())
+		b.ReportMetric(float64(r.quantile(0.99).Microseconds()), t.name+"-p99-µs")
+		line := fmt.Sprintf("%-16s p50 %8v  p99 %8v  %8.1f req/s", t.name, r.median().Round(time.Microsecond), r.quantile(0.99).Round(time.Microsecond), r.rps())
 		if t.name != "direct" {
 			added := r.median() - d.median()
 			ratio := r.rps() / d.rps()

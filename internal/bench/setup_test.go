@@ -110,6 +110,16 @@ func setup() (*env, error) {
 		return e, err
 	}
 	e.targets = []*target{direct, kp, kc}
+	// $KPROXY_BENCH_VARIANT, a list of kproxy flags, adds a kproxy run
+	// with them as a target of its own ("kproxy-variant"), interleaved
+	// with the others: a flag's effect measured in one run.
+	if flags := strings.Fields(os.Getenv("KPROXY_BENCH_VARIANT")); len(flags) > 0 {
+		v, err := e.startKproxy(variantName, true, append([]string{"--capture=" + filepath.Join(e.dir, variantName+"-capture.jsonl")}, flags...)...)
+		if err != nil {
+			return e, err
+		}
+		e.targets = append(e.targets, v)
+	}
 	ng, err := e.startNginx()
 	if err != nil {
 		return e, err
@@ -119,6 +129,9 @@ func setup() (*env, error) {
 	}
 	return e, nil
 }
+
+// variantName is the target $KPROXY_BENCH_VARIANT adds.
+const variantName = "kproxy-variant"
 
 func httpClient(tc *tls.Config, h2 bool) *http.Client {
 	return &http.Client{Timeout: 5 * time.Minute, Transport: &http.Transport{

@@ -101,6 +101,10 @@ type Config struct {
 	// (replaypool.go).
 	ReplayWorkers int
 	ReplayQueue   int
+	// ReplayNice, over 0, is the nice value (1 to 19) the replay workers'
+	// threads run at, on Linux: a replay takes the CPU the apiserver, etcd
+	// and forwarding leave (replaynice_linux.go).
+	ReplayNice int
 	// ReplayCPUPressure, a percent (0: off), makes the replay pool yield
 	// while tasks waited for a CPU that share of the time, as it does
 	// after a shed (cpupressure.go). CPUPressureTotal reads the
@@ -250,6 +254,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.burst = newBurstReaper(p.clock, p.passthrough, p.impersonating, p.watchPassthrough, p.watchImpersonating)
 	p.metrics.InFlight(func() float64 { return float64(p.burst.inFlight.Load()) }, func() float64 { return float64(p.burst.reaped.Load()) })
 	p.pool = newReplayPool(cfg.ReplayWorkers, cfg.ReplayQueue, p.clock, p.metrics)
+	p.pool.nice = cfg.ReplayNice
 	if cfg.ReplayCPUPressure > 0 {
 		total := cfg.CPUPressureTotal
 		if total == nil {

@@ -88,6 +88,10 @@ type replayPool struct {
 	capacity int
 	clock    clock.PassiveClock
 	m        *metrics.Metrics
+	// nice, when over 0, is the nice value of the workers' threads
+	// (replaynice_linux.go): the replays then yield the CPU to the
+	// apiserver, etcd and forwarding whenever those want it.
+	nice int
 
 	// rest pauses a worker (time.Sleep; tests inject their own).
 	rest func(time.Duration)
@@ -190,6 +194,10 @@ func (q *replayPool) submit(run func(), urgent bool) bool {
 // machine), which is short of CPU exactly then. More replays are shed,
 // and said unknown.
 func (q *replayPool) work(job queuedReplay) {
+	if q.nice > 0 {
+		// Never unlocked: the thread ends with the worker.
+		_ = lowerThreadPriority(q.nice)
+	}
 	var idle *time.Timer // the worker's linger timer, made once and reset
 	for {
 		q.m.ReplayStarted(q.clock.Since(job.at))

@@ -132,6 +132,9 @@ type Options struct {
 	MetricsListen string
 	ReplayWorkers int
 	ReplayQueue   int
+	// ReplayNice is --replay-nice: the replay workers' threads' nice value
+	// (0: kproxy's own).
+	ReplayNice int
 	// ReplayCPUPressure is --replay-cpu-pressure: the percent of time
 	// tasks may wait for a CPU before the replay yields (0: off; the flag
 	// defaults to proxy.DefaultReplayCPUPressure).
@@ -216,6 +219,9 @@ func (o *Options) validateMetrics() error {
 	}
 	if o.ReplayQueue < 0 {
 		return fmt.Errorf("--replay-queue=%d: want how many replays may wait for a worker, e.g. %d, or 0 for %d per worker", o.ReplayQueue, proxy.DefaultReplayQueue(proxy.DefaultReplayWorkers()), proxy.DefaultReplayQueue(1))
+	}
+	if o.ReplayNice < 0 || o.ReplayNice > 19 {
+		return fmt.Errorf("--replay-nice=%d: want the replay threads' nice value, from 1 (a little below forwarding) to 19 (only what is left), or 0 to run replays at kproxy's own priority", o.ReplayNice)
 	}
 	if o.ReplayCPUPressure < 0 || o.ReplayCPUPressure > 100 {
 		return fmt.Errorf("--replay-cpu-pressure=%v: want the percent of time tasks may wait for a CPU before the replay yields, e.g. %d, or 0 to replay at full speed whatever the CPU pressure", o.ReplayCPUPressure, proxy.DefaultReplayCPUPressure)
@@ -494,6 +500,7 @@ func New(ctx context.Context, o *Options) (*Server, error) {
 		BodyIdleTimeout:   o.BodyIdleTimeout,
 		ReplayWorkers:     o.ReplayWorkers,
 		ReplayQueue:       o.ReplayQueue,
+		ReplayNice:        o.ReplayNice,
 		ReplayCPUPressure: o.ReplayCPUPressure,
 		ReplayBodyBudget:  o.ReplayBodyBudget,
 		Metrics:           m,
