@@ -602,9 +602,9 @@ func (ex *exchange) streamAnswer(ctx context.Context) (stages.Answer, bool) {
 // wholeAnswer is the answer once the exchange has ended.
 func (ex *exchange) wholeAnswer() stages.Answer {
 	ex.rvOnce.Do(func() {
-		// A dry run's resourceVersion the replay never reads.
+		// A dry run's too: it names the revision the request met.
 		switch {
-		case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info) && !dryRunQuery(ex.replayReq.HTTP.URL.RawQuery):
+		case ex.actualWrite.Status < 300 && len(ex.okBody) > 0 && stages.IsWrite(ex.info):
 			ex.actualWrite.ResourceVersion = decode.ObjectResourceVersion(ex.okBody, ex.okEncoding)
 			if v := ex.info.Verb; v == "update" || v == "patch" {
 				ex.actualWrite.EmptiedFinalizers = decode.ObjectEmptiedFinalizers(ex.okBody, ex.okEncoding)
@@ -629,16 +629,6 @@ func (ex *exchange) refusal() (*metav1.Status, bool) {
 		}
 	})
 	return ex.errStatus, ex.errStatus != nil
-}
-
-// dryRunQuery reports a query asking for a dry run (dryRun=All), read
-// only when it names dryRun at all.
-func dryRunQuery(raw string) bool {
-	if !strings.Contains(raw, "dryRun") {
-		return false
-	}
-	q, err := url.ParseQuery(raw)
-	return err == nil && slices.Contains(q["dryRun"], "All")
 }
 
 // answer refuses what the apiserver would refuse before the upstream sees

@@ -133,12 +133,18 @@ type Run struct {
 // revisions, which the store still serves (until etcd compacts them). why
 // is set when the answer never came.
 func (r *Run) snapshotRevision(ctx context.Context, key string, found bool, rv string) (at, why string) {
-	if r.actual == nil || r.DryRun {
-		return "", "" // a dry run writes nothing
+	if r.actual == nil {
+		return "", ""
 	}
 	aw, ok := r.actual(ctx)
 	if !ok {
+		if r.DryRun {
+			return "", "" // read the latest, as a dry run always had
+		}
 		return "", "the apiserver's answer did not come within the replay budget, so the state on arrival is not known"
+	}
+	if r.DryRun && aw.Status < 300 {
+		return dryRunRevision(found, rv, aw.ResourceVersion), ""
 	}
 	if aw.Status >= 300 {
 		// Nothing was written, and the answer names no revision: the
@@ -223,6 +229,22 @@ func (r *Run) snapshotRevision(ctx context.Context, key string, found bool, rv s
 		return strconv.FormatUint(n-1, 10), ""
 	}
 	return "", ""
+}
+
+// dryRunRevision is the revision a dry run the apiserver admitted met
+// its object at: a dry run writes nothing, and answers with the object as
+// it would be, the resourceVersion it met unchanged (a create's names
+// none). Found by a probe: a dry-run JSON patch whose test op held when
+// it was sent (200), replayed after a real write changed the field
+// milliseconds later, had been predicted 422 from the newer object; one
+// whose object was deleted since would have been predicted 404. ""
+// reads the latest: the object is as the answer found it.
+func dryRunRevision(found bool, rv, answered string) string {
+	n, err := strconv.ParseUint(answered, 10, 64)
+	if err != nil || n < 1 || found && (rv == answered || !newerThan(rv, n)) {
+		return ""
+	}
+	return answered
 }
 
 // noOpLate says why the replay's refusal of a write the apiserver
