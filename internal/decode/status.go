@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
 )
 
 var (
@@ -26,6 +27,10 @@ var (
 		return s
 	}()
 	statusCodecs = serializer.NewCodecFactory(statusScheme)
+	// statusDecoders read CBOR too, which an apiserver serving it
+	// (CBORServingAndStorage) answers a client accepting it with; kproxy's
+	// own answers (statusCodecs) are not offered in it.
+	statusDecoders = serializer.NewCodecFactory(statusScheme, serializer.WithSerializer(cbor.NewSerializerInfo))
 )
 
 // StatusCodecs encode and decode metav1.Status in every media type the
@@ -53,9 +58,9 @@ func Status(contentType string, body []byte) (st *metav1.Status, ok bool) {
 	if mediaType == "" && bytes.HasPrefix(body, protobufPrefix) {
 		mediaType = runtime.ContentTypeProtobuf
 	}
-	info, found := runtime.SerializerInfoForMediaType(statusCodecs.SupportedMediaTypes(), mediaType)
+	info, found := runtime.SerializerInfoForMediaType(statusDecoders.SupportedMediaTypes(), mediaType)
 	if !found {
-		info, _ = runtime.SerializerInfoForMediaType(statusCodecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
+		info, _ = runtime.SerializerInfoForMediaType(statusDecoders.SupportedMediaTypes(), runtime.ContentTypeJSON)
 	}
 	obj, _, err := info.Serializer.Decode(body, nil, nil)
 	if err != nil {

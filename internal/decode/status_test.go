@@ -5,6 +5,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer/cbor"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 )
 
@@ -22,6 +23,13 @@ func TestStatus(t *testing.T) {
 	st := &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
 		Message: `pods "x" is forbidden`, Reason: metav1.StatusReasonForbidden, Code: 403}
 	pbBytes := protobufStatus(t, st)
+	// As an apiserver serving CBOR (CBORServingAndStorage) answers a
+	// client that accepts it (found by a probe: reason and message empty,
+	// the prediction's message the raw bytes).
+	cborBytes, err := runtime.Encode(cbor.NewSerializer(statusScheme, statusScheme), st)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, ct string
 		body     []byte
@@ -31,6 +39,7 @@ func TestStatus(t *testing.T) {
 		{"yaml", "application/yaml", []byte("kind: Status\napiVersion: v1\nstatus: Failure\nmessage: 'pods \"x\" is forbidden'\nreason: Forbidden\ncode: 403\n"), true},
 		{"protobuf", "application/vnd.kubernetes.protobuf", pbBytes, true},
 		{"protobuf without content type", "", pbBytes, true},
+		{"cbor", "application/cbor", cborBytes, true},
 		{"not a status", "application/json", []byte(`{"kind":"Pod","apiVersion":"v1"}`), false},
 		{"text", "text/plain", []byte("ok"), false},
 		{"empty", "application/json", nil, false},
