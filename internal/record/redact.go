@@ -7,7 +7,10 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
 )
@@ -869,23 +872,162 @@ func parsedPair(o, r string) (oi, ri any, ok bool) {
 }
 
 // ScrubValues replaces each of values in s with REDACTED: as it is, its
-// standard base64 encoding, and, when it is base64 (a Secret's data),
-// what it decodes to and that re-encoded on one line.
+// standard base64 encoding, JSON-escaped (a value quoted inside a JSON
+// string, as kubectl's last-applied-configuration annotation holds a
+// Secret's stringData: probe AI), and, when it is base64 (a Secret's
+// data), what it decodes to and that re-encoded on one line. Then what
+// is derived from one (scrubRuns): a policy's message may quote part of a
+// value, change its case or base64-encode a part (probe AH).
 func ScrubValues(s string, values []string) string {
 	if s == "" {
 		return s
 	}
+	var plain []string // the values as text, for scrubRuns
 	for _, v := range values {
 		forms := []string{v, base64.StdEncoding.EncodeToString([]byte(v))}
+		plain = append(plain, v)
 		if d, err := base64.StdEncoding.DecodeString(v); err == nil && len(d) >= 4 {
 			// And re-encoded on one line: base64 wrapped over lines
 			// (as base64(1) prints it) decodes alike, and a policy
 			// quotes a Secret's data unwrapped (probe AG).
 			forms = append(forms, string(d), base64.StdEncoding.EncodeToString(d))
+			plain = append(plain, string(d))
 		}
 		for _, f := range forms {
 			s = strings.ReplaceAll(s, f, Redacted)
+			for _, e := range jsonEscaped(f) {
+				s = strings.ReplaceAll(s, e, Redacted)
+			}
+		}
+	}
+	for _, v := range plain {
+		// Only a value that is one word (a password, a token, a key's
+		// base64): a document's runs (a kubeconfig's "password:") are
+		// ordinary words, and its credentials are values of their own
+		// (SecretStrings).
+		if !strings.ContainsFunc(v, unicode.IsSpace) {
+			s = scrubRuns(s, v)
 		}
 	}
 	return s
+}
+
+// jsonEscaped is v as it appears inside a JSON string, HTML characters
+// escaped (Go's encoding/json, kubectl) and not, where that differs
+// from v.
+func jsonEscaped(v string) []string {
+	var out []string
+	for _, html := range []bool{true, false} {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(html)
+		if enc.Encode(v) != nil {
+			continue
+		}
+		e := strings.TrimSuffix(strings.TrimSpace(b.String()), `"`)
+		e = strings.TrimPrefix(e, `"`)
+		if e != v && !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// minSecretRun is the shortest part of a secret value scrubRuns takes
+// for the value's: shorter runs match ordinary words too often.
+const minSecretRun = 8
+
+// maxRunSource bounds the part of a value scrubRuns looks for runs of
+// (a certificate chain is long; its first 4 KiB are what a message
+// would quote).
+const maxRunSource = 4096
+
+// base64Token is a run of text that may be base64 of something.
+var base64Token = regexp.MustCompile(`[A-Za-z0-9+/_-]{12,}={0,2}`)
+
+// scrubRuns replaces with REDACTED every run of s that is a part of v at
+// least minSecretRun bytes long, in any case, and every base64 token of s
+// that decodes to text holding such a part.
+func scrubRuns(s, v string) string {
+	if len(v) < minSecretRun || len(s) < minSecretRun {
+		return s
+	}
+	v = v[:min(len(v), maxRunSource)]
+	if cut := runsOf(s, v); len(cut) > 0 {
+		s = cutOut(s, cut)
+	}
+	var cut [][2]int
+	for _, loc := range base64Token.FindAllStringIndex(s, -1) {
+		tok := s[loc[0]:loc[1]]
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+			if d, err := enc.DecodeString(tok); err == nil && len(runsOf(string(d), v)) > 0 {
+				cut = append(cut, [2]int{loc[0], loc[1]})
+				break
+			}
+		}
+	}
+	if len(cut) > 0 {
+		s = cutOut(s, cut)
+	}
+	return s
+}
+
+// runsOf is where in s a part of v at least minSecretRun bytes long
+// appears, case aside (ASCII), as byte ranges that may overlap.
+func runsOf(s, v string) [][2]int {
+	ls, lv := asciiLower(s), asciiLower(v)
+	var cut [][2]int
+	for i := 0; i+minSecretRun <= len(lv); i++ {
+		w := lv[i : i+minSecretRun]
+		for from := 0; ; {
+			j := strings.Index(ls[from:], w)
+			if j < 0 {
+				break
+			}
+			j += from
+			cut = append(cut, [2]int{j, j + minSecretRun})
+			from = j + 1
+		}
+	}
+	return cut
+}
+
+// asciiLower lowers ASCII letters only, so that byte offsets stay those
+// of the original.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// cutOut replaces the union of the ranges of s with one REDACTED per
+// stretch, widened to whole UTF-8 characters.
+func cutOut(s string, ranges [][2]int) string {
+	slices.SortFunc(ranges, func(a, b [2]int) int { return a[0] - b[0] })
+	var b strings.Builder
+	last := 0
+	for i := 0; i < len(ranges); {
+		start, end := ranges[i][0], ranges[i][1]
+		for i++; i < len(ranges) && ranges[i][0] <= end; i++ {
+			end = max(end, ranges[i][1])
+		}
+		for start > 0 && !utf8.RuneStart(s[start]) {
+			start--
+		}
+		for end < len(s) && !utf8.RuneStart(s[end]) {
+			end++
+		}
+		if start < last {
+			start = last
+		}
+		b.WriteString(s[last:start])
+		b.WriteString(Redacted)
+		last = end
+	}
+	b.WriteString(s[last:])
+	return b.String()
 }

@@ -447,3 +447,34 @@ func TestScrubSecretStrings(t *testing.T) {
 		t.Errorf("wrapped base64 quoted on one line: %q", got)
 	}
 }
+
+// TestScrubDerivedValues: what a policy's message makes of a Secret's
+// value: a part of it, its case changed, a part base64-encoded (probe
+// AH), and the value quoted inside a JSON string, as kubectl's
+// last-applied-configuration annotation holds stringData (probe AI).
+func TestScrubDerivedValues(t *testing.T) {
+	const v = "S3CR3T-AH-VALUE-0001-vap-proto"
+	part := v[3:]
+	for _, tc := range []struct{ name, msg, secret string }{
+		{"a part", "got " + part + " here", part},
+		{"a prefix", "starts " + v[:14] + ".", v[:14]},
+		{"lowered", "got " + strings.ToLower(v), strings.ToLower(v)},
+		{"a part in base64", "got " + base64.StdEncoding.EncodeToString([]byte(part)), base64.StdEncoding.EncodeToString([]byte(part))},
+	} {
+		got := ScrubValues(tc.msg, []string{v})
+		if strings.Contains(got, tc.secret) || !strings.Contains(got, Redacted) {
+			t.Errorf("%s: %q scrubbed to %q", tc.name, tc.msg, got)
+		}
+	}
+	if got := ScrubValues("name db-creds in namespace prod is refused", []string{v}); got != "name db-creds in namespace prod is refused" {
+		t.Errorf("a message holding no part of the value changed: %q", got)
+	}
+	for _, sv := range []string{`{"pw": "JsonPw-Tw-5521"}`, "MLfirst-Tw-Q7x\nMLsecond-Tw-Z9k", "Amp&Lt<Tw>Gt-tab\there"} {
+		obj, _ := json.Marshal(map[string]any{"stringData": map[string]any{"k": sv}})
+		msg := "annotation: " + string(obj)
+		got := ScrubValues(msg, []string{sv})
+		if strings.Contains(got, "Tw") {
+			t.Errorf("%q quoted in JSON: scrubbed to %q", sv, got)
+		}
+	}
+}
