@@ -1,6 +1,9 @@
 package apiserver
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestDryRunRevision: a dry run the apiserver admitted is read at the
 // resourceVersion it answered with when the object has changed since,
@@ -21,6 +24,22 @@ func TestDryRunRevision(t *testing.T) {
 	} {
 		if got := dryRunRevision(tc.found, tc.rv, tc.answered); got != tc.want {
 			t.Errorf("%s: dryRunRevision(%v, %q, %q) = %q, want %q", tc.name, tc.found, tc.rv, tc.answered, got, tc.want)
+		}
+	}
+}
+
+// TestStoredKeys: a storage error's key named as etcd's, under the
+// prefix, once.
+func TestStoredKeys(t *testing.T) {
+	const msg = `Operation cannot be fulfilled on configmaps "cfg1": StorageError: invalid object, Code: 4, Key: /configmaps/team1/cfg1, ResourceVersion: 0, AdditionalErrorMsg: Precondition failed: UID in precondition: a, UID in object meta: b`
+	for _, tc := range []struct{ prefix, msg, want string }{
+		{"/registry", msg, strings.Replace(msg, "Key: /configmaps", "Key: /registry/configmaps", 1)},
+		{"registry/", msg, strings.Replace(msg, "Key: /configmaps", "Key: /registry/configmaps", 1)},
+		{"/registry", strings.Replace(msg, "Key: /configmaps", "Key: /registry/configmaps", 1), strings.Replace(msg, "Key: /configmaps", "Key: /registry/configmaps", 1)},
+		{"/registry", `configmaps "x" not found`, `configmaps "x" not found`},
+	} {
+		if got := storedKeys(tc.msg, tc.prefix); got != tc.want {
+			t.Errorf("storedKeys(%q, %q) = %q, want %q", tc.msg, tc.prefix, got, tc.want)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -229,6 +230,30 @@ func (r *Run) snapshotRevision(ctx context.Context, key string, found bool, rv s
 		return strconv.FormatUint(n-1, 10), ""
 	}
 	return "", ""
+}
+
+// storageErrorKey is the key a storage error's text names.
+var storageErrorKey = regexp.MustCompile(`(StorageError: [^,]*, Code: \d+, Key: )(/[^,\s]*)`)
+
+// storedKeys is msg with the keys its storage errors name as the
+// apiserver's etcd3 store names them, under --etcd-prefix: the replay's
+// write is a dry run, whose storage checks a precondition against the
+// registry's key (/configmaps/ns/name), where the request's own write,
+// not a dry run, has its store check it against etcd's
+// (/registry/configmaps/ns/name). Found by a probe: kubectl replace with
+// a stale uid, 409 predicted, the message's key not the apiserver's.
+func storedKeys(msg, prefix string) string {
+	if !strings.Contains(msg, "StorageError: ") {
+		return msg
+	}
+	root := path.Join("/", prefix)
+	return storageErrorKey.ReplaceAllStringFunc(msg, func(m string) string {
+		sub := storageErrorKey.FindStringSubmatch(m)
+		if root == "/" || strings.HasPrefix(sub[2], root+"/") {
+			return m
+		}
+		return sub[1] + path.Join(root, sub[2])
+	})
 }
 
 // dryRunRevision is the revision a dry run the apiserver admitted met
@@ -761,6 +786,9 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 			run.Status = st
 		} else {
 			run.Status = &metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.Code), Message: strings.TrimSpace(resp.Body.String())}
+		}
+		if !run.DryRun {
+			run.Status.Message = storedKeys(run.Status.Message, w.opts.EtcdPrefix)
 		}
 		run.Decided = run.attribute(run.Status)
 		switch {
