@@ -631,6 +631,12 @@ func (ex *exchange) refusal() (*metav1.Status, bool) {
 	return ex.errStatus, ex.errStatus != nil
 }
 
+// identityEncoded says the body is sent as it is (no Content-Encoding).
+func identityEncoded(h http.Header) bool {
+	e := h.Get("Content-Encoding")
+	return e == "" || strings.EqualFold(e, "identity")
+}
+
 // answer refuses what the apiserver would refuse before the upstream sees
 // it (a certificate it would reject: its 401; a certificate caller's
 // impersonation it would not allow: its 403), and forwards the rest, as
@@ -932,7 +938,11 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	a.PriorityLevelUID = resp.Header.Get("X-Kubernetes-Pf-Prioritylevel-Uid")
 	a.Warnings = resp.Header.Values("Warning")
 	a.RetryAfter = resp.Header.Get("Retry-After")
-	if ex.rw != nil && resp.StatusCode == http.StatusOK && ex.rec.Request.Verb == "watch" {
+	// A compressed stream (the apiserver gzips a watch for a client that
+	// accepts it) is not counted: kproxy would have to inflate every
+	// byte of it, and counting its compressed bytes as frames was wrong
+	// (probe AH: 0 recorded for 6 events).
+	if ex.rw != nil && resp.StatusCode == http.StatusOK && ex.rec.Request.Verb == "watch" && identityEncoded(resp.Header) {
 		ex.rw.tally = decode.NewWatchTally(resp.Header.Get("Content-Type"))
 	}
 	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {

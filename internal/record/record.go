@@ -174,7 +174,8 @@ type Actual struct {
 	// switch of protocols, what the apiserver sent on the connection).
 	ResponseBytes int64 `json:"responseBytes,omitempty"`
 	// Events is how many events a watch answered 200 over HTTP carried to
-	// the client (JSON or protobuf; a WebSocket watch's are not counted):
+	// the client (JSON or protobuf; a WebSocket watch's, and a stream the
+	// apiserver compressed (Content-Encoding: gzip), are not counted):
 	// 0 for one that carried none, absent for any other request.
 	Events *int64 `json:"events,omitempty"`
 	// StreamError is the last ERROR event of such a watch: the apiserver
