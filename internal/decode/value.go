@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 )
@@ -30,6 +31,15 @@ func Value(body []byte) (any, error) {
 			return nil, fmt.Errorf("the body is not JSON or YAML: %w", err)
 		}
 		return v, nil
+	case CBOR:
+		// As the body says it, unknown fields too (a typed object
+		// drops them: a Strict 400's record did not show the field it
+		// refused; probe AH).
+		u := &unstructured.Unstructured{}
+		if _, _, err := cborDecoder.Decode(body, nil, u); err != nil {
+			return nil, fmt.Errorf("the CBOR body does not decode: %w", err)
+		}
+		return u.Object, nil
 	}
 	d, err := Payload(body)
 	if err != nil || d.Object == nil {
