@@ -972,19 +972,32 @@ func scrubRuns(s, v string) string {
 	return s
 }
 
+// maxRuns bounds the ranges runsOf collects: a text that repeats a part
+// of a value that often (a value of one repeated character) is cut out
+// whole.
+const maxRuns = 4096
+
 // runsOf is where in s a part of v at least minSecretRun bytes long
 // appears, case aside (ASCII), as byte ranges that may overlap.
 func runsOf(s, v string) [][2]int {
 	ls, lv := asciiLower(s), asciiLower(v)
 	var cut [][2]int
+	seen := map[string]bool{}
 	for i := 0; i+minSecretRun <= len(lv); i++ {
 		w := lv[i : i+minSecretRun]
+		if seen[w] {
+			continue
+		}
+		seen[w] = true
 		for from := 0; ; {
 			j := strings.Index(ls[from:], w)
 			if j < 0 {
 				break
 			}
 			j += from
+			if len(cut) == maxRuns {
+				return [][2]int{{0, len(s)}}
+			}
 			cut = append(cut, [2]int{j, j + minSecretRun})
 			from = j + 1
 		}

@@ -478,3 +478,13 @@ func TestScrubDerivedValues(t *testing.T) {
 		}
 	}
 }
+
+// TestScrubRunsBounded: a value of one repeated character quoted in a
+// long text is cut out whole, in bounded work.
+func TestScrubRunsBounded(t *testing.T) {
+	v := strings.Repeat("z", 4000)
+	msg := "before " + strings.Repeat("z", 20000) + " after"
+	if got := ScrubValues(msg, []string{v}); strings.Contains(got, "zzzzzzzz") {
+		t.Errorf("a repeated value left in the text: %d bytes of it", strings.Count(got, "z"))
+	}
+}
