@@ -19,6 +19,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apiserver/pkg/audit"
 	apirequest "k8s.io/apiserver/pkg/endpoints/request"
@@ -93,6 +94,7 @@ type Run struct {
 	// state admission reads (admission_late.go).
 	arrival   time.Time
 	namespace string
+	name      string // the request's object's ("" for a create of a generated name, a list)
 	changes   *admissionChanges
 	// limitRanges counts the LimitRanges of a namespace (limit_ranges.go).
 	limitRanges limitRangesIn
@@ -416,6 +418,13 @@ func (r *Run) answeredRV(ctx context.Context) string {
 	return aw.ResourceVersion
 }
 
+// ownKey reports the key of the request's own object (of resource gr),
+// as against another the replay reads for it: the roles an RBAC
+// escalation check resolves, a pod's service account.
+func (r *Run) ownKey(gr schema.GroupResource, key string) bool {
+	return r.name != "" && gr.Resource == r.Resource && gr.Group == r.group && path.Base(key) == r.name
+}
+
 // updatedExisting reports an update or patch the apiserver answered 200:
 // the object existed before the request (a 201 would mean it created it).
 func (r *Run) updatedExisting(ctx context.Context) bool {
@@ -712,7 +721,7 @@ func IsRead(info *apirequest.RequestInfo) bool {
 // run on the request for the stages after it.
 func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *Run {
 	contentType := req.HTTP.Header.Get("Content-Type")
-	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), group: req.Info.APIGroup, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body), body: req.Body,
+	run := &Run{now: now, start: now(), actual: req.Actual, arrival: req.Arrival, namespace: req.Info.Namespace, name: req.Info.Name, changes: w.admissionChanges, limitRanges: w.limitRanges, Verb: req.Info.Verb, apply: strings.HasPrefix(req.HTTP.Header.Get("Content-Type"), "application/apply-patch"), group: req.Info.APIGroup, Resource: req.Info.Resource, Subresource: req.Info.Subresource, BodyRV: bodyResourceVersion(req.Body), body: req.Body,
 		DryRun: dryRunRequest(req.Info.Verb, req.Info.Subresource, req.HTTP.URL.Query(), req.Body, contentType), Read: !IsWrite(req.Info)}
 	run.marks[PhaseDecode] = run.start
 	if namesPod(run, req.Info.Name) {

@@ -427,11 +427,14 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				return err
 			}
 			switch {
-			case !found && run.updatedExisting(ctx):
+			case !found && run.updatedExisting(ctx) && run.ownKey(s.gr, key):
 				// The object did not exist before R, yet the request
 				// updated it without creating it: R is not the request's
 				// write but the object's creation, and the request was a
-				// no-op (which keeps the resourceVersion).
+				// no-op (which keeps the resourceVersion). Another object
+				// (a role an RBAC escalation check resolves) absent then
+				// is absent, as the apiserver found it (probe AK: said
+				// unknown, "not found as of resourceVersion N", 10 of 10).
 				read.Snapshot, read.NoOp = answered, true
 				if latestFound && rv == answered {
 					// Still as the request left it: out holds it (a read
