@@ -273,6 +273,9 @@ func (p *Pipeline) Run(ctx context.Context, req *Request) Outcome {
 	case gated != "":
 		out.Predicted, out.Gated = record.Prediction{Stage: record.StageUnknown, Message: gated}, true
 	default:
+		if len(unknown) == 0 {
+			unknown = unknownBeforeHandler(run, out.Stages)
+		}
 		if decided == nil && len(unknown) == 0 {
 			if r, name := lateDecision(req, run, out.Stages); r != nil {
 				decided, decidedBy = r, name
@@ -323,6 +326,24 @@ func askRechecks(ctx context.Context, req *Request, rechecks []recheck, results 
 		unknown = append(unknown, st.Name+": "+why)
 	}
 	return unknown
+}
+
+// unknownBeforeHandler reports the run's unknown when it is about a
+// stage that ran before the handler (authorization: the RBAC registry's
+// escalation check, read after RBAC changed), which no handler stage
+// says (they say "see authorization"): that stage's result becomes
+// unknown, saying why.
+func unknownBeforeHandler(run *apiserver.Run, results []record.StageResult) []string {
+	if run == nil || run.Unknown == "" || run.UnknownAt() != record.StageAuthorization {
+		return nil
+	}
+	for i := range results {
+		if results[i].Name == record.StageAuthorization {
+			results[i].Outcome, results[i].Explanation = record.Skip, run.Unknown+"; read now: "+results[i].Explanation
+			return []string{record.StageAuthorization + ": " + run.Unknown}
+		}
+	}
+	return nil
 }
 
 // lateDecision handles a refusal the resource handler makes on behalf of a

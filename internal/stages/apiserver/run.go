@@ -633,7 +633,9 @@ func (r *Run) markUnknownHere(why string) {
 // UnknownAt is the handler stage that reports the run's Unknown: the
 // stage whose layer it is about, so a record's "cannot predict" names the
 // webhook's phase or storage rather than decode. decode reports what is
-// about the run as a whole, or about a stage before the handler.
+// about the run as a whole, or about a stage before the handler but
+// authorization (the RBAC registry's escalation check, which the
+// pipeline has the authorization stage report).
 //
 // A refusal the handler made earlier than that stage (a read that failed
 // inside decode's phase, answered 500 there) is the unknown's doing: the
@@ -641,6 +643,11 @@ func (r *Run) markUnknownHere(why string) {
 func (r *Run) UnknownAt() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.unknownStage == record.StageAuthorization {
+		// The RBAC registry's escalation check, labelled authorization:
+		// the pipeline has that stage say it (unknownBeforeHandler).
+		return record.StageAuthorization
+	}
 	at := slices.Index(PhaseStage[:], r.unknownStage)
 	if at < 0 {
 		at = PhaseDecode
@@ -820,7 +827,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 				_, why := w.params.drawnHere(ctx, run)
 				return why
 			}
-			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, paramsWritten, drawnHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.conversionFailedThere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight, run.changedBeforeOwnWrite, run.connectedLate} {
+			for _, late := range []func(context.Context) string{run.refusedLate, run.limitRangeOrderHere, paramsWritten, drawnHere, run.refusedByStateLate, run.mutatedLate, run.webhookRefusedOnlyHere, run.conversionFailedOnlyHere, run.conversionFailedThere, paramKindLag, run.paramsUnsyncedHere, run.policyOrderHere, run.changedInFlight, run.changedBeforeOwnWrite, run.connectedLate, run.escalationLate} {
 				if why := late(ctx); why != "" {
 					run.markUnknownAt(run.Decided, why)
 					explained = true
@@ -858,6 +865,8 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		run.Object = resp.Body.Bytes()
 		if stage, why := run.admittedEarly(ctx); why != "" {
 			run.markUnknownAt(stage, why)
+		} else if why := run.escalationLate(ctx); why != "" {
+			run.markUnknownAt(record.StageAuthorization, why)
 		} else if stage, why := w.params.skipped(ctx, run, req.Info); why != "" {
 			run.markUnknownAt(stage, why)
 		} else if stage, why := w.params.paramKindLag(ctx, run, req.Info, req.Arrival); why != "" {

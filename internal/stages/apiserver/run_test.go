@@ -34,7 +34,10 @@ func TestUnknownAt(t *testing.T) {
 			r.addRead(StorageRead{Path: "/api/v1/namespaces/a", Err: errors.New("deleted after this request")})
 			r.Decided = record.StageDecode
 		}, record.StageDecode},
-		{"a stage before the handler", func(r *Run) { r.markUnknownAt(record.StageAuthorization, "escalation") }, record.StageDecode},
+		{"a stage before the handler", func(r *Run) { r.markUnknownAt(record.StageFlowControl, "late") }, record.StageDecode},
+		// The RBAC registry's escalation check, which the pipeline has the
+		// authorization stage report.
+		{"authorization", func(r *Run) { r.markUnknownAt(record.StageAuthorization, "escalation") }, record.StageAuthorization},
 		{"the first reason wins, with its stage", func(r *Run) {
 			r.markUnknownAt(record.StageStorage, "first")
 			r.markUnknownAt(record.StageValidation, "second")
