@@ -234,11 +234,13 @@ func (r *Run) snapshotRevision(ctx context.Context, key string, found bool, rv s
 	return "", ""
 }
 
-// storageErrorKey is the key a storage error's text names.
-var storageErrorKey = regexp.MustCompile(`(StorageError: [^,]*, Code: \d+, Key: )(/[^,\s]*)`)
+// storageErrorKey is the key a precondition's storage error names (an
+// invalid object, code 4: ErrCodeInvalidObj). Other storage errors (a
+// corrupt object's, code 7) name the key as the replay's store does.
+var storageErrorKey = regexp.MustCompile(`(StorageError: invalid object, Code: 4, Key: )(/[^,\s]*)`)
 
-// storedKeys is msg with the keys its storage errors name as the
-// apiserver's etcd3 store names them, under --etcd-prefix: the replay's
+// storedKeys is msg with the key its precondition error names as the
+// apiserver's etcd3 store names it, under --etcd-prefix: the replay's
 // write is a dry run, whose storage checks a precondition against the
 // registry's key (/configmaps/ns/name), where the request's own write,
 // not a dry run, has its store check it against etcd's
@@ -803,7 +805,7 @@ func (w *Server) Run(ctx context.Context, req *Request, now func() time.Time) *R
 		} else {
 			run.Status = &metav1.Status{Status: metav1.StatusFailure, Code: int32(resp.Code), Message: strings.TrimSpace(resp.Body.String())}
 		}
-		if !run.DryRun {
+		if !run.DryRun && !run.Read {
 			run.Status.Message = storedKeys(run.Status.Message, w.opts.EtcdPrefix)
 		}
 		run.Decided = run.attribute(run.Status)
