@@ -24,20 +24,8 @@ func TestEscalationChangedAfterRequest(t *testing.T) {
 	recs, r, c := oneReplayWorker(t)
 	attempt := func() (late int) {
 		ns := lateNamespace(t, "escalation-late")
-		role := func(name string, rule rbacv1.PolicyRule) {
-			t.Helper()
-			if _, err := cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{rule}}, createOpts); err != nil {
-				t.Fatal(err)
-			}
-		}
-		bind := func(name, roleName, user string) {
-			t.Helper()
-			if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
-				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: roleName},
-				Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, createOpts); err != nil {
-				t.Fatal(err)
-			}
-		}
+		role := func(name string, rule rbacv1.PolicyRule) { t.Helper(); nsRole(t, ns, name, rule) }
+		bind := func(name, roleName, user string) { t.Helper(); nsBind(t, ns, name, roleName, user) }
 		role("binding-writer", rbacv1.PolicyRule{APIGroups: []string{rbacv1.GroupName}, Resources: []string{"rolebindings"}, Verbs: []string{"*"}})
 		role("secret-reader", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}})
 		role("cm-reader", rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get"}})

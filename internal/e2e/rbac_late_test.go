@@ -39,19 +39,9 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 		ns := lateNamespace(t, "rbac-late")
 		role := func(name, resource string, verbs ...string) {
 			t.Helper()
-			if _, err := cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name},
-				Rules: []rbacv1.PolicyRule{{APIGroups: []string{rbacv1.GroupName, ""}, Resources: []string{resource}, Verbs: verbs}}}, createOpts); err != nil {
-				t.Fatal(err)
-			}
+			nsRole(t, ns, name, rbacv1.PolicyRule{APIGroups: []string{rbacv1.GroupName, ""}, Resources: []string{resource}, Verbs: verbs})
 		}
-		bind := func(name, roleName, user string) {
-			t.Helper()
-			if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
-				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: roleName},
-				Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, createOpts); err != nil {
-				t.Fatal(err)
-			}
-		}
+		bind := func(name, roleName, user string) { t.Helper(); nsBind(t, ns, name, roleName, user) }
 		role("binding-admin", "rolebindings", "*")
 		bind("alice-self", "binding-admin", "alice")
 		role("secret-reader", "secrets", "list", "watch")
@@ -121,6 +111,25 @@ func TestRBACChangedAfterRequest(t *testing.T) {
 	}
 	if late < 5 {
 		t.Errorf("%d of the requests replayed after the RBAC change in 5 attempts, want 5: the path under test was not taken", late)
+	}
+}
+
+// nsRole creates a Role of one rule in ns.
+func nsRole(t *testing.T, ns, name string, rule rbacv1.PolicyRule) {
+	t.Helper()
+	if _, err := adminClient().RbacV1().Roles(ns).Create(context.Background(), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules: []rbacv1.PolicyRule{rule}}, createOpts); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nsBind binds user to the Role roleName in ns.
+func nsBind(t *testing.T, ns, name, roleName, user string) {
+	t.Helper()
+	if _, err := adminClient().RbacV1().RoleBindings(ns).Create(context.Background(), &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: roleName},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}}, createOpts); err != nil {
+		t.Fatal(err)
 	}
 }
 
