@@ -574,7 +574,9 @@ func (r *Run) changedInFlight(ctx context.Context) string {
 // field the second sets, 200 answered and 409 predicted from the object
 // before the first. Read only where the two verdicts differ.
 func (r *Run) changedBeforeOwnWrite(ctx context.Context) string {
-	if r.Read || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) || (r.Verb != "update" && r.Verb != "patch") {
+	// A dry run has no write of its own: it is read at the revision it
+	// answered with (dryRunRevision).
+	if r.Read || r.DryRun || r.actual == nil || r.Status == nil || connectSubresource(r.Subresource) || (r.Verb != "update" && r.Verb != "patch") {
 		return ""
 	}
 	aw, n, ok := r.admittedAt(ctx)
