@@ -19,12 +19,16 @@ import (
 // the request arrived and the two checks decided otherwise, the verdict
 // says nothing about the request.
 
-// escalationRefusal reports a refusal of the RBAC registry's escalation
-// checks (labelled authorization: labelling.go).
+// escalationMessage reports the words of the RBAC registry's escalation
+// checks' refusals (labelled authorization: labelling.go).
+func escalationMessage(msg string) bool {
+	return strings.Contains(msg, "attempting to grant RBAC permissions not currently held") ||
+		strings.Contains(msg, "must have cluster-admin privileges to use the aggregationRule")
+}
+
+// escalationRefusal reports a refusal of the escalation checks.
 func escalationRefusal(st *metav1.Status) bool {
-	return st != nil && st.Code == http.StatusForbidden &&
-		(strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") ||
-			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule"))
+	return st != nil && st.Code == http.StatusForbidden && escalationMessage(st.Message)
 }
 
 // rbacWrite reports a write of a role or a binding, which the escalation
@@ -62,7 +66,7 @@ func (r *Run) escalationLate(ctx context.Context) string {
 		return ""
 	}
 	here := escalationRefusal(r.Status)
-	there := aw.Status == http.StatusForbidden && escalationRefusal(aw.Refusal)
+	there := escalationRefusal(aw.Refusal)
 	switch {
 	case here && passedEscalation(aw.Status):
 		return fmt.Sprintf("the apiserver's RBAC registry let the write past its privilege-escalation check (it answered %d), and the replay's refuses it: "+

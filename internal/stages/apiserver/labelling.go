@@ -76,8 +76,7 @@ func (r *Run) attribute(st *metav1.Status) string {
 		}
 		return record.StageStorage
 	case metav1.StatusReasonForbidden:
-		if strings.Contains(st.Message, "attempting to grant RBAC permissions not currently held") ||
-			strings.Contains(st.Message, "must have cluster-admin privileges to use the aggregationRule") {
+		if escalationMessage(st.Message) {
 			return record.StageAuthorization
 		}
 		// The pods registry asks the authorizer again, for create, before
