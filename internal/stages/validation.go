@@ -30,7 +30,10 @@ func (validation) report(_ context.Context, req *Request, run *apiserver.Run) Re
 	switch {
 	case run.Decided == record.StageValidation:
 		res = Reject(run.Status, "the "+req.Info.Resource+" strategy refuses the object: "+fieldErrors(run.Status))
-	case !reached:
+	case !reached, run.Decided == record.StageAuthorization:
+		// The registries' own authorization checks (RBAC's escalation
+		// check, the pods registry's create check) refuse before the
+		// strategy runs, though after mutating admission.
 		res = Skip(notReached(run))
 	default:
 		res = Pass("the " + req.Info.Resource + " strategy accepts the object")
