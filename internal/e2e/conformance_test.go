@@ -233,6 +233,7 @@ func checkPrediction(t *testing.T, c corpusCase, rec *record.Record) {
 		if s := stage[c.Stage]; s.Outcome != record.Reject || s.Explanation == "" {
 			t.Errorf("stage %s: %s %q, want reject with an explanation", c.Stage, s.Outcome, s.Explanation)
 		}
+		notReachedAfter(t, rec, c.Stage)
 	} else {
 		for _, name := range replayed {
 			if s := stage[name]; s.Outcome != record.Pass {
