@@ -175,6 +175,23 @@ func TestWritesRacedInFlight(t *testing.T) {
 			t.Errorf("predicted %d at %s (%s), the apiserver answered 201", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
 		}
 	})
+	t.Run("a server-side apply that created its object once an earlier copy was deleted", func(t *testing.T) {
+		// Probe AM (an apply and a delete of one name sent at once, 9 of
+		// 40 tries): the delete landed first and the apply created the
+		// object (201); the replay, reading the earlier copy, had
+		// predicted 409 for a conflict with its other manager, or 200 (an
+		// update) for an apply of another field, as here: the held apply
+		// met the earlier copy, and its store retried it after the delete.
+		apply := func(manager, data string) request {
+			return request{method: "PATCH", path: cms + "/applied?fieldManager=" + manager, contentType: "application/apply-patch+yaml",
+				body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"applied"},"data":` + data + `}`}
+		}
+		send(t, apply("m1", `{"s":"a"}`), 201)
+		rec := race(t, apply("m2", `{"t":"b","hold":"yes"}`), 201, request{method: "DELETE", path: cms + "/applied"}, 200)
+		if rec.Predicted.Status != 201 {
+			t.Errorf("predicted %d at %s (%s), the apiserver answered 201", rec.Predicted.Status, rec.Predicted.Stage, rec.Predicted.Message)
+		}
+	})
 	t.Run("a merge patch refused once another made the object immutable", func(t *testing.T) {
 		// Before: predicted 200 from the object as the replay read it,
 		// still mutable; the apiserver's store retried the patch on the

@@ -353,11 +353,25 @@ func answeredFound(r *Run, status int) string {
 // flight) and the apiserver's create. The request created the object,
 // so just before R it was absent: the replay reads it there (found by a
 // probe of a create and a delete of one name racing, predicted 409
-// AlreadyExists). Only the object the body names is the request's own:
-// the create's other reads (the roles an RBAC escalation check reads)
-// keep the latest.
+// AlreadyExists). A server-side apply (or an update) answered 201
+// created its object too (probe AM: an apply racing a delete, predicted
+// 409 for a conflict with the deleted copy's manager, or 200). Only the
+// request's own object is read so: the one the body names for a create,
+// the path's for an apply; the other reads (the roles an RBAC
+// escalation check reads) keep the latest.
 func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
-	if r.Verb != "create" || r.Subresource != "" || r.actual == nil || r.DryRun {
+	if r.Subresource != "" || r.actual == nil || r.DryRun {
+		return "", false
+	}
+	switch r.Verb {
+	case "create":
+	case "update", "patch":
+		// The path's object (a registry's key holds its resource's
+		// name, but for nodes': those fall back to the latest).
+		if r.name == "" || path.Base(key) != r.name || !strings.Contains(key, "/"+r.Resource+"/") {
+			return "", false
+		}
+	default:
 		return "", false
 	}
 	if r.namespace != "" && path.Base(path.Dir(key)) != r.namespace {
@@ -372,8 +386,10 @@ func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
 		return "", false
 	}
 	// Last, the rare case left: which object the body names.
-	if name := bodyName(r.body); name == "" || path.Base(key) != name {
-		return "", false
+	if r.Verb == "create" {
+		if name := bodyName(r.body); name == "" || path.Base(key) != name {
+			return "", false
+		}
 	}
 	return strconv.FormatUint(n-1, 10), true
 }

@@ -249,16 +249,17 @@ func TestOwnDeleteMark(t *testing.T) {
 
 // TestCreatedOver: a create answered 201 whose replay read an earlier
 // copy of its object reads it just before the create; its other reads,
-// and other answers, keep what they read.
+// and other answers, keep what they read. So does a server-side apply
+// (a patch) or an update answered 201: it created its object.
 func TestCreatedOver(t *testing.T) {
 	answered := func(status int, rv string) func(context.Context) (Answer, bool) {
 		return func(context.Context) (Answer, bool) { return Answer{Status: status, ResourceVersion: rv}, true }
 	}
 	for _, tc := range []struct {
-		name, key, rv string
-		status        int
-		bodyName      string
-		want          string
+		name, verb, key, rv string
+		status              int
+		bodyName            string
+		want                string
 	}{
 		{name: "an earlier copy of the object created", key: "/configmaps/ns/taken", rv: "7", status: 201, bodyName: "taken", want: "9"},
 		{name: "the object just before the create", key: "/configmaps/ns/taken", rv: "9", status: 201, bodyName: "taken", want: "9"},
@@ -267,6 +268,11 @@ func TestCreatedOver(t *testing.T) {
 		{name: "the same name in another namespace", key: "/configmaps/other/taken", rv: "7", status: 201, bodyName: "taken"},
 		{name: "refused as existing", key: "/configmaps/ns/taken", rv: "7", status: 409, bodyName: "taken"},
 		{name: "a generated name", key: "/configmaps/ns/taken", rv: "7", status: 201},
+		{name: "an apply that created its object", verb: "patch", key: "/configmaps/ns/taken", rv: "7", status: 201, want: "9"},
+		{name: "an update that created its object", verb: "update", key: "/configmaps/ns/taken", rv: "7", status: 201, want: "9"},
+		{name: "an apply that updated its object", verb: "patch", key: "/configmaps/ns/taken", rv: "7", status: 200},
+		{name: "an apply's read of another resource of its name", verb: "patch", key: "/roles/ns/taken", rv: "7", status: 201},
+		{name: "an apply's read of another object", verb: "patch", key: "/configmaps/ns/other", rv: "7", status: 201},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var body []byte
@@ -276,6 +282,9 @@ func TestCreatedOver(t *testing.T) {
 				body = []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"generateName":"taken-"}}`)
 			}
 			r := &Run{Verb: "create", namespace: "ns", body: body, actual: answered(tc.status, "10")}
+			if tc.verb != "" {
+				r = &Run{Verb: tc.verb, Resource: "configmaps", namespace: "ns", name: "taken", actual: answered(tc.status, "10")}
+			}
 			got, ok := r.createdOver(context.Background(), tc.key, tc.rv)
 			if got != tc.want || ok != (tc.want != "") {
 				t.Errorf("createdOver = %q, %v; want %q", got, ok, tc.want)
