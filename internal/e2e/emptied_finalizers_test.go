@@ -19,6 +19,10 @@ import (
 // finalizers at all, where "remove /metadata/finalizers" fails: predicted
 // 422 for the apiserver's 200 (found by a probe: kubectl delete
 // --cascade=foreground, then kubectl patch removing the finalizers).
+// The "-compacted" case's object was last written before an etcd
+// compaction (an object left terminating for minutes: probe AL, said
+// unknown, "too old", 5 of 5): it is read as it stood just before its
+// delete, which the compaction kept.
 func TestFinalizersEmptiedByUpdate(t *testing.T) {
 	send := adminSender(t)
 	run := fmt.Sprintf("emptied-%d", time.Now().UnixNano())
@@ -35,6 +39,7 @@ func TestFinalizersEmptiedByUpdate(t *testing.T) {
 	for _, tc := range []struct {
 		name, finalizers string
 		patches          []request // the last empties the finalizers
+		compacted        bool      // etcd compacted before the patches
 	}{
 		{name: "-json", patches: []request{jsonPatch(run+"-json", `[{"op":"remove","path":"/metadata/finalizers"}]`)}},
 		{name: "-index", patches: []request{jsonPatch(run+"-index", `[{"op":"remove","path":"/metadata/finalizers/0"}]`)}},
@@ -43,10 +48,15 @@ func TestFinalizersEmptiedByUpdate(t *testing.T) {
 		{name: "-two", finalizers: `"e2e.kproxy.test/hold"`, patches: []request{
 			jsonPatch(run+"-two", `[{"op":"remove","path":"/metadata/finalizers/0"}]`),
 			jsonPatch(run+"-two", `[{"op":"remove","path":"/metadata/finalizers"}]`)}},
+		{name: "-compacted", compacted: true, patches: []request{{method: "PATCH", path: cms + "/" + run + "-compacted", contentType: "application/merge-patch+json", body: `{"metadata":{"finalizers":null}}`}}},
 	} {
 		name := run + tc.name
 		create(name, tc.finalizers)
 		foreground(name)
+		if tc.compacted {
+			create(name+"-later", "") // a later revision to compact at
+			compactEtcd(t)
+		}
 		for i, q := range tc.patches {
 			rec := send(q, 200)
 			st := stageNamed(rec, record.StageStorage).Explanation

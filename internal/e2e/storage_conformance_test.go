@@ -176,6 +176,31 @@ func etcdClient(t *testing.T) *clientv3.Client {
 	return etcd
 }
 
+// compactAsApiserver compacts etcd at its current revision as the
+// apiserver's compactor does (its etcd3.Compact): the revision written
+// to compact_rev_key, then the compaction.
+func compactAsApiserver(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	etcd := etcdClient(t)
+	resp, err := etcd.Get(ctx, "compact_rev_key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var version int64
+	if len(resp.Kvs) > 0 {
+		version = resp.Kvs[0].Version
+	}
+	rev := resp.Header.Revision
+	if _, err := etcd.Txn(ctx).If(clientv3.Compare(clientv3.Version("compact_rev_key"), "=", version)).
+		Then(clientv3.OpPut("compact_rev_key", strconv.FormatInt(rev, 10))).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := etcd.Compact(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestListAtCompactedRevision: a list at a revision etcd has compacted is
 // answered from the apiserver's watch cache while it holds a snapshot of
 // it, and 410 Expired once its compactor has read the compaction's
@@ -196,26 +221,7 @@ func TestListAtCompactedRevision(t *testing.T) {
 	if _, err := adminClient().CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "newer"}}, createOpts); err != nil {
 		t.Fatal(err)
 	}
-	// As the apiserver's compactor does (its etcd3.Compact): the
-	// revision to compact at, written to compact_rev_key, then the
-	// compaction.
-	etcd := etcdClient(t)
-	resp, err := etcd.Get(ctx, "compact_rev_key")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var version int64
-	if len(resp.Kvs) > 0 {
-		version = resp.Kvs[0].Version
-	}
-	rev := resp.Header.Revision
-	if _, err := etcd.Txn(ctx).If(clientv3.Compare(clientv3.Version("compact_rev_key"), "=", version)).
-		Then(clientv3.OpPut("compact_rev_key", strconv.FormatInt(rev, 10))).Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := etcd.Compact(ctx, rev); err != nil {
-		t.Fatal(err)
-	}
+	compactAsApiserver(t)
 	list := request{method: "GET", user: "admin", path: "/api/v1/namespaces/" + ns + "/configmaps?resourceVersion=" + cm.ResourceVersion + "&resourceVersionMatch=Exact"}
 	got := do(t, c, r.base, list)
 	if rec := nextRecord(t, recs); rec.Predicted.Stage != record.StageUnknown && rec.Predicted.Status != got.status {

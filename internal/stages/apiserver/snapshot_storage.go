@@ -222,10 +222,19 @@ func (s *snapshotStorage) writtenBefore(rv string, t time.Time) bool {
 // object at the resourceVersion it met. It reports that the state there
 // is one the update emptied (being deleted, finalizers left); otherwise
 // (a pod in graceful deletion, stored without finalizers: rv is the
-// update's own write) out is untouched.
+// update's own write) out is untouched. An rv older than etcd's last
+// compaction (an object left terminating for minutes, its finalizer
+// removed at last: probe AL, said unknown, "too old") is the object's
+// last stored version if that is what stood just before its delete.
 func metBeforeEmptying(ctx context.Context, src objectSource, rv string, out runtime.Object) (bool, error) {
 	obj := reflect.New(reflect.TypeOf(out).Elem()).Interface().(runtime.Object)
 	found, err := src.at(ctx, rv, obj)
+	if apierrors.IsResourceExpired(err) {
+		found = lastStoredAt(ctx, src, rv, obj)
+		if found {
+			err = nil
+		}
+	}
 	if err != nil || !found {
 		return false, err
 	}
@@ -235,6 +244,18 @@ func metBeforeEmptying(ctx context.Context, src objectSource, rv string, out run
 	}
 	reflect.ValueOf(out).Elem().Set(reflect.ValueOf(obj).Elem())
 	return true, nil
+}
+
+// lastStoredAt reads into obj the object as it stood just before its
+// delete, and reports that it was stored at rv (unchanged from rv until
+// the delete). What etcd compacted away is read from there: the delete
+// is recent, and the object's last version stands until it.
+func lastStoredAt(ctx context.Context, src objectSource, rv string, obj runtime.Object) bool {
+	if _, err := src.lastExisting(ctx, obj); err != nil {
+		return false
+	}
+	m, err := meta.Accessor(obj)
+	return err == nil && m.GetResourceVersion() == rv
 }
 
 // listPath is the API path of the collection a list of key reads. A
