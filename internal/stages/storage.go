@@ -85,6 +85,9 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		if r.Created {
 			s += " (the request created it, which etcd does only for an absent key)"
 		}
+		if r.DryRunCreated != "" {
+			s += fmt.Sprintf(" (the dry run, answered 201, found no object; another write created it, resourceVersion %s, before the replay read it)", r.DryRunCreated)
+		}
 		how := "read through the apiserver"
 		if r.FromEtcd {
 			how = "read from etcd by the apiserver's etcd3 store"

@@ -360,18 +360,7 @@ func answeredFound(r *Run, status int) string {
 // the path's for an apply; the other reads (the roles an RBAC
 // escalation check reads) keep the latest.
 func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
-	if r.Subresource != "" || r.actual == nil || r.DryRun {
-		return "", false
-	}
-	switch r.Verb {
-	case "create":
-	case "update", "patch":
-		// The path's object (a registry's key holds its resource's
-		// name, but for nodes': those fall back to the latest).
-		if r.name == "" || path.Base(key) != r.name || !strings.Contains(key, "/"+r.Resource+"/") {
-			return "", false
-		}
-	default:
+	if (r.Verb != "create" && r.Verb != "update" && r.Verb != "patch") || r.Subresource != "" || r.actual == nil || r.DryRun {
 		return "", false
 	}
 	if r.namespace != "" && path.Base(path.Dir(key)) != r.namespace {
@@ -382,16 +371,44 @@ func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
 		return "", false
 	}
 	n, err := strconv.ParseUint(aw.ResourceVersion, 10, 64)
-	if err != nil || n < 2 || newerThan(rv, n-1) {
+	if err != nil || n < 2 || newerThan(rv, n-1) || !r.ownObject(key) {
 		return "", false
 	}
-	// Last, the rare case left: which object the body names.
-	if r.Verb == "create" {
-		if name := bodyName(r.body); name == "" || path.Base(key) != name {
-			return "", false
-		}
-	}
 	return strconv.FormatUint(n-1, 10), true
+}
+
+// dryRunCreated reports a dry run the apiserver answered 201 (a create,
+// or a server-side apply that would create its object) whose own object
+// the replay found: the apiserver found none, and another write created
+// it since (probe AN: a dry-run apply answered 201, the object created
+// at once by another manager, predicted 409 for a conflict with it, 87
+// records). A dry run's answer names no revision to read at: the object
+// is read as absent, as the apiserver found it.
+func (r *Run) dryRunCreated(ctx context.Context, key string) bool {
+	if !r.DryRun || r.Subresource != "" || r.actual == nil {
+		return false
+	}
+	aw, ok := r.actual(ctx)
+	return ok && aw.Status == http.StatusCreated && r.ownObject(key)
+}
+
+// ownObject reports that key is the request's own object, as against
+// another its replay reads (the roles an RBAC escalation check reads, a
+// pod's service account): the one a create's body names, the path's for
+// an update or a patch (a registry's key holds its resource's name, but
+// for nodes': theirs are not told apart, and read as others are).
+func (r *Run) ownObject(key string) bool {
+	if r.namespace != "" && path.Base(path.Dir(key)) != r.namespace {
+		return false
+	}
+	switch r.Verb {
+	case "create":
+		name := bodyName(r.body) // last: it decodes the body
+		return name != "" && path.Base(key) == name
+	case "update", "patch":
+		return r.name != "" && path.Base(key) == r.name && strings.Contains(key, "/"+r.Resource+"/")
+	}
+	return false
 }
 
 // podMarkedBefore reports, for a pod's delete or eviction, whether
@@ -518,6 +535,10 @@ type StorageRead struct {
 	// Created: the state at Snapshot was not read but known: the request
 	// created the object (Run.createdHere), so it was absent then.
 	Created bool
+	// DryRunCreated: the resourceVersion of the object the replay found,
+	// which a dry run answered 201 had not (Run.dryRunCreated): it was
+	// created since, and read as absent.
+	DryRunCreated string
 	// NoOp: Snapshot is the resourceVersion the apiserver answered with,
 	// which the request left as it was (a write that changed nothing).
 	NoOp bool

@@ -292,3 +292,33 @@ func TestCreatedOver(t *testing.T) {
 		})
 	}
 }
+
+// TestDryRunCreated: a dry run answered 201 reads its own object as
+// absent, as the apiserver found it; its other reads, other answers and
+// requests that are not dry runs keep what they read.
+func TestDryRunCreated(t *testing.T) {
+	answered := func(status int) func(context.Context) (Answer, bool) {
+		return func(context.Context) (Answer, bool) { return Answer{Status: status}, true }
+	}
+	body := []byte(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"taken"}}`)
+	for _, tc := range []struct {
+		name string
+		r    *Run
+		key  string
+		want bool
+	}{
+		{"a dry-run create", &Run{Verb: "create", DryRun: true, namespace: "ns", body: body, actual: answered(201)}, "/configmaps/ns/taken", true},
+		{"a dry-run apply", &Run{Verb: "patch", DryRun: true, Resource: "configmaps", namespace: "ns", name: "taken", actual: answered(201)}, "/configmaps/ns/taken", true},
+		{"a dry-run apply that would update", &Run{Verb: "patch", DryRun: true, Resource: "configmaps", namespace: "ns", name: "taken", actual: answered(200)}, "/configmaps/ns/taken", false},
+		{"a create, not a dry run", &Run{Verb: "create", namespace: "ns", body: body, actual: answered(201)}, "/configmaps/ns/taken", false},
+		{"another object a dry-run create reads", &Run{Verb: "create", DryRun: true, namespace: "ns", body: body, actual: answered(201)}, "/serviceaccounts/ns/default", false},
+		{"another resource of the apply's name", &Run{Verb: "patch", DryRun: true, Resource: "configmaps", namespace: "ns", name: "taken", actual: answered(201)}, "/roles/ns/taken", false},
+		{"the same name in another namespace", &Run{Verb: "patch", DryRun: true, Resource: "configmaps", namespace: "ns", name: "taken", actual: answered(201)}, "/configmaps/other/taken", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.r.dryRunCreated(context.Background(), tc.key); got != tc.want {
+				t.Errorf("dryRunCreated(%s) = %v, want %v", tc.key, got, tc.want)
+			}
+		})
+	}
+}

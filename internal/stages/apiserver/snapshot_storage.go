@@ -359,6 +359,8 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 		case why != "":
 			read.Err = errors.New(why)
 			return read.Err
+		case found && at == "" && run.dryRunCreated(ctx, key):
+			read.DryRunCreated, found = rv, false
 		case at == lastExisting:
 			if at, err = src.lastExisting(ctx, out); err != nil {
 				read.Err = err
@@ -900,6 +902,8 @@ func (s *snapshotStorage) unsafeDelete(ctx context.Context, key string, out runt
 		case why != "":
 			read.Err = errors.New(why)
 			return read.Err
+		case found && at == "" && run.dryRunCreated(ctx, key):
+			read.DryRunCreated, found = rv, false
 		case at == lastExisting:
 			// Deleted by the request: as it was just before.
 			read.Snapshot, err = src.lastExisting(ctx, out)
