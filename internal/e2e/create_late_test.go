@@ -437,3 +437,39 @@ func TestDryRunCreateReplayedLate(t *testing.T) {
 	}
 	t.Logf("%d of %d dry runs replayed after the create that followed them", late, objects)
 }
+
+// TestDryRunDeleteReplayedLate: a dry-run delete (answered 200 with a
+// Status, which names no revision) followed at once by the real delete,
+// through one replay worker: the replay, reading after the real delete,
+// found nothing and predicted 404 (probe AN). It reads the object as it
+// last existed.
+func TestDryRunDeleteReplayedLate(t *testing.T) {
+	recs, r, c := oneReplayWorker(t)
+	const objects = 6
+	run := fmt.Sprintf("late-dry-delete-%d", time.Now().UnixNano())
+	for i := range objects {
+		if _, err := adminClient().CoreV1().ConfigMaps(testNS).Create(context.Background(), &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", run, i)}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range objects {
+		wg.Go(func() {
+			path := fmt.Sprintf("/api/v1/namespaces/%s/configmaps/%s-%d", testNS, run, i)
+			for _, q := range []request{{method: "DELETE", path: path + "?dryRun=All", user: "admin"}, {method: "DELETE", path: path, user: "admin"}} {
+				if got := do(t, c, r.base, q); got.status != 200 {
+					t.Errorf("%s %s: %d %s", q.method, q.path, got.status, got.body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for range objects * 2 {
+		rec := nextRecord(t, recs)
+		if rec.Predicted.Status != rec.Actual.Status || rec.Predicted.Stage == record.StageUnknown {
+			t.Errorf("record %s (%s %s?%s): predicted %+v, the apiserver answered %d; storage: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Request.Query,
+				rec.Predicted, rec.Actual.Status, stageNamed(rec, record.StageStorage).Explanation)
+		}
+	}
+}

@@ -147,6 +147,13 @@ func (r *Run) snapshotRevision(ctx context.Context, key string, found bool, rv s
 		return "", "the apiserver's answer did not come within the replay budget, so the state on arrival is not known"
 	}
 	if r.DryRun && aw.Status < 300 {
+		if !found && r.Verb == "delete" && aw.ResourceVersion == "" {
+			// A dry-run delete answered with a Status (no revision) of
+			// an object deleted since: read as it last existed (probe
+			// AN: predicted 404 for the 200, the replay reading after
+			// the real delete that followed the dry run).
+			return lastExisting, ""
+		}
 		return dryRunRevision(found, rv, aw.ResourceVersion), ""
 	}
 	if aw.Status >= 300 {
