@@ -473,3 +473,59 @@ func TestDryRunDeleteReplayedLate(t *testing.T) {
 		}
 	}
 }
+
+// TestDeleteReplayedAfterRecreate: deletes with a uid precondition, each
+// followed at once by a create of the same name, through one replay
+// worker. The apiserver answers such a delete with a Status naming the
+// deleted uid; the replay, reading after the create, found the new
+// object and predicted 409 (its uid fails the precondition) for the 200
+// (probe AN, 13 of 240 tries). It says unknown, naming both uids.
+func TestDeleteReplayedAfterRecreate(t *testing.T) {
+	recs, r, c := oneReplayWorker(t)
+	const objects = 6
+	run := fmt.Sprintf("recreated-%d", time.Now().UnixNano())
+	cms := "/api/v1/namespaces/" + testNS + "/configmaps"
+	uids := make([]string, objects)
+	for i := range objects {
+		cm, err := adminClient().CoreV1().ConfigMaps(testNS).Create(context.Background(), &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", run, i)}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids[i] = string(cm.UID)
+	}
+	var wg sync.WaitGroup
+	for i := range objects {
+		wg.Go(func() {
+			name := fmt.Sprintf("%s-%d", run, i)
+			for _, q := range []request{
+				{method: "DELETE", path: cms + "/" + name, user: "admin", body: `{"preconditions":{"uid":"` + uids[i] + `"}}`},
+				{method: "POST", path: cms, user: "admin", body: `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"` + name + `"}}`},
+			} {
+				if got := do(t, c, r.base, q); got.status/100 != 2 {
+					t.Errorf("%s %s: %d %s", q.method, q.path, got.status, got.body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	recreated := 0
+	for range objects * 2 {
+		rec := nextRecord(t, recs)
+		if rec.Predicted.Stage == record.StageUnknown {
+			if !strings.Contains(rec.Predicted.Message, "created after the request's delete") {
+				t.Errorf("record %s (%s %s): unknown for another reason: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Predicted.Message)
+			}
+			recreated++
+			continue
+		}
+		if rec.Predicted.Status != rec.Actual.Status {
+			t.Errorf("record %s (%s %s): predicted %+v, the apiserver answered %d; storage: %s", rec.ID, rec.Request.Method, rec.Request.Path,
+				rec.Predicted, rec.Actual.Status, stageNamed(rec, record.StageStorage).Explanation)
+		}
+	}
+	if recreated == 0 {
+		t.Errorf("no delete was replayed after the create that followed it: the path under test was not taken")
+	}
+	t.Logf("%d of %d deletes replayed after the create that followed them", recreated, objects)
+}

@@ -348,6 +348,7 @@ type exchange struct {
 	actualWrite stages.Answer
 	okBody      []byte
 	okEncoding  string
+	okCT        string // its Content-Type
 	rvOnce      sync.Once
 	upStart     time.Time
 	upEnd       time.Time
@@ -609,6 +610,11 @@ func (ex *exchange) wholeAnswer() stages.Answer {
 			if v := ex.info.Verb; v == "update" || v == "patch" {
 				ex.actualWrite.EmptiedFinalizers = decode.ObjectEmptiedFinalizers(ex.okBody, ex.okEncoding)
 			}
+			if ex.info.Verb == "delete" && ex.actualWrite.ResourceVersion == "" && (ex.okEncoding == "" || strings.EqualFold(ex.okEncoding, "identity")) {
+				if st, ok := decode.Status(ex.okCT, ex.okBody); ok && st.Details != nil {
+					ex.actualWrite.DeletedUID = string(st.Details.UID)
+				}
+			}
 		case ex.actualWrite.Status >= 400:
 			ex.actualWrite.Refusal, _ = ex.refusal()
 		}
@@ -775,6 +781,7 @@ func (p *Proxy) finishExchange(ex *exchange, rw *responseRecorder, abort string)
 	ex.errBody, ex.errCT = rw.errBody, rw.Header().Get("Content-Type")
 	ex.actualWrite, ex.okBody, ex.okEncoding = stages.Answer{Status: rw.status, LastModified: rw.Header().Get("Last-Modified"),
 		FlowSchemaUID: rw.Header().Get("X-Kubernetes-Pf-Flowschema-Uid")}, rw.okBody, rw.Header().Get("Content-Encoding")
+	ex.okCT = rw.Header().Get("Content-Type")
 	if rw.status == http.StatusOK && abort == "" && answersObject(ex.info) && int64(len(rw.okBody)) == rw.bytes {
 		h := rw.Header()
 		ex.actualWrite.Body, ex.actualWrite.ContentType, ex.actualWrite.ContentEncoding = rw.okBody, h.Get("Content-Type"), ex.okEncoding

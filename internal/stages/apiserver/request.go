@@ -59,6 +59,9 @@ type Answer struct {
 	// LastModified is the answer's Last-Modified header: for a document
 	// the apiserver stamps as it serves it, its clock at that moment.
 	LastModified string
+	// DeletedUID is the uid a delete's answer names when it is a Status
+	// (the object was removed, not only marked): its details' uid.
+	DeletedUID string
 	// EmptiedFinalizers: an update's answer is its object being deleted
 	// with no finalizers left (decode.ObjectEmptiedFinalizers).
 	EmptiedFinalizers bool

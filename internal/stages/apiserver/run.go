@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -397,6 +399,24 @@ func (r *Run) dryRunCreated(ctx context.Context, key string) bool {
 	}
 	aw, ok := r.actual(ctx)
 	return ok && aw.Status == http.StatusCreated && r.ownObject(key)
+}
+
+// sameDeleted says why obj, which the replay of a delete answered with a
+// Status found, is not the object the request deleted: the Status names
+// another uid, so obj was created after the request's delete, and what
+// the request met is not known. nil when it is the same (read before the
+// delete landed) or not known.
+func (r *Run) sameDeleted(ctx context.Context, obj runtime.Object) error {
+	if r.actual == nil {
+		return nil
+	}
+	aw, ok := r.actual(ctx)
+	m, err := meta.Accessor(obj)
+	if !ok || aw.DeletedUID == "" || err != nil || string(m.GetUID()) == aw.DeletedUID {
+		return nil
+	}
+	return fmt.Errorf("the apiserver deleted the object of uid %s, and the replay found another of that name (uid %s, resourceVersion %s): "+
+		"it was created after the request's delete, so the state the request met is not known", aw.DeletedUID, m.GetUID(), m.GetResourceVersion())
 }
 
 // ownObject reports that key is the request's own object, as against

@@ -376,7 +376,15 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 				return err
 			}
 		case at == beforeOwnMark:
-			// The same, read before the other delete removed it.
+			// The same, read before the other delete removed it. An
+			// object of another uid was created after the request
+			// deleted its own (probe AN: a delete with a uid or
+			// resourceVersion precondition racing an apply that
+			// re-created the name, predicted 409 for the 200).
+			if err = run.sameDeleted(ctx, out); err != nil {
+				read.Err = err
+				return err
+			}
 			if err = readBeforeOwnMark(ctx, src, run, &read, out); err != nil {
 				return err
 			}
