@@ -910,8 +910,6 @@ func (s *snapshotStorage) unsafeDelete(ctx context.Context, key string, out runt
 		case why != "":
 			read.Err = errors.New(why)
 			return read.Err
-		case found && at == "" && run.dryRunCreated(ctx, key):
-			read.DryRunCreated, found = rv, false
 		case at == lastExisting:
 			// Deleted by the request: as it was just before.
 			read.Snapshot, err = src.lastExisting(ctx, out)
