@@ -368,21 +368,32 @@ func TestDryRunReplayedLate(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	late := 0
-	for range objects * 2 {
+	late := predictedAll(t, recs, objects*2, func(rec *record.Record, storage string) bool {
+		return strings.Contains(rec.Request.Query, "dryRun") && (strings.Contains(storage, "before the replay read it") || strings.Contains(storage, "deleted (by"))
+	})
+	if late == 0 {
+		t.Errorf("no dry run was replayed after the write that followed it: the path under test was not taken")
+	}
+	t.Logf("%d of %d dry runs replayed after the write that followed them", late, objects)
+}
+
+// predictedAll reads the next n records, each of which must be predicted
+// as the apiserver answered, and counts those late says were replayed
+// after the write that followed them (given the storage stage's words).
+func predictedAll(t *testing.T, recs <-chan *record.Record, n int, late func(rec *record.Record, storage string) bool) int {
+	t.Helper()
+	count := 0
+	for range n {
 		rec := nextRecord(t, recs)
 		st := stageNamed(rec, record.StageStorage)
 		if rec.Predicted.Status != rec.Actual.Status || rec.Predicted.Stage == record.StageUnknown {
 			t.Errorf("record %s (%s %s?%s): predicted %+v, the apiserver answered %d; storage: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Request.Query, rec.Predicted, rec.Actual.Status, st.Explanation)
 		}
-		if strings.Contains(rec.Request.Query, "dryRun") && (strings.Contains(st.Explanation, "before the replay read it") || strings.Contains(st.Explanation, "deleted (by")) {
-			late++
+		if late != nil && late(rec, st.Explanation) {
+			count++
 		}
 	}
-	if late == 0 {
-		t.Errorf("no dry run was replayed after the write that followed it: the path under test was not taken")
-	}
-	t.Logf("%d of %d dry runs replayed after the write that followed them", late, objects)
+	return count
 }
 
 // TestDryRunCreateReplayedLate: a dry run answered 201 (a server-side
@@ -395,7 +406,7 @@ func TestDryRunReplayedLate(t *testing.T) {
 // apiserver found it.
 func TestDryRunCreateReplayedLate(t *testing.T) {
 	recs, r, c := oneReplayWorker(t)
-	const objects = 8
+	const objects = 12
 	run := fmt.Sprintf("late-dry-create-%d", time.Now().UnixNano())
 	cms := "/api/v1/namespaces/" + testNS + "/configmaps"
 	apply := func(name, manager, query string) request {
@@ -421,17 +432,9 @@ func TestDryRunCreateReplayedLate(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	late := 0
-	for range objects * 2 {
-		rec := nextRecord(t, recs)
-		st := stageNamed(rec, record.StageStorage)
-		if rec.Predicted.Status != rec.Actual.Status || rec.Predicted.Stage == record.StageUnknown {
-			t.Errorf("record %s (%s %s?%s): predicted %+v, the apiserver answered %d; storage: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Request.Query, rec.Predicted, rec.Actual.Status, st.Explanation)
-		}
-		if strings.Contains(st.Explanation, "another write created it") {
-			late++
-		}
-	}
+	late := predictedAll(t, recs, objects*2, func(_ *record.Record, storage string) bool {
+		return strings.Contains(storage, "another write created it")
+	})
 	if late == 0 {
 		t.Errorf("no dry run was replayed after the create that followed it: the path under test was not taken")
 	}
@@ -465,13 +468,7 @@ func TestDryRunDeleteReplayedLate(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	for range objects * 2 {
-		rec := nextRecord(t, recs)
-		if rec.Predicted.Status != rec.Actual.Status || rec.Predicted.Stage == record.StageUnknown {
-			t.Errorf("record %s (%s %s?%s): predicted %+v, the apiserver answered %d; storage: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Request.Query,
-				rec.Predicted, rec.Actual.Status, stageNamed(rec, record.StageStorage).Explanation)
-		}
-	}
+	predictedAll(t, recs, objects*2, nil)
 }
 
 // TestDeleteReplayedAfterRecreate: deletes with a uid precondition, each
