@@ -411,8 +411,14 @@ func (r *Run) sameDeleted(ctx context.Context, obj runtime.Object) error {
 		return nil
 	}
 	aw, ok := r.actual(ctx)
+	if !ok || aw.DeletedUID == "" {
+		return nil
+	}
 	m, err := meta.Accessor(obj)
-	if !ok || aw.DeletedUID == "" || err != nil || string(m.GetUID()) == aw.DeletedUID {
+	if err != nil {
+		return fmt.Errorf("reading the object the replay found: %w", err)
+	}
+	if string(m.GetUID()) == aw.DeletedUID {
 		return nil
 	}
 	return fmt.Errorf("the apiserver deleted the object of uid %s, and the replay found another of that name (uid %s, resourceVersion %s): "+
