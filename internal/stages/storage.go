@@ -85,6 +85,9 @@ func (st storageStage) report(ctx context.Context, req *Request, run *apiserver.
 		if r.Created {
 			s += " (the request created it, which etcd does only for an absent key)"
 		}
+		if r.Recreated != 0 {
+			s += fmt.Sprintf("; the name was created again at revision %d, after the request's delete: read as it stood just before that delete, from etcd's history", r.Recreated)
+		}
 		if r.DryRunCreated != "" {
 			s += fmt.Sprintf(" (the dry run, answered 201, found no object; another write created it, resourceVersion %s, before the replay read it)", r.DryRunCreated)
 		}

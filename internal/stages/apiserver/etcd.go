@@ -461,7 +461,25 @@ func (a *etcdAccess) deleteRevision(ctx context.Context, key string) (int64, err
 	if resp.Count > 0 {
 		return 0, fmt.Errorf("etcd %s: the key exists again (created after the request's delete)", key)
 	}
-	cur := resp.Header.Revision
+	return a.deleteUpTo(ctx, key, resp.Header.Revision)
+}
+
+// deleteBefore finds the revision of the delete that last removed key
+// before revision rev, when the key was created again: a delete's replay
+// that finds the name re-created since (another uid) reads the object
+// just before that delete.
+func (a *etcdAccess) deleteBefore(ctx context.Context, key string, rev int64) (int64, error) {
+	if err := a.admit(); err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, etcdReadTimeout)
+	defer cancel()
+	return a.deleteUpTo(ctx, key, rev-1)
+}
+
+// deleteUpTo finds the revision of the last delete of key up to revision
+// cur, where key was absent.
+func (a *etcdAccess) deleteUpTo(ctx context.Context, key string, cur int64) (int64, error) {
 	var compacted int64 // etcd keeps no history before it
 	for back := int64(64); back <= 16384; back *= 16 {
 		start := max(1, cur-back, compacted)

@@ -572,6 +572,10 @@ type StorageRead struct {
 	// which a dry run answered 201 had not (Run.dryRunCreated): it was
 	// created since, and read as absent.
 	DryRunCreated string
+	// Recreated: the revision the name was created again at, after the
+	// request's delete (answered with a Status); Snapshot is just before
+	// that delete.
+	Recreated int64
 	// NoOp: Snapshot is the resourceVersion the apiserver answered with,
 	// which the request left as it was (a write that changed nothing).
 	NoOp bool

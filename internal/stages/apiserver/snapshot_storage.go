@@ -382,8 +382,21 @@ func (s *snapshotStorage) Get(ctx context.Context, key string, opts storage.GetO
 			// resourceVersion precondition racing an apply that
 			// re-created the name, predicted 409 for the 200).
 			if err = run.sameDeleted(ctx, out); err != nil {
-				read.Err = err
-				return err
+				// The object before the delete that came ahead of the
+				// name's re-creation, where etcd's history says it was
+				// the request's (its uid).
+				e, isEtcd := src.(etcdObjects)
+				if !isEtcd || read.Etcd == nil || !read.Etcd.Found {
+					read.Err = err
+					return err
+				}
+				again := read.Etcd.CreateRevision
+				prev, perr := e.lastExistingBefore(ctx, again, out)
+				if perr != nil || run.sameDeleted(ctx, out) != nil {
+					read.Err = err
+					return err
+				}
+				read.Snapshot, read.Recreated = prev, again
 			}
 			if err = readBeforeOwnMark(ctx, src, run, &read, out); err != nil {
 				return err
@@ -658,6 +671,21 @@ func (e etcdObjects) lastExisting(ctx context.Context, out runtime.Object) (stri
 	d, err := e.s.access.deleteRevision(ctx, e.s.access.key(e.key))
 	if err != nil {
 		return "", fmt.Errorf("kproxy could not find the object as it was before the request deleted it: %w", err)
+	}
+	at := strconv.FormatInt(d-1, 10)
+	found, err := e.at(ctx, at, out)
+	if err == nil && !found {
+		err = fmt.Errorf("etcd %s: absent at revision %s, just before its delete at %d", e.key, at, d)
+	}
+	return at, err
+}
+
+// lastExistingBefore reads the object just before the last delete of its
+// key ahead of revision rev (the key's re-creation), from etcd's history.
+func (e etcdObjects) lastExistingBefore(ctx context.Context, rev int64, out runtime.Object) (string, error) {
+	d, err := e.s.access.deleteBefore(ctx, e.s.access.key(e.key), rev)
+	if err != nil {
+		return "", err
 	}
 	at := strconv.FormatInt(d-1, 10)
 	found, err := e.at(ctx, at, out)
