@@ -508,9 +508,21 @@ func TestDeleteReplayedAfterRecreate(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	recreated := predictedAll(t, recs, objects*2, func(_ *record.Record, storage string) bool {
-		return strings.Contains(storage, "the name was created again")
-	})
+	// A replay that read between the delete and the create found nothing,
+	// and by the time it reads etcd's history the key exists again: an
+	// honest unknown, naming it (1 of 6 in a run).
+	recreated := 0
+	for range objects * 2 {
+		rec := nextRecord(t, recs)
+		st := stageNamed(rec, record.StageStorage).Explanation
+		switch {
+		case rec.Predicted.Stage == record.StageUnknown && strings.Contains(rec.Predicted.Message, "created after the request's delete"):
+		case rec.Predicted.Status != rec.Actual.Status || rec.Predicted.Stage == record.StageUnknown:
+			t.Errorf("record %s (%s %s): predicted %+v, the apiserver answered %d; storage: %s", rec.ID, rec.Request.Method, rec.Request.Path, rec.Predicted, rec.Actual.Status, st)
+		case strings.Contains(st, "the name was created again"):
+			recreated++
+		}
+	}
 	if recreated == 0 {
 		t.Errorf("no delete was replayed after the create that followed it: the path under test was not taken")
 	}
