@@ -372,9 +372,6 @@ func (r *Run) createdOver(ctx context.Context, key, rv string) (string, bool) {
 	if (r.Verb != "create" && r.Verb != "update" && r.Verb != "patch") || r.Subresource != "" || r.actual == nil || r.DryRun {
 		return "", false
 	}
-	if r.namespace != "" && path.Base(path.Dir(key)) != r.namespace {
-		return "", false
-	}
 	aw, ok := r.actual(ctx)
 	if !ok || aw.Status != http.StatusCreated {
 		return "", false

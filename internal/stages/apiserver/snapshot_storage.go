@@ -672,6 +672,12 @@ func (e etcdObjects) lastExisting(ctx context.Context, out runtime.Object) (stri
 	if err != nil {
 		return "", fmt.Errorf("kproxy could not find the object as it was before the request deleted it: %w", err)
 	}
+	return e.justBefore(ctx, d, out)
+}
+
+// justBefore reads the object as it stood just before its delete at
+// revision d.
+func (e etcdObjects) justBefore(ctx context.Context, d int64, out runtime.Object) (string, error) {
 	at := strconv.FormatInt(d-1, 10)
 	found, err := e.at(ctx, at, out)
 	if err == nil && !found {
@@ -687,12 +693,7 @@ func (e etcdObjects) lastExistingBefore(ctx context.Context, rev int64, out runt
 	if err != nil {
 		return "", err
 	}
-	at := strconv.FormatInt(d-1, 10)
-	found, err := e.at(ctx, at, out)
-	if err == nil && !found {
-		err = fmt.Errorf("etcd %s: absent at revision %s, just before its delete at %d", e.key, at, d)
-	}
-	return at, err
+	return e.justBefore(ctx, d, out)
 }
 
 // call runs one read of the etcd3 store, bounded by --replay-etcd-qps,
